@@ -1,0 +1,1 @@
+"""Actor processes stepping environments on CPU."""

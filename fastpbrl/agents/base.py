@@ -1,0 +1,163 @@
+"""The agent contract: read this file to add an agent to fastpbrl.
+
+An agent is a bundle of **pure functions over pytrees** for ONE member. The
+learner (``fastpbrl.learner``) stacks members on a leading population axis and
+runs ``jit(vmap(scan(update)))``; actors call ``act`` on the policy parameters
+they read from shared memory. Nothing in an agent knows about the population,
+processes or devices.
+
+To add an agent ``foo``:
+
+1. Write ``fastpbrl/agents/foo.py`` with
+
+   * ``FooConfig``: a frozen dataclass of **static** settings (layer sizes,
+     batch size, anything that changes array shapes). Changing it recompiles.
+   * ``FooHParams``: a ``NamedTuple`` of **scalar arrays** (learning rates,
+     discount, tau, noise scales, ...). They are traced: giving member ``i``
+     another learning rate, or changing it between calls, never recompiles.
+     Do not branch on them in Python; use ``jnp.where``.
+   * ``FooState``: a ``NamedTuple`` training state holding everything a
+     population rule must copy when one member replaces another: online and
+     target parameters, optimizer states, any learned temperature, the step
+     counter and the member's PRNG key.
+   * ``make_agent(env_spec, config) -> Agent`` filling the fields below.
+
+2. Build networks with ``fastpbrl.agents.networks`` (the only module that
+   imports haiku) and optimizers with optax *inside* ``update`` from the traced
+   learning rate (``optax.adam(hparams.lr)``): the optimizer state does not
+   depend on the learning rate, so the hyperparameter stays a traced leaf and
+   ``FooHParams`` is the one place where it lives.
+
+3. Test it as ``tests/agents/test_foo.py`` does for TD3: the vectorized
+   population update against a per-member loop, the loss against a value
+   worked out by hand, and the compilation count.
+
+The contract departs from "``init(key, env_spec, hparams)``" in one way: the
+environment spec is bound when the agent is *made* (``make_agent(env_spec,
+config)``), because ``act`` and ``update`` need the same network output sizes
+and action bounds that ``init`` does; ``init`` then takes ``(key, hparams)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Generic, Optional, TypeVar
+
+import jax
+import jax.numpy as jnp
+import optax
+from acme import specs
+
+from fastpbrl.types import Metrics, Params, PRNGKey, Transition
+
+State = TypeVar('State')
+HParams = TypeVar('HParams')
+
+
+@dataclasses.dataclass(frozen=True)
+class Agent(Generic[State, HParams]):
+  """The pure functions that define one member of a population.
+
+  Attributes:
+    name: short name, used in logs and the CLI (``td3``, ``sac``, ``dqn``).
+    env_spec: the spec the networks were built for.
+    config: the static configuration (a frozen dataclass).
+    default_hparams: ``() -> HParams`` of scalar float32 arrays, the published
+      defaults.
+    init: ``(key, hparams) -> State``. A fresh member.
+    act: ``(policy_params, observation, key, hparams, explore) -> action``.
+      ``observation`` has one leading batch axis; ``explore`` is a bool
+      (static under ``jit``: pass it as a Python bool); actions are in
+      ``[-1, 1]`` for continuous agents and int32 for discrete ones.
+    update: ``(state, hparams, batch) -> (state, metrics)``, ONE gradient step
+      on a ``Transition`` batch with leading axis ``[B]``; ``metrics`` is a
+      dict of scalar arrays. Must be jittable and vmappable, with no Python
+      side effects.
+    policy_params: ``State -> Params``, what actors need to act (the part of
+      the state that goes to shared memory).
+    shared_critic: optional whole-population update for the shared-critic
+      mode of CEM-RL and DvD (see ``SharedCritic``); ``None`` if the agent
+      has none.
+  """
+
+  name: str
+  env_spec: specs.EnvironmentSpec
+  config: Any
+  default_hparams: Callable[[], HParams]
+  init: Callable[[PRNGKey, HParams], State]
+  act: Callable[..., jax.Array]
+  update: Callable[[State, HParams, Transition], tuple[State, Metrics]]
+  policy_params: Callable[[State], Params]
+  shared_critic: Optional['SharedCritic'] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedCritic:
+  """Population update where one critic is shared by all members.
+
+  The 2022 paper's section 4.2 modification of CEM-RL / DvD: each member has
+  its own policy; every member's batch goes through every policy in parallel
+  and the critic loss is the population mean of the members' critic losses,
+  so the critic takes one step per update step whatever the population size.
+
+  Attributes:
+    init: ``(key, hparams[N]) -> SharedState`` for a population of ``N``
+      (taken from the leading axis of ``hparams``).
+    update: ``(state, hparams[N], batch[N, B, ...]) -> (state, metrics[N])``:
+      one update step of the whole population (no vmap around it).
+    policy_params: ``SharedState -> Params[N]``.
+    with_policy_loss: ``(extra) -> SharedCritic`` adding a population-level
+      term ``extra(policy_params[N], observations[N, B, ...]) -> scalar`` to
+      the policy loss (DvD's diversity term).
+  """
+
+  init: Callable[..., Any]
+  update: Callable[..., tuple[Any, Metrics]]
+  policy_params: Callable[[Any], Params]
+  with_policy_loss: Callable[[Callable[..., jax.Array]], 'SharedCritic']
+
+
+def scalar_hparams(hparams_cls: type, **values: float):
+  """Builds a hyperparameter ``NamedTuple`` of float32 scalar arrays."""
+  return hparams_cls(**{k: jnp.asarray(v, jnp.float32) for k, v in values.items()})
+
+
+def stack_hparams(hparams: HParams, population_size: int) -> HParams:
+  """Repeats one member's hyperparameters along a new leading axis."""
+  return jax.tree.map(
+      lambda x: jnp.broadcast_to(jnp.asarray(x), (population_size,) + jnp.shape(x)),
+      hparams)
+
+
+def periodic_flag(step: jax.Array, fraction: jax.Array) -> jax.Array:
+  """True on a fraction of steps, spread evenly: ``floor((t+1)f) > floor(tf)``.
+
+  A traced replacement for ``step % delay == 0`` (TD3's delayed policy
+  update, DQN's target refresh): ``fraction = 1 / delay`` gives exactly every
+  ``delay``-th step, and a fraction that is not one over an integer still
+  gives that rate on average. The paper's PBT search space treats TD3's delay
+  as such a fraction in ``[0.2, 1]``.
+  """
+  step = step.astype(jnp.float32)
+  return jnp.floor((step + 1.0) * fraction) > jnp.floor(step * fraction)
+
+
+def polyak(target: Params, online: Params, tau: jax.Array) -> Params:
+  """``target <- (1 - tau) target + tau online`` with a traced ``tau``."""
+  return optax.incremental_update(online, target, tau)
+
+
+def select_tree(flag: jax.Array, on_true, on_false):
+  """``jnp.where`` over two pytrees of the same structure."""
+  return jax.tree.map(lambda a, b: jnp.where(flag, a, b), on_true, on_false)
+
+
+def td_target(reward: jax.Array, terminated: jax.Array, discount: jax.Array,
+              next_value: jax.Array) -> jax.Array:
+  """One-step TD target ``r + discount * (1 - terminated) * V(s')``.
+
+  Truncation does not appear: a transition cut by a time limit bootstraps
+  from its real next state like any non-terminal one; only a termination
+  stops the bootstrap.
+  """
+  return reward + discount * (1.0 - terminated) * next_value

@@ -1,0 +1,312 @@
+"""TD3 (Fujimoto et al. 2018, "Addressing Function Approximation Error in
+Actor-Critic Methods"), as pure functions over one member's state.
+
+Twin critics with the clipped double-Q target (eq. 10), target policy
+smoothing with clipped Gaussian noise (eq. 14), delayed policy and target
+updates, Polyak-averaged targets. Defaults follow the authors' reference
+implementation: 256x256 ReLU MLPs, Adam 3e-4, batch 256, tau 0.005,
+gamma 0.99, policy noise 0.2 clipped at 0.5, exploration noise 0.1, delay 2.
+
+Departures, each because hyperparameters are traced per member:
+
+* the policy delay is a *fraction* of steps with a policy update
+  (``policy_delay=0.5`` is the paper's ``d=2``; see ``periodic_flag``), as in
+  the 2022 paper's PBT search space;
+* the optimizers are built inside ``update`` from the traced learning rates.
+
+Also here: the shared-critic population update of CEM-RL and DvD
+(``make_shared_critic``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+from acme import specs
+
+from fastpbrl.agents import networks as nets_lib
+from fastpbrl.agents.base import (Agent, SharedCritic, periodic_flag, polyak,
+                                  scalar_hparams, select_tree, td_target)
+from fastpbrl.types import Params, PRNGKey, Transition
+
+
+@dataclasses.dataclass(frozen=True)
+class TD3Config:
+  """Static TD3 settings (changing one recompiles)."""
+
+  hidden_sizes: Sequence[int] = (256, 256)  # policy and critic MLP widths
+  batch_size: int = 256  # transitions per member per update step
+  steps_per_call: int = 50  # update steps compiled into one learner call
+
+
+class TD3HParams(NamedTuple):
+  """Traced TD3 hyperparameters, each a float32 scalar per member."""
+
+  policy_lr: jax.Array  # Adam step size of the actor
+  critic_lr: jax.Array  # Adam step size of both critics
+  discount: jax.Array  # gamma
+  tau: jax.Array  # Polyak rate of the target networks
+  policy_delay: jax.Array  # fraction of steps with a policy update, in (0, 1]
+  exploration_noise: jax.Array  # std of the Gaussian action noise when acting
+  target_noise: jax.Array  # std of the target policy smoothing noise
+  noise_clip: jax.Array  # target smoothing noise is clipped to +-noise_clip
+  reward_scale: jax.Array  # rewards are multiplied by this in the TD target
+
+
+def default_hparams() -> TD3HParams:
+  return scalar_hparams(
+      TD3HParams, policy_lr=3e-4, critic_lr=3e-4, discount=0.99, tau=0.005,
+      policy_delay=0.5, exploration_noise=0.1, target_noise=0.2,
+      noise_clip=0.5, reward_scale=1.0)
+
+
+class TD3State(NamedTuple):
+  """One member's full training state (what PBT's exploit copies)."""
+
+  policy: Params
+  critic: Params  # both Q-networks
+  target_policy: Params
+  target_critic: Params
+  policy_opt: optax.OptState
+  critic_opt: optax.OptState
+  key: PRNGKey
+  step: jax.Array  # int32 scalar, update steps taken
+
+
+class TD3Networks(NamedTuple):
+  policy: nets_lib.Network
+  critic: nets_lib.Network
+  obs_shape: tuple
+  action_dim: int
+
+
+def make_networks(env_spec: specs.EnvironmentSpec,
+                  config: TD3Config) -> TD3Networks:
+  if not isinstance(env_spec.actions, specs.BoundedArray) or isinstance(
+      env_spec.actions, specs.DiscreteArray):
+    raise ValueError('TD3 needs a continuous (Box) action space; use DQN for '
+                     'discrete actions')
+  action_dim = int(env_spec.actions.shape[0])
+  return TD3Networks(
+      policy=nets_lib.deterministic_policy(action_dim, config.hidden_sizes),
+      critic=nets_lib.twin_critic(config.hidden_sizes),
+      obs_shape=tuple(env_spec.observations.shape),
+      action_dim=action_dim)
+
+
+def _adam() -> optax.GradientTransformation:
+  # The learning rate only scales the update; Adam's state does not depend on
+  # it, so states made here fit optimizers built with any traced rate.
+  return optax.adam(1.0)
+
+
+def _init_params(nets: TD3Networks, key: PRNGKey):
+  k_pi, k_q = jax.random.split(key)
+  obs = jnp.zeros((1, *nets.obs_shape), jnp.float32)
+  act = jnp.zeros((1, nets.action_dim), jnp.float32)
+  return nets.policy.init(k_pi, obs), nets.critic.init(k_q, obs, act)
+
+
+def critic_loss(nets: TD3Networks, critic: Params, target_critic: Params,
+                target_policy: Params, batch: Transition, key: PRNGKey,
+                hp: TD3HParams) -> tuple[jax.Array, jax.Array]:
+  """Clipped double-Q loss, ``mse(Q1, y) + mse(Q2, y)``; returns (loss, mean Q1)."""
+  noise = jnp.clip(
+      hp.target_noise * jax.random.normal(key, batch.action.shape),
+      -hp.noise_clip, hp.noise_clip)
+  next_action = jnp.clip(
+      nets.policy.apply(target_policy, batch.next_observation) + noise, -1.0, 1.0)
+  next_q1, next_q2 = nets.critic.apply(target_critic, batch.next_observation,
+                                       next_action)
+  target = td_target(hp.reward_scale * batch.reward, batch.terminated,
+                     hp.discount, jnp.minimum(next_q1, next_q2))
+  target = jax.lax.stop_gradient(target)
+  q1, q2 = nets.critic.apply(critic, batch.observation, batch.action)
+  loss = jnp.mean(jnp.square(q1 - target)) + jnp.mean(jnp.square(q2 - target))
+  return loss, jnp.mean(q1)
+
+
+def policy_loss(nets: TD3Networks, policy: Params, critic: Params,
+                observation: jax.Array) -> jax.Array:
+  """Deterministic policy gradient objective ``-E[Q1(s, pi(s))]``."""
+  q1, _ = nets.critic.apply(critic, observation,
+                            nets.policy.apply(policy, observation))
+  return -jnp.mean(q1)
+
+
+def make_agent(env_spec: specs.EnvironmentSpec,
+               config: TD3Config = TD3Config()) -> Agent:
+  """Builds the TD3 agent's pure functions for ``env_spec``."""
+  nets = make_networks(env_spec, config)
+
+  def init(key: PRNGKey, hparams: TD3HParams) -> TD3State:
+    del hparams  # TD3's initial state does not depend on hyperparameters
+    k_params, k_state = jax.random.split(key)
+    policy, critic = _init_params(nets, k_params)
+    return TD3State(
+        policy=policy, critic=critic, target_policy=policy,
+        target_critic=critic, policy_opt=_adam().init(policy),
+        critic_opt=_adam().init(critic), key=k_state,
+        step=jnp.zeros((), jnp.int32))
+
+  def act(policy: Params, observation: jax.Array, key: PRNGKey,
+          hparams: TD3HParams, explore: bool) -> jax.Array:
+    action = nets.policy.apply(policy, observation)
+    if explore:
+      noise = hparams.exploration_noise * jax.random.normal(key, action.shape)
+      action = jnp.clip(action + noise, -1.0, 1.0)
+    return action
+
+  def update(state: TD3State, hp: TD3HParams, batch: Transition):
+    key, k_noise = jax.random.split(state.key)
+    (c_loss, q1), c_grads = jax.value_and_grad(
+        lambda c: critic_loss(nets, c, state.target_critic, state.target_policy,
+                              batch, k_noise, hp), has_aux=True)(state.critic)
+    c_updates, critic_opt = optax.adam(hp.critic_lr).update(
+        c_grads, state.critic_opt)
+    critic = optax.apply_updates(state.critic, c_updates)
+
+    def policy_step(_):
+      p_loss, p_grads = jax.value_and_grad(
+          lambda p: policy_loss(nets, p, critic, batch.observation))(state.policy)
+      p_updates, policy_opt = optax.adam(hp.policy_lr).update(
+          p_grads, state.policy_opt)
+      policy = optax.apply_updates(state.policy, p_updates)
+      return (policy, policy_opt, polyak(state.target_policy, policy, hp.tau),
+              polyak(state.target_critic, critic, hp.tau), p_loss)
+
+    def skip(_):
+      return (state.policy, state.policy_opt, state.target_policy,
+              state.target_critic, jnp.zeros((), jnp.float32))
+
+    # Delayed policy and target updates. Under vmap with per-member delays
+    # the cond becomes a select and both branches run; a single member (the
+    # sequential baseline) skips the policy work on off steps.
+    do_policy = periodic_flag(state.step, hp.policy_delay)
+    policy, policy_opt, target_policy, target_critic, p_loss = jax.lax.cond(
+        do_policy, policy_step, skip, None)
+    new_state = TD3State(
+        policy=policy, critic=critic, target_policy=target_policy,
+        target_critic=target_critic, policy_opt=policy_opt,
+        critic_opt=critic_opt, key=key, step=state.step + 1)
+    metrics = {'critic_loss': c_loss, 'policy_loss': p_loss, 'q1': q1,
+               'policy_updated': do_policy.astype(jnp.float32)}
+    return new_state, metrics
+
+  return Agent(
+      name='td3', env_spec=env_spec, config=config,
+      default_hparams=default_hparams, init=init, act=act, update=update,
+      policy_params=lambda state: state.policy,
+      shared_critic=make_shared_critic(nets))
+
+
+# --------------------------------------------------------------------------
+# Shared-critic population update (CEM-RL, DvD)
+# --------------------------------------------------------------------------
+
+
+class SharedTD3State(NamedTuple):
+  """A population with per-member policies and one shared twin critic."""
+
+  policy: Params  # [N, ...]
+  target_policy: Params  # [N, ...]
+  policy_opt: optax.OptState  # [N, ...]
+  critic: Params  # shared, no population axis
+  target_critic: Params
+  critic_opt: optax.OptState
+  key: PRNGKey  # [N] member keys (target smoothing noise)
+  step: jax.Array  # int32 scalar
+
+
+PolicyTerm = Callable[[Params, jax.Array], jax.Array]
+
+
+def make_shared_critic(nets: TD3Networks,
+                       extra_policy_loss: Optional[PolicyTerm] = None
+                      ) -> SharedCritic:
+  """TD3 with one critic shared by the population (2022 paper, sec. 4.2).
+
+  Each member's batch goes through every member's target policy in parallel;
+  the critic loss is the population mean of the members' TD3 critic losses.
+  Each member's policy then takes its own TD3 step against the updated
+  critic; ``extra_policy_loss(policies[N], observations[N, B, ...])`` adds a
+  population-level term (DvD's diversity loss) to the summed policy losses.
+
+  Critic-side settings that are per member in ``TD3HParams`` (discount,
+  target noise, reward scale) enter each member's own TD target; the ones
+  that act on the single critic (``critic_lr``, ``tau``, and the rate of
+  target-critic refreshes ``policy_delay``) are the population mean.
+  """
+
+  def init(key: PRNGKey, hparams: TD3HParams) -> SharedTD3State:
+    n = hparams.policy_lr.shape[0]
+    k_pi, k_q, k_state = jax.random.split(key, 3)
+    policies = jax.vmap(lambda k: _init_params(nets, k)[0])(
+        jax.random.split(k_pi, n))
+    critic = _init_params(nets, k_q)[1]
+    return SharedTD3State(
+        policy=policies, target_policy=policies,
+        policy_opt=jax.vmap(_adam().init)(policies), critic=critic,
+        target_critic=critic, critic_opt=_adam().init(critic),
+        key=jax.random.split(k_state, n), step=jnp.zeros((), jnp.int32))
+
+  def update(state: SharedTD3State, hp: TD3HParams, batch: Transition):
+    keys = jax.vmap(jax.random.split)(state.key)  # [N, 2]
+    new_keys, noise_keys = keys[:, 0], keys[:, 1]
+
+    def population_critic_loss(critic):
+      losses, q1 = jax.vmap(
+          lambda tp, b, k, h: critic_loss(nets, critic, state.target_critic,
+                                          tp, b, k, h))(
+              state.target_policy, batch, noise_keys, hp)
+      return jnp.mean(losses), (losses, q1)
+
+    (_, (c_losses, q1)), c_grads = jax.value_and_grad(
+        population_critic_loss, has_aux=True)(state.critic)
+    c_updates, critic_opt = optax.adam(jnp.mean(hp.critic_lr)).update(
+        c_grads, state.critic_opt)
+    critic = optax.apply_updates(state.critic, c_updates)
+
+    def total_policy_loss(policies):
+      losses = jax.vmap(lambda p, o: policy_loss(nets, p, critic, o))(
+          policies, batch.observation)
+      total = jnp.sum(losses)
+      if extra_policy_loss is not None:
+        total = total + extra_policy_loss(policies, batch.observation)
+      return total, losses
+
+    (_, p_losses), p_grads = jax.value_and_grad(
+        total_policy_loss, has_aux=True)(state.policy)
+    p_updates, stepped_opt = jax.vmap(
+        lambda g, s, lr: optax.adam(lr).update(g, s))(
+            p_grads, state.policy_opt, hp.policy_lr)
+    stepped = optax.apply_updates(state.policy, p_updates)
+
+    do_policy = jax.vmap(periodic_flag, in_axes=(None, 0))(
+        state.step, hp.policy_delay)  # [N]
+    member_select = jax.vmap(select_tree)
+    policy = member_select(do_policy, stepped, state.policy)
+    policy_opt = member_select(do_policy, stepped_opt, state.policy_opt)
+    target_policy = member_select(
+        do_policy, jax.vmap(polyak)(state.target_policy, policy, hp.tau),
+        state.target_policy)
+    tau = jnp.mean(hp.tau)
+    do_critic_target = periodic_flag(state.step, jnp.mean(hp.policy_delay))
+    target_critic = select_tree(do_critic_target,
+                                polyak(state.target_critic, critic, tau),
+                                state.target_critic)
+    new_state = SharedTD3State(
+        policy=policy, target_policy=target_policy, policy_opt=policy_opt,
+        critic=critic, target_critic=target_critic, critic_opt=critic_opt,
+        key=new_keys, step=state.step + 1)
+    metrics = {'critic_loss': c_losses, 'policy_loss': p_losses, 'q1': q1,
+               'policy_updated': do_policy.astype(jnp.float32)}
+    return new_state, metrics
+
+  return SharedCritic(
+      init=init, update=update, policy_params=lambda state: state.policy,
+      with_policy_loss=lambda extra: make_shared_critic(nets, extra))

@@ -1,0 +1,154 @@
+"""The population learner: every member's update steps as one compiled call.
+
+``PopulationLearner`` stacks ``N`` members on a leading axis and compiles
+``jit(vmap(scan(agent.update, num_steps)))`` once per (population size,
+shapes). ``SharedCriticLearner`` does the same for the shared-critic mode of
+CEM-RL and DvD, where the population update is not a vmap of a per-member one.
+
+Batches are shaped ``[N, num_steps, batch_size, ...]``; metrics come back
+``[N, num_steps]`` as device arrays, so nothing inside a call waits for the
+host. The state argument is donated: after ``update`` the old state's buffers
+are invalid, use the returned one.
+
+The jit boundary is here and only here: agents never call ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from fastpbrl.agents.base import Agent, SharedCritic, stack_hparams
+from fastpbrl.types import PRNGKey, Transition
+
+
+def multi_step(update: Callable, num_steps: int) -> Callable:
+  """``update(state, hparams, batch[B])`` scanned over ``batch[num_steps, B]``."""
+
+  def run(state, hparams, batch: Transition):
+    leading = {x.shape[0] for x in jax.tree.leaves(batch)}
+    if leading != {num_steps}:
+      raise ValueError(
+          f'batch has leading step axes {sorted(leading)}, expected '
+          f'{num_steps} (num_steps): batches are [N, num_steps, batch, ...]')
+    return jax.lax.scan(lambda s, b: update(s, hparams, b), state, batch)
+
+  return run
+
+
+def _population_size(tree: Any, what: str) -> int:
+  sizes = {x.shape[0] if x.ndim else None for x in jax.tree.leaves(tree)}
+  if len(sizes) != 1 or None in sizes:
+    raise ValueError(
+        f'{what} must have one leading population axis on every leaf; got '
+        f'leading sizes {sorted(s for s in sizes if s is not None)}'
+        + (' and scalars' if None in sizes else ''))
+  return sizes.pop()
+
+
+class _CompiledPopulationStep:
+  """Host-side wrapper (not jittable) around one jitted population step.
+
+  Counts how many times the step was traced, so tests and users can check
+  that changing hyperparameters never recompiles.
+  """
+
+  def __init__(self, step: Callable, num_steps: int):
+    self.num_steps = num_steps
+    self.compilations = 0
+
+    def traced(state, hparams, batch):
+      self.compilations += 1  # runs once per trace, never at run time
+      return step(state, hparams, batch)
+
+    self._step = jax.jit(traced, donate_argnums=0)
+
+  def update(self, state, hparams, batch: Transition):
+    """Runs ``num_steps`` update steps for every member.
+
+    Args:
+      state: the stacked training state (donated: do not reuse it).
+      hparams: the stacked hyperparameters, leading axis ``N``.
+      batch: a ``Transition`` of ``[N, num_steps, batch_size, ...]`` arrays.
+
+    Returns:
+      ``(new_state, metrics)`` with metrics ``[N, num_steps]`` device arrays.
+    """
+    n = _population_size(hparams, 'hparams')
+    n_batch = _population_size(batch, 'batch')
+    if n_batch != n:
+      raise ValueError(f'batch has population axis {n_batch} but hparams {n}')
+    return self._step(state, hparams, batch)
+
+
+class PopulationLearner(_CompiledPopulationStep):
+  """``N`` independent members of one agent, updated as one program."""
+
+  def __init__(self, agent: Agent, num_steps: int | None = None):
+    """Args:
+      agent: the agent whose ``update`` every member runs.
+      num_steps: update steps per call; the agent config's
+        ``steps_per_call`` by default (50 for TD3/SAC, 10 for DQN).
+    """
+    self.agent = agent
+    num_steps = num_steps or agent.config.steps_per_call
+    if num_steps < 1:
+      raise ValueError(f'num_steps must be >= 1, got {num_steps}')
+    super().__init__(jax.vmap(multi_step(agent.update, num_steps)), num_steps)
+    self._init = jax.jit(jax.vmap(agent.init))
+    self._policy_params = jax.jit(jax.vmap(agent.policy_params))
+
+  def init(self, key: PRNGKey, hparams) -> Any:
+    """A fresh population, one member per row of ``hparams``."""
+    n = _population_size(hparams, 'hparams')
+    return self._init(jax.random.split(key, n), hparams)
+
+  def policy_params(self, state) -> Any:
+    return self._policy_params(state)
+
+
+class SharedCriticLearner(_CompiledPopulationStep):
+  """CEM-RL / DvD population: per-member policies and one shared critic."""
+
+  def __init__(self, shared: SharedCritic, num_steps: int):
+    if num_steps < 1:
+      raise ValueError(f'num_steps must be >= 1, got {num_steps}')
+    self.shared = shared
+
+    def step(state, hparams, batch):
+      # The scan runs over steps, so put the step axis first: [S, N, B, ...].
+      per_step = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
+      state, metrics = multi_step(shared.update, num_steps)(
+          state, hparams, per_step)
+      return state, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), metrics)
+
+    super().__init__(step, num_steps)
+    self._init = jax.jit(shared.init)
+
+  def init(self, key: PRNGKey, hparams) -> Any:
+    _population_size(hparams, 'hparams')
+    return self._init(key, hparams)
+
+  def policy_params(self, state) -> Any:
+    return self.shared.policy_params(state)
+
+
+def population_hparams(agent: Agent, population_size: int, **overrides) -> Any:
+  """The agent's defaults for every member, with per-field overrides.
+
+  An override is a scalar (same for all) or a length-``N`` sequence.
+  """
+  if population_size < 1:
+    raise ValueError(f'population_size must be >= 1, got {population_size}')
+  hparams = stack_hparams(agent.default_hparams(), population_size)
+  unknown = set(overrides) - set(hparams._fields)
+  if unknown:
+    raise ValueError(f'unknown {agent.name} hyperparameters {sorted(unknown)}; '
+                     f'known: {list(hparams._fields)}')
+  values = {k: jnp.broadcast_to(jnp.asarray(v, jnp.float32), (population_size,))
+            for k, v in overrides.items()}
+  return hparams._replace(**values)
+
+

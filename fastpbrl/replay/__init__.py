@@ -1,0 +1,1 @@
+"""Replay buffers (per-member and shared layouts)."""

@@ -1,0 +1,95 @@
+"""Data types shared by agents, the learner, the replay and the actors.
+
+Two conventions hold everywhere in fastpbrl:
+
+* **Population axis first.** Every array of a population (training state,
+  hyperparameters, batches, metrics) has the population as its leading axis,
+  so that a later change can shard that axis over devices without touching
+  agent code.
+* **Normalised continuous actions.** Continuous-control agents act in
+  ``[-1, 1]^d``; :func:`scale_action` maps such an action to the env's bounds
+  on the actor side. Exploration and target-smoothing noise scales are
+  therefore fractions of the action range, as in the TD3 paper's
+  ``0.1 * max_action``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple
+
+import jax
+import numpy as np
+from acme import specs
+
+PRNGKey = jax.Array
+Params = Any  # a haiku parameter pytree
+Metrics = Mapping[str, jax.Array]
+
+
+class Transition(NamedTuple):
+  """One environment step, or a batch of them (leading axes ``[..., B]``).
+
+  ``terminated`` and ``truncated`` are kept apart: a TD target bootstraps
+  through a time-limit truncation (``next_observation`` is the real next
+  state) and never through a termination.
+  """
+
+  observation: Any  # [..., *obs_shape], float32 (uint8 for Atari frames)
+  action: Any  # [..., action_dim] float32 in [-1, 1], or [...] int32
+  reward: Any  # [...] float32
+  next_observation: Any  # [..., *obs_shape], same dtype as observation
+  terminated: Any  # [...] float32, 1.0 where the episode ended in a terminal state
+  truncated: Any  # [...] float32, 1.0 where a time limit cut the episode
+
+
+def make_env_spec(env) -> specs.EnvironmentSpec:
+  """Builds an acme ``EnvironmentSpec`` from a gymnasium environment.
+
+  Args:
+    env: a ``gymnasium.Env`` with a ``Box`` observation space and a ``Box`` or
+      ``Discrete`` action space.
+
+  Returns:
+    The spec, with float32 observations (uint8 kept for image observations),
+    ``BoundedArray`` actions for ``Box`` and ``DiscreteArray`` for
+    ``Discrete``.
+
+  Raises:
+    ValueError: for a space fastpbrl does not support, naming it.
+  """
+  import gymnasium as gym  # local: the learner does not need gymnasium
+
+  obs_space, act_space = env.observation_space, env.action_space
+  if not isinstance(obs_space, gym.spaces.Box):
+    raise ValueError(
+        f'observation space {obs_space!r} is not supported: fastpbrl needs a '
+        'gymnasium.spaces.Box observation (flatten dict observations first)')
+  obs_dtype = np.uint8 if obs_space.dtype == np.uint8 else np.float32
+  observations = specs.Array(obs_space.shape, obs_dtype, name='observation')
+  if isinstance(act_space, gym.spaces.Discrete):
+    actions = specs.DiscreteArray(int(act_space.n), name='action')
+  elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
+    if not (np.all(np.isfinite(act_space.low))
+            and np.all(np.isfinite(act_space.high))):
+      raise ValueError(
+          f'action space {act_space!r} is unbounded: continuous-control '
+          'agents need finite action bounds')
+    actions = specs.BoundedArray(
+        act_space.shape, np.float32, act_space.low.astype(np.float32),
+        act_space.high.astype(np.float32), name='action')
+  else:
+    raise ValueError(
+        f'action space {act_space!r} is not supported: use a 1-D Box or a '
+        'Discrete action space')
+  return specs.EnvironmentSpec(
+      observations=observations,
+      actions=actions,
+      rewards=specs.Array((), np.float32, name='reward'),
+      discounts=specs.BoundedArray((), np.float32, 0.0, 1.0, name='discount'))
+
+
+def scale_action(action: np.ndarray, action_spec: specs.BoundedArray) -> np.ndarray:
+  """Maps an action in ``[-1, 1]^d`` to ``[minimum, maximum]`` of the spec."""
+  low, high = action_spec.minimum, action_spec.maximum
+  action = np.clip(action, -1.0, 1.0)
+  return low + (action + 1.0) * 0.5 * (high - low)

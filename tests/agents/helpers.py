@@ -1,0 +1,86 @@
+"""Shared test helpers: small env specs, random batches, a per-member loop."""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import gymnasium as gym
+import jax
+import numpy as np
+from acme import specs
+
+from fastpbrl.learner import PopulationLearner
+from fastpbrl.types import Transition, make_env_spec
+
+
+@functools.lru_cache(maxsize=None)
+def env_spec(env_id: str) -> specs.EnvironmentSpec:
+  env = gym.make(env_id)
+  try:
+    return make_env_spec(env)
+  finally:
+    env.close()
+
+
+def random_batch(spec: specs.EnvironmentSpec, leading: tuple, seed: int = 0,
+                 terminated_fraction: float = 0.1) -> Transition:
+  """Random transitions of shape ``[*leading, ...]`` fitting ``spec``."""
+  rng = np.random.default_rng(seed)
+  obs_shape = spec.observations.shape
+  if spec.observations.dtype == np.uint8:
+    obs = rng.integers(0, 256, (*leading, *obs_shape), dtype=np.uint8)
+    next_obs = rng.integers(0, 256, (*leading, *obs_shape), dtype=np.uint8)
+  else:
+    obs = rng.standard_normal((*leading, *obs_shape)).astype(np.float32)
+    next_obs = rng.standard_normal((*leading, *obs_shape)).astype(np.float32)
+  if isinstance(spec.actions, specs.DiscreteArray):
+    action = rng.integers(0, spec.actions.num_values, leading).astype(np.int32)
+  else:
+    action = rng.uniform(-1, 1, (*leading, *spec.actions.shape)).astype(np.float32)
+  return Transition(
+      observation=obs, action=action,
+      reward=rng.standard_normal(leading).astype(np.float32),
+      next_observation=next_obs,
+      terminated=(rng.uniform(size=leading) < terminated_fraction).astype(np.float32),
+      truncated=(rng.uniform(size=leading) < 0.05).astype(np.float32))
+
+
+def member(tree, i: int):
+  return jax.tree.map(lambda x: x[i], tree)
+
+
+def assert_population_matches_loop(agent, hparams, num_steps: int,
+                                   batch_size: int, seed: int = 0,
+                                   rtol: float = 1e-4, atol: float = 1e-5):
+  """One vectorized call vs N members each stepped alone, step by step.
+
+  The loop uses the single-member ``jit(agent.update)`` (no vmap, no scan) on
+  the same batches and the same member keys the population was built with.
+  """
+  n = hparams[0].shape[0]
+  batch = random_batch(agent.env_spec, (n, num_steps, batch_size), seed=seed)
+  learner = PopulationLearner(agent, num_steps)
+  key = jax.random.PRNGKey(seed)
+  population = learner.init(key, hparams)
+  member_keys = jax.random.split(key, n)
+  # Copy before the call: the learner donates the state it is given.
+  initial = jax.tree.map(np.array, population)
+  population, metrics = learner.update(population, hparams, batch)
+
+  single_update = jax.jit(agent.update)
+  for i in range(n):
+    state = agent.init(member_keys[i], member(hparams, i))
+    chex.assert_trees_all_close(state, member(initial, i))
+    member_metrics = []
+    for s in range(num_steps):
+      state, m = single_update(state, member(hparams, i),
+                               jax.tree.map(lambda x: x[i, s], batch))
+      member_metrics.append(m)
+    chex.assert_trees_all_close(state, member(population, i), rtol=rtol,
+                                atol=atol)
+    for name, values in metrics.items():
+      np.testing.assert_allclose(
+          values[i], np.stack([m[name] for m in member_metrics]), rtol=rtol,
+          atol=atol, err_msg=f'metric {name} of member {i}')
+  return learner, population, metrics

@@ -1,0 +1,95 @@
+"""DQN: population vs per-member loop (MLP and Nature CNN), the Huber TD loss
+by hand with termination vs truncation, target refreshes, grouped conv."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from acme import specs
+
+from fastpbrl.agents import dqn
+from fastpbrl.agents import networks as nets_lib
+from fastpbrl.learner import PopulationLearner, population_hparams
+from tests.agents.helpers import assert_population_matches_loop, env_spec, random_batch
+
+MLP = dqn.DQNConfig(mlp_hidden_sizes=(32, 32), batch_size=16, steps_per_call=50)
+ATARI_SPEC = specs.EnvironmentSpec(
+    observations=specs.Array((84, 84, 4), np.uint8),
+    actions=specs.DiscreteArray(6),
+    rewards=specs.Array((), np.float32),
+    discounts=specs.BoundedArray((), np.float32, 0.0, 1.0))
+
+
+@pytest.fixture(scope='module')
+def agent():
+  return dqn.make_agent(env_spec('CartPole-v1'), MLP)
+
+
+def test_population_call_matches_per_member_loop(agent):
+  hparams = population_hparams(agent, 3, lr=[1e-4, 1e-3, 3e-4],
+                               discount=[0.99, 0.9, 0.95],
+                               target_update_period=[7, 10, 50])
+  _, population, metrics = assert_population_matches_loop(
+      agent, hparams, num_steps=50, batch_size=16)
+  np.testing.assert_array_equal(np.sum(metrics['target_refreshed'], axis=1),
+                                [7, 5, 1])
+
+
+def test_nature_cnn_population_matches_per_member_loop():
+  agent = dqn.make_agent(ATARI_SPEC, dqn.DQNConfig(batch_size=4))
+  hparams = population_hparams(agent, 2, lr=[2.5e-4, 1e-3])
+  _, population, _ = assert_population_matches_loop(
+      agent, hparams, num_steps=10, batch_size=4, rtol=1e-3, atol=1e-5)
+  chex.assert_type(population.step, jnp.int32)
+
+
+def test_vmapped_conv_is_one_grouped_convolution():
+  """vmap over members' kernels lowers to a single grouped convolution
+  (feature_group_count = N), which is what a hand-written grouped conv is."""
+  net = nets_lib.nature_q_network(6)
+  n = 4
+  params = jax.vmap(lambda k: net.init(k, jnp.zeros((1, 84, 84, 4), jnp.uint8)))(
+      jax.random.split(jax.random.PRNGKey(0), n))
+  frames = jnp.zeros((n, 2, 84, 84, 4), jnp.uint8)
+  hlo = jax.jit(jax.vmap(net.apply)).lower(params, frames).as_text()
+  assert hlo.count('feature_group_count = 4') == 3  # the three conv layers
+
+
+def test_huber_target_bootstraps_on_truncation_only(agent):
+  hp = agent.default_hparams()._replace(discount=jnp.float32(0.5))
+  state = agent.init(jax.random.PRNGKey(1), hp)
+  net = nets_lib.mlp_q_network(2, MLP.mlp_hidden_sizes)
+  base = random_batch(agent.env_spec, (2,), seed=3)
+  batch = base._replace(reward=np.array([1.0, 4.0], np.float32),
+                        truncated=np.array([1.0, 0.0], np.float32),
+                        terminated=np.array([0.0, 1.0], np.float32))
+  q = np.asarray(net.apply(state.params, batch.observation))
+  next_q = np.asarray(net.apply(state.target_params, batch.next_observation))
+  target = np.array([1.0 + 0.5 * next_q[0].max(), 4.0])
+  err = q[np.arange(2), batch.action] - target
+  huber = np.where(np.abs(err) <= 1, 0.5 * err ** 2, np.abs(err) - 0.5)
+  _, metrics = jax.jit(agent.update)(state, hp, batch)
+  np.testing.assert_allclose(metrics['loss'], huber.mean(), rtol=1e-5)
+
+
+def test_epsilon_greedy(agent):
+  state = agent.init(jax.random.PRNGKey(0), agent.default_hparams())
+  obs = jnp.asarray(np.random.default_rng(0).standard_normal((2000, 4)),
+                    jnp.float32)
+  greedy = agent.act(state.params, obs, jax.random.PRNGKey(1),
+                     agent.default_hparams(), False)
+  chex.assert_shape(greedy, (2000,))
+  chex.assert_type(greedy, jnp.int32)
+  hp = agent.default_hparams()._replace(epsilon=jnp.float32(0.5))
+  explored = agent.act(state.params, obs, jax.random.PRNGKey(1), hp, True)
+  # Half the actions are random, half of those differ from the greedy one.
+  assert 0.2 < float(jnp.mean(explored != greedy)) < 0.3
+
+
+def test_wrong_action_space_is_a_clear_error():
+  with pytest.raises(ValueError, match='Discrete action space'):
+    dqn.make_agent(env_spec('Pendulum-v1'))
+  from fastpbrl.agents import td3
+  with pytest.raises(ValueError, match='continuous'):
+    td3.make_agent(env_spec('CartPole-v1'))

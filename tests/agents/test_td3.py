@@ -1,0 +1,185 @@
+"""TD3: population vs per-member loop, traced hyperparameters, shared critic,
+termination vs truncation, shapes on a real MuJoCo spec."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fastpbrl.agents import td3
+from fastpbrl.agents.base import periodic_flag
+from fastpbrl.learner import PopulationLearner, SharedCriticLearner, population_hparams
+from fastpbrl.types import Transition
+from tests.agents.helpers import (assert_population_matches_loop, env_spec,
+                                  member, random_batch)
+
+SMALL = td3.TD3Config(hidden_sizes=(32, 32), batch_size=16, steps_per_call=50)
+
+
+@pytest.fixture(scope='module')
+def agent():
+  return td3.make_agent(env_spec('HalfCheetah-v5'), SMALL)
+
+
+def test_spec_from_mujoco_env_and_shapes(agent):
+  spec = agent.env_spec
+  assert spec.observations.shape == (17,) and spec.actions.shape == (6,)
+  state = agent.init(jax.random.PRNGKey(0), agent.default_hparams())
+  obs = jnp.zeros((5, 17), jnp.float32)
+  for explore in (False, True):
+    action = agent.act(state.policy, obs, jax.random.PRNGKey(1),
+                       agent.default_hparams(), explore)
+    chex.assert_shape(action, (5, 6))
+    chex.assert_type(action, jnp.float32)
+    assert np.all(np.abs(action) <= 1.0)
+  chex.assert_shape(state.step, ())
+  chex.assert_type(state.step, jnp.int32)
+
+
+def test_population_call_matches_per_member_loop(agent):
+  hparams = population_hparams(
+      agent, 3, policy_lr=[1e-4, 3e-4, 1e-3], critic_lr=[3e-4, 1e-3, 3e-4],
+      discount=[0.99, 0.9, 0.95], policy_delay=[0.5, 1.0, 0.25],
+      target_noise=[0.2, 0.0, 0.5])
+  _, population, metrics = assert_population_matches_loop(
+      agent, hparams, num_steps=50, batch_size=16)
+  chex.assert_shape(metrics['critic_loss'], (3, 50))
+  # Delays 2, 1 and 4: 25, 50 and 12 policy updates over 50 steps.
+  np.testing.assert_array_equal(
+      np.sum(metrics['policy_updated'], axis=1), [25, 50, 12])
+  np.testing.assert_array_equal(population.step, [50, 50, 50])
+
+
+def test_per_member_hparams_differ_and_never_recompile(agent):
+  learner = PopulationLearner(agent, num_steps=5)
+  hparams = population_hparams(agent, 2)
+  batch = random_batch(agent.env_spec, (2, 5, 16))
+  # Both members start from the same parameters: only the learning rate differs.
+  state = learner.init(jax.random.PRNGKey(0), hparams)
+  state = jax.tree.map(lambda x: jnp.stack([x[0], x[0]]), state)
+  state, _ = learner.update(
+      state, hparams._replace(policy_lr=jnp.array([1e-4, 1e-2]),
+                              critic_lr=jnp.array([1e-4, 1e-2])), batch)
+  leaves = jax.tree.leaves(state.critic)
+  assert all(not np.allclose(x[0], x[1]) for x in leaves)
+  for lr in (3e-4, 1e-3, 5e-3):
+    state, _ = learner.update(state, population_hparams(agent, 2, critic_lr=lr,
+                                                        discount=0.9), batch)
+  assert learner.compilations == 1
+
+
+def test_truncated_transition_bootstraps_terminated_does_not(agent):
+  nets = td3.make_networks(agent.env_spec, SMALL)
+  hp = agent.default_hparams()._replace(target_noise=jnp.float32(0.0),
+                                        discount=jnp.float32(0.9))
+  state = agent.init(jax.random.PRNGKey(3), hp)
+  base = random_batch(agent.env_spec, (2,), seed=4)
+  # Row 0 was cut by a time limit, row 1 ended in a terminal state.
+  batch = base._replace(truncated=np.array([1.0, 0.0], np.float32),
+                        terminated=np.array([0.0, 1.0], np.float32))
+  next_action = nets.policy.apply(state.target_policy, batch.next_observation)
+  nq1, nq2 = nets.critic.apply(state.target_critic, batch.next_observation,
+                               next_action)
+  expected_target = np.array([batch.reward[0] + 0.9 * min(nq1[0], nq2[0]),
+                              batch.reward[1]])
+  q1, q2 = nets.critic.apply(state.critic, batch.observation, batch.action)
+  expected_loss = (np.mean((np.asarray(q1) - expected_target) ** 2)
+                   + np.mean((np.asarray(q2) - expected_target) ** 2))
+  loss, _ = td3.critic_loss(nets, state.critic, state.target_critic,
+                            state.target_policy, batch, jax.random.PRNGKey(0), hp)
+  np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+  # The truncation flag never changes the target; the termination flag does.
+  flipped, _ = td3.critic_loss(
+      nets, state.critic, state.target_critic, state.target_policy,
+      batch._replace(truncated=np.zeros(2, np.float32)), jax.random.PRNGKey(0), hp)
+  np.testing.assert_allclose(flipped, loss, rtol=1e-6)
+  bootstrapped, _ = td3.critic_loss(
+      nets, state.critic, state.target_critic, state.target_policy,
+      batch._replace(terminated=np.zeros(2, np.float32)), jax.random.PRNGKey(0), hp)
+  assert not np.isclose(bootstrapped, loss)
+
+
+def test_periodic_flag_is_every_dth_step():
+  steps = jnp.arange(12)
+  np.testing.assert_array_equal(periodic_flag(steps, 0.5),
+                                [s % 2 == 1 for s in range(12)])
+  np.testing.assert_array_equal(periodic_flag(steps, 1 / 3),
+                                [s % 3 == 2 for s in range(12)])
+  assert int(jnp.sum(periodic_flag(jnp.arange(1000), 0.3))) == 300
+
+
+def test_shared_critic_gradient_is_population_mean(agent):
+  nets = td3.make_networks(agent.env_spec, SMALL)
+  n = 3
+  hparams = population_hparams(agent, n, discount=[0.99, 0.9, 0.95],
+                               target_noise=[0.2, 0.1, 0.3])
+  learner = SharedCriticLearner(agent.shared_critic, num_steps=1)
+  state = learner.init(jax.random.PRNGKey(0), hparams)
+  batch = random_batch(agent.env_spec, (n, 1, 16), seed=1)
+  # Independent route: each member's TD3 critic gradient alone, then the mean.
+  noise_keys = jax.vmap(jax.random.split)(state.key)[:, 1]
+  grads = [
+      jax.grad(lambda c: td3.critic_loss(
+          nets, c, state.target_critic, member(state.target_policy, i),
+          jax.tree.map(lambda x: x[i, 0], batch), noise_keys[i],
+          member(hparams, i))[0])(state.critic) for i in range(n)]
+  mean_grad = jax.tree.map(lambda *g: sum(g) / n, *grads)
+  critic_before = jax.tree.map(np.array, state.critic)
+  state, metrics = learner.update(state, hparams, batch)
+  # After one Adam step the first moment is (1 - b1) * gradient = 0.1 * g.
+  used_grad = jax.tree.map(lambda mu: mu / 0.1, state.critic_opt[0].mu)
+  chex.assert_trees_all_close(used_grad, mean_grad, rtol=1e-4, atol=1e-7)
+  assert not np.allclose(jax.tree.leaves(critic_before)[0],
+                         jax.tree.leaves(state.critic)[0])
+  chex.assert_shape(metrics['critic_loss'], (n, 1))
+
+
+def test_shared_critic_policies_match_independent_td3_policy_step(agent):
+  """Given the updated shared critic, each member's policy takes the plain
+  TD3 step; the population-level extra term adds its own gradient."""
+  nets = td3.make_networks(agent.env_spec, SMALL)
+  n = 2
+  hparams = population_hparams(agent, n, policy_lr=[1e-3, 1e-4],
+                               policy_delay=1.0)
+  batch = random_batch(agent.env_spec, (n, 1, 16), seed=2)
+
+  def extra(policies, observations):
+    actions = jax.vmap(nets.policy.apply)(policies, observations)
+    return 0.5 * jnp.sum(jnp.square(actions))
+
+  for extra_term in (None, extra):
+    shared = agent.shared_critic
+    if extra_term is not None:
+      shared = shared.with_policy_loss(extra_term)
+    learner = SharedCriticLearner(shared, num_steps=1)
+    state = learner.init(jax.random.PRNGKey(5), hparams)
+    policies_before = jax.tree.map(np.array, state.policy)
+    state, _ = learner.update(state, hparams, batch)
+    for i in range(n):
+      obs = batch.observation[i, 0]
+
+      def loss(p, i=i, obs=obs):
+        total = td3.policy_loss(nets, p, state.critic, obs)
+        if extra_term is not None:
+          others = jax.tree.map(lambda a, b: jnp.asarray(a).at[i].set(b),
+                                  policies_before, p)
+          total = total + extra_term(others, batch.observation[:, 0])
+        return total
+
+      g = jax.grad(loss)(member(policies_before, i))
+      mu = jax.tree.map(lambda x: x[i], state.policy_opt[0].mu)
+      chex.assert_trees_all_close(mu, jax.tree.map(lambda x: 0.1 * x, g),
+                                  rtol=1e-4, atol=1e-8)
+
+
+def test_bad_batch_shape_is_a_clear_error(agent):
+  learner = PopulationLearner(agent, num_steps=5)
+  hparams = population_hparams(agent, 2)
+  state = learner.init(jax.random.PRNGKey(0), hparams)
+  with pytest.raises(ValueError, match='num_steps'):
+    learner.update(state, hparams, random_batch(agent.env_spec, (2, 4, 16)))
+  with pytest.raises(ValueError, match='population axis'):
+    learner.update(state, hparams, random_batch(agent.env_spec, (3, 5, 16)))
+  with pytest.raises(ValueError, match='unknown td3 hyperparameters'):
+    population_hparams(agent, 2, learning_rate=1e-3)
