@@ -1,0 +1,257 @@
+"""Diversity via Determinants (Parker-Holder et al. 2020, "Effective
+Diversity in Population Based Reinforcement Learning").
+
+Each member ``i`` is embedded by its actions on a shared batch of states,
+``phi_i = flatten(pi_i(s_1..s_B))``; the population's diversity is the
+determinant of the kernel matrix ``K_ij = exp(-||phi_i - phi_j||^2 /
+(2 sigma^2))`` (squared-exponential kernel, eq. 5 and sec. 4.1). DvD-TD3
+adds ``lambda * diversity_loss`` with ``diversity_loss = -log det K`` to the
+sum of the members' policy losses, so minimising it maximises the volume
+spanned by the embeddings.
+
+Numerics: ``K`` is singular whenever two members act identically (all ones
+for a fresh copy), so ``log det`` uses the Cholesky factor of ``K + jitter
+I``: the loss is then finite (``-log(N + jitter) - (N - 1) log(jitter)``
+for identical members) and so is its gradient (zero there, since
+``dK_ij/dphi_i`` vanishes at ``phi_i = phi_j``). Squared distances are
+computed from differences, not ``|a|^2 + |b|^2 - 2ab``, so they are never
+negative.
+
+**Lambda without recompiling.** ``SharedCritic.with_policy_loss(extra)``
+takes ``extra(policies, observations)``, which receives no hyperparameters;
+a Python float (or an array captured by a closure) is a trace-time constant,
+so changing it would need a new compilation (or, for a closure over a
+mutable array, would silently keep the old value). ``with_diversity`` solves
+this without touching the agent: it wraps a ``SharedCritic`` into one whose
+hyperparameters are ``DvDHParams(agent, diversity_weight)`` and, INSIDE the
+traced ``update``, builds ``make_policy_term(policy_apply,
+hparams.diversity_weight, sigma)`` and calls
+``shared.with_policy_loss(term).update``. Lambda is thus a traced
+hyperparameter leaf like any learning rate (``[N]``, all members equal, so
+the learner's population-axis checks hold; the term uses the mean) and
+``SharedCriticLearner`` compiles once for every lambda schedule or bandit
+choice.
+
+Host-side (not jittable, numpy only): ``PiecewiseLinear`` lambda schedules
+(Flajolet et al. 2022 use a schedule instead of the bandit) and
+``ThompsonBandit``, the paper's adaptive choice of lambda (a Thompson-
+sampling bandit over a few lambda values, {0, 0.5} for DvD-TD3; we take the
+reward to be 1 when the population's best return improved over the previous
+round, 0 otherwise, with Beta-Bernoulli posteriors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fastpbrl.agents.base import SharedCritic
+from fastpbrl.types import Params
+
+# ---------------------------------------------------------------------------
+# Pure JAX: kernel and loss
+# ---------------------------------------------------------------------------
+
+
+def pairwise_sq_dists(embeddings: jax.Array) -> jax.Array:
+  """``[N, D] -> [N, N]`` squared Euclidean distances (exactly 0 on the
+  diagonal, never negative)."""
+  diff = embeddings[:, None, :] - embeddings[None, :, :]
+  return jnp.sum(jnp.square(diff), axis=-1)
+
+
+def kernel_matrix(actions: jax.Array, sigma: float | jax.Array) -> jax.Array:
+  """``K_ij = exp(-||a_i - a_j||^2 / (2 sigma^2))`` from ``actions[N, B, A]``
+  (or any ``[N, ...]``: each member's actions are flattened)."""
+  phi = actions.reshape(actions.shape[0], -1).astype(jnp.float32)
+  return jnp.exp(-pairwise_sq_dists(phi) / (2.0 * jnp.square(sigma)))
+
+
+def diversity_loss(actions: jax.Array, sigma: float | jax.Array, *,
+                   jitter: float = 1e-4) -> jax.Array:
+  """``-log det(K + jitter I)``, DvD's diversity term to minimise.
+
+  Args:
+    actions: ``[N, B, A]`` member ``i``'s actions on the SAME ``B`` states.
+    sigma: kernel length scale (traced or static). The squared distance sums
+      over ``B * A`` entries, so a sigma of order ``sqrt(B * A)`` times a
+      typical per-action gap keeps the kernel away from 0 and 1.
+    jitter: added to the diagonal; bounds the loss by ``-N log(jitter)`` and
+      keeps the Cholesky factorisation defined for identical members.
+
+  Returns:
+    A float32 scalar.
+  """
+  k = kernel_matrix(actions, sigma)
+  n = k.shape[0]
+  chol = jnp.linalg.cholesky(k + jitter * jnp.eye(n, dtype=k.dtype))
+  return -2.0 * jnp.sum(jnp.log(jnp.diagonal(chol)))
+
+
+def make_policy_term(policy_apply: Callable[[Params, jax.Array], jax.Array],
+                     lam: float | jax.Array, sigma: float | jax.Array, *,
+                     num_states: Optional[int] = None,
+                     jitter: float = 1e-4
+                     ) -> Callable[[Params, jax.Array], jax.Array]:
+  """The DvD term for ``SharedCritic.with_policy_loss``.
+
+  Args:
+    policy_apply: ``(params, observations[B, ...]) -> actions[B, A]``
+      (``td3.make_networks(...).policy.apply``).
+    lam: diversity weight. A traced array when called inside a traced update
+      (``with_diversity`` does this); a Python float is baked into the
+      compiled program.
+    sigma: kernel length scale.
+    num_states: embed on the first ``num_states`` states only (default: the
+      whole batch).
+    jitter: see ``diversity_loss``.
+
+  Returns:
+    ``extra(policies[N], observations[N, B, ...]) -> lam * diversity_loss``.
+    Every member is embedded on the SAME states, ``observations[0]`` (member
+    0's batch), so the kernel compares actions state by state.
+  """
+
+  def extra(policies: Params, observations: jax.Array) -> jax.Array:
+    states = observations[0]
+    if num_states is not None:
+      states = states[:num_states]
+    actions = jax.vmap(policy_apply, in_axes=(0, None))(policies, states)
+    return lam * diversity_loss(actions, sigma, jitter=jitter)
+
+  return extra
+
+
+class DvDHParams(NamedTuple):
+  """Hyperparameters of a DvD population (``with_diversity``)."""
+
+  agent: Any  # the agent's stacked hparams, e.g. TD3HParams with [N] leaves
+  diversity_weight: jax.Array  # [N] float32 lambda, equal across members
+
+
+def dvd_hparams(agent_hparams: Any, lam: float) -> DvDHParams:
+  """Wraps stacked agent hyperparameters with a diversity weight ``lam``."""
+  n = jax.tree.leaves(agent_hparams)[0].shape[0]
+  return DvDHParams(agent_hparams, jnp.full((n,), lam, jnp.float32))
+
+
+def set_lambda(hparams: DvDHParams, lam: float) -> DvDHParams:
+  """A new lambda for every member (same shape: no recompilation)."""
+  return hparams._replace(diversity_weight=jnp.full_like(
+      hparams.diversity_weight, lam))
+
+
+def with_diversity(shared: SharedCritic,
+                   policy_apply: Callable[[Params, jax.Array], jax.Array],
+                   sigma: float, *, num_states: Optional[int] = None,
+                   jitter: float = 1e-4) -> SharedCritic:
+  """A shared-critic population update with DvD's term and a traced lambda.
+
+  Args:
+    shared: the agent's ``SharedCritic`` (``agent.shared_critic``), without
+      an extra policy loss.
+    policy_apply: the policy network's apply function.
+    sigma, num_states, jitter: see ``make_policy_term``.
+
+  Returns:
+    A ``SharedCritic`` whose ``init``/``update`` take ``DvDHParams``; its
+    ``with_policy_loss`` adds a further term on top of DvD's.
+  """
+
+  def build(extra_other):
+    def init(key, hparams: DvDHParams):
+      return shared.init(key, hparams.agent)
+
+    def update(state, hparams: DvDHParams, batch):
+      lam = jnp.mean(hparams.diversity_weight)  # a traced scalar
+      term = make_policy_term(policy_apply, lam, sigma,
+                              num_states=num_states, jitter=jitter)
+      if extra_other is not None:
+        dvd_term = term
+        term = lambda p, o: dvd_term(p, o) + extra_other(p, o)
+      return shared.with_policy_loss(term).update(state, hparams.agent, batch)
+
+    return SharedCritic(init=init, update=update,
+                        policy_params=shared.policy_params,
+                        with_policy_loss=build)
+
+  return build(None)
+
+
+# ---------------------------------------------------------------------------
+# Host-side: lambda schedule and bandit (numpy; not jittable)
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PiecewiseLinear:
+  """Host-side lambda schedule through ``(step, value)`` knots, constant
+  before the first and after the last: ``PiecewiseLinear(((0, 0.5),
+  (300_000, 0.0)))`` anneals the diversity weight from 0.5 to 0."""
+
+  knots: tuple
+
+  def __post_init__(self):
+    knots = tuple((float(s), float(v)) for s, v in self.knots)
+    if not knots:
+      raise ValueError('PiecewiseLinear needs at least one (step, value) knot')
+    steps = [s for s, _ in knots]
+    if any(b <= a for a, b in zip(steps, steps[1:])):
+      raise ValueError(f'PiecewiseLinear knot steps must increase strictly, '
+                       f'got {steps}')
+    object.__setattr__(self, 'knots', knots)
+
+  def __call__(self, step: float) -> float:
+    steps, values = zip(*self.knots)
+    return float(np.interp(step, steps, values))
+
+
+class ThompsonBandit:
+  """Host-side Beta-Bernoulli Thompson sampling over lambda values.
+
+  DvD's adaptive lambda: at each round pick ``lambda`` by sampling each
+  arm's Beta posterior and taking the largest; after the round the reward is
+  1 if the population's best return improved on the previous round's, else 0
+  (``improvement_reward``). Arms default to DvD-TD3's ``{0, 0.5}``.
+  """
+
+  def __init__(self, rng: np.random.Generator,
+               arms: Sequence[float] = (0.0, 0.5),
+               prior: tuple[float, float] = (1.0, 1.0)):
+    if len(arms) < 1:
+      raise ValueError('ThompsonBandit needs at least one arm')
+    if not (prior[0] > 0 and prior[1] > 0):
+      raise ValueError(f'Beta prior parameters must be > 0, got {prior}')
+    self.rng = rng
+    self.arms = tuple(float(a) for a in arms)
+    self.alpha = np.full((len(arms),), float(prior[0]))
+    self.beta = np.full((len(arms),), float(prior[1]))
+
+  def select(self) -> tuple[int, float]:
+    """``(arm index, lambda)`` by one posterior draw per arm."""
+    draws = self.rng.beta(self.alpha, self.beta)
+    arm = int(np.argmax(draws))
+    return arm, self.arms[arm]
+
+  def update(self, arm: int, reward: float) -> None:
+    """Bayesian update of ``arm`` with a reward in ``[0, 1]``."""
+    if not 0.0 <= reward <= 1.0:
+      raise ValueError(f'reward must be in [0, 1], got {reward}')
+    self.alpha[arm] += reward
+    self.beta[arm] += 1.0 - reward
+
+  def means(self) -> np.ndarray:
+    """Posterior mean reward of each arm."""
+    return self.alpha / (self.alpha + self.beta)
+
+
+def improvement_reward(previous_best: float, current_best: float) -> float:
+  """1.0 if the population's best return improved, else 0.0 (a first round,
+  with a non-finite previous best, counts as an improvement)."""
+  if not np.isfinite(previous_best):
+    return 1.0
+  return float(current_best > previous_best)

@@ -1,0 +1,348 @@
+"""Declarative hyperparameter search spaces, sampled and perturbed in JAX.
+
+A ``SearchSpace`` maps hyperparameter field names (of an agent's ``HParams``
+``NamedTuple``) to a prior distribution: ``LogUniform(low, high)``,
+``Uniform(low, high)`` or ``Categorical(values)``, plus an optional user
+``constraint`` applied after every sample and perturbation. Fields that are not
+in the space are never touched.
+
+``sample`` draws a population from the prior; ``perturb`` is the explore step
+of PBT (Jaderberg et al. 2017, sec. 4.1.1 "explore": each hyperparameter is
+independently multiplied by 0.8 or 1.2, or with some probability resampled
+from the prior; a categorical one moves to an adjacent value, as in Ray Tune's
+``PopulationBasedTraining``). Both are pure, jittable functions: the space is a
+hashable frozen dataclass meant to be a static argument, and every value stays
+a traced array, so nothing recompiles when values change.
+
+Default spaces (``default_search_space``) follow Flajolet et al. 2022,
+appendix B.1, for TD3 and SAC; the DQN space is ours (the paper tunes none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+
+from fastpbrl.types import PRNGKey
+
+HParams = Any  # a NamedTuple of scalar (one member) or [N] (population) arrays
+
+
+@dataclasses.dataclass(frozen=True)
+class LogUniform:
+  """``exp(U(log low, log high))``: for scale parameters such as step sizes."""
+
+  low: float
+  high: float
+
+  def check(self, name: str) -> None:
+    _check_bounds(name, self, 'LogUniform')
+    if self.low <= 0:
+      raise ValueError(
+          f'search space field {name!r}: LogUniform needs positive bounds '
+          f'(0 < low < high), got low={self.low}, high={self.high}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Uniform:
+  """``U(low, high)``."""
+
+  low: float
+  high: float
+
+  def check(self, name: str) -> None:
+    _check_bounds(name, self, 'Uniform')
+
+
+@dataclasses.dataclass(frozen=True)
+class Categorical:
+  """A uniform choice among ordered ``values``; perturbation moves to a
+  neighbour in the given order."""
+
+  values: tuple
+
+  def __post_init__(self):
+    object.__setattr__(self, 'values', tuple(float(v) for v in self.values))
+
+  def check(self, name: str) -> None:
+    if not self.values:
+      raise ValueError(f'search space field {name!r}: Categorical needs at '
+                       'least one value, got none')
+    if not all(math.isfinite(v) for v in self.values):
+      raise ValueError(f'search space field {name!r}: Categorical values must '
+                       f'be finite, got {self.values}')
+    if len(set(self.values)) != len(self.values):
+      raise ValueError(f'search space field {name!r}: Categorical values must '
+                       f'be distinct, got {self.values}')
+
+
+Distribution = Union[LogUniform, Uniform, Categorical]
+
+
+def _check_bounds(name: str, dist, kind: str) -> None:
+  if not (math.isfinite(dist.low) and math.isfinite(dist.high)):
+    raise ValueError(f'search space field {name!r}: {kind} bounds must be '
+                     f'finite, got low={dist.low}, high={dist.high}')
+  if dist.low >= dist.high:
+    raise ValueError(f'search space field {name!r}: {kind} needs low < high, '
+                     f'got low={dist.low}, high={dist.high}')
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+  """Prior distributions over some hyperparameter fields.
+
+  Build it from a mapping, ``SearchSpace({'policy_lr': LogUniform(3e-5,
+  3e-3)})``; it is stored as a tuple of ``(field, distribution)`` pairs so that
+  it is hashable and can be a static argument of ``jax.jit``.
+
+  Attributes:
+    distributions: ``(field name, distribution)`` pairs, in the given order.
+    constraint: optional ``hparams -> hparams`` on ONE member's hyperparameters
+      (scalar leaves), applied (vmapped over the population) after every
+      ``sample`` and ``perturb``, e.g. to enforce ``critic_lr >= policy_lr``.
+      It must be a pure, jittable function; it may change any field.
+  """
+
+  distributions: Any
+  constraint: Optional[Callable[[HParams], HParams]] = None
+
+  def __post_init__(self):
+    items = self.distributions
+    if isinstance(items, Mapping):
+      items = tuple(items.items())
+    items = tuple((str(name), dist) for name, dist in items)
+    names = [name for name, _ in items]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+      raise ValueError(f'search space fields {duplicated} appear more than once')
+    for name, dist in items:
+      if not isinstance(dist, (LogUniform, Uniform, Categorical)):
+        raise ValueError(
+            f'search space field {name!r}: expected LogUniform, Uniform or '
+            f'Categorical, got {dist!r}')
+      dist.check(name)
+    if self.constraint is not None and not callable(self.constraint):
+      raise ValueError(f'search space constraint must be callable, got '
+                       f'{self.constraint!r}')
+    object.__setattr__(self, 'distributions', items)
+
+  @property
+  def fields(self) -> tuple[str, ...]:
+    return tuple(name for name, _ in self.distributions)
+
+  def __getitem__(self, name: str) -> Distribution:
+    return dict(self.distributions)[name]
+
+
+def validate(space: SearchSpace, hparams: HParams) -> None:
+  """Checks that every field of ``space`` is a field of ``hparams``.
+
+  Raises:
+    ValueError: naming the unknown fields and the known ones.
+  """
+  known = getattr(hparams, '_fields', None)
+  if known is None:
+    raise ValueError(f'hparams must be a NamedTuple of arrays, got '
+                     f'{type(hparams).__name__}')
+  unknown = [f for f in space.fields if f not in known]
+  if unknown:
+    raise ValueError(
+        f'search space fields {unknown} are not hyperparameters of '
+        f'{type(hparams).__name__}; known fields: {list(known)}')
+
+
+def _sample_field(key: PRNGKey, dist: Distribution, n: int) -> jax.Array:
+  if isinstance(dist, LogUniform):
+    u = jax.random.uniform(key, (n,), minval=math.log(dist.low),
+                           maxval=math.log(dist.high))
+    return jnp.clip(jnp.exp(u), dist.low, dist.high)
+  if isinstance(dist, Uniform):
+    return jax.random.uniform(key, (n,), minval=dist.low, maxval=dist.high)
+  values = jnp.asarray(dist.values, jnp.float32)
+  return values[jax.random.randint(key, (n,), 0, len(dist.values))]
+
+
+def _cast(x: jax.Array, like: jax.Array) -> jax.Array:
+  if jnp.issubdtype(like.dtype, jnp.integer):
+    x = jnp.round(x)
+  return x.astype(like.dtype)
+
+
+def _apply_constraint(space: SearchSpace, hparams: HParams) -> HParams:
+  if space.constraint is None:
+    return hparams
+  constrained = jax.vmap(space.constraint)(hparams)
+  return jax.tree.map(_cast, constrained, hparams)
+
+
+def sample(key: PRNGKey, space: SearchSpace, hparams_template: HParams,
+           n: int) -> HParams:
+  """Draws ``n`` members' hyperparameters from the prior.
+
+  Args:
+    key: PRNG key.
+    space: the search space (static under ``jit``).
+    hparams_template: one member's hyperparameters (scalar leaves) or a
+      population's (``[n]`` leaves); fields outside the space take these
+      values.
+    n: population size (static).
+
+  Returns:
+    Hyperparameters with ``[n]`` leaves, of the template's dtypes.
+  """
+  validate(space, hparams_template)
+  stacked = jax.tree.map(
+      lambda x: jnp.broadcast_to(jnp.asarray(x), (n,)), hparams_template)
+  keys = jax.random.split(key, max(1, len(space.distributions)))
+  values = {}
+  for k, (name, dist) in zip(keys, space.distributions):
+    values[name] = _cast(_sample_field(k, dist, n), getattr(stacked, name))
+  return _apply_constraint(space, stacked._replace(**values))
+
+
+def _perturb_field(key: PRNGKey, dist: Distribution, x: jax.Array,
+                   factors: Sequence[float]) -> jax.Array:
+  n = x.shape[0]
+  if isinstance(dist, Categorical):
+    values = jnp.asarray(dist.values, jnp.float32)
+    m = len(dist.values)
+    if m == 1:
+      return jnp.broadcast_to(values[0], (n,))
+    # A value off the grid (e.g. a default) snaps to its nearest value first.
+    index = jnp.argmin(jnp.abs(x.astype(jnp.float32)[:, None] - values[None]),
+                       axis=1)
+    step = jnp.where(jax.random.bernoulli(key, 0.5, (n,)), 1, -1)
+    moved = index + step
+    # At either end there is one neighbour: move there.
+    moved = jnp.where(moved < 0, 1, jnp.where(moved >= m, m - 2, moved))
+    return values[moved]
+  factor = jnp.asarray(factors, jnp.float32)[
+      jax.random.randint(key, (n,), 0, len(factors))]
+  return jnp.clip(x.astype(jnp.float32) * factor, dist.low, dist.high)
+
+
+def check_perturb_args(factors: Sequence[float],
+                       resample_probability: float) -> None:
+  """Raises ``ValueError`` for perturbation factors or a resampling
+  probability out of range."""
+  factors = tuple(factors)
+  if not factors or not all(math.isfinite(f) and f > 0 for f in factors):
+    raise ValueError(f'perturb factors must be a non-empty sequence of '
+                     f'positive numbers, got {factors}')
+  if not isinstance(resample_probability, jax.Array) and not (
+      0.0 <= resample_probability <= 1.0):
+    raise ValueError(f'resample_probability must be in [0, 1], got '
+                     f'{resample_probability}')
+
+
+def perturb(key: PRNGKey, space: SearchSpace, hparams: HParams,
+            factors: Sequence[float] = (0.8, 1.2),
+            resample_probability: float | jax.Array = 0.25) -> HParams:
+  """PBT's explore step on every member (Jaderberg et al. 2017, sec. 4.1.1).
+
+  For each member and each field of the space, independently: with
+  probability ``resample_probability`` the value is redrawn from the prior;
+  otherwise a continuous value is multiplied by a factor drawn uniformly from
+  ``factors`` and clipped into the distribution's bounds, and a categorical
+  value moves to a uniformly chosen adjacent value (the only neighbour at an
+  end). Then the space's constraint, if any, is applied. Fields outside the
+  space are returned unchanged.
+
+  Note that a continuous value of exactly 0 (allowed by ``Uniform(0, 1)``)
+  stays 0 under multiplicative perturbation until it is resampled.
+
+  Args:
+    key: PRNG key.
+    space: the search space (static under ``jit``).
+    hparams: the population's hyperparameters, ``[N]`` leaves.
+    factors: multiplicative perturbation factors (static).
+    resample_probability: probability of resampling from the prior instead
+      of perturbing; may be a traced scalar.
+
+  Returns:
+    Perturbed hyperparameters of the same structure, shapes and dtypes.
+  """
+  validate(space, hparams)
+  check_perturb_args(factors, resample_probability)
+  values = {}
+  keys = jax.random.split(key, max(1, len(space.distributions)))
+  for k, (name, dist) in zip(keys, space.distributions):
+    x = getattr(hparams, name)
+    n = x.shape[0]
+    k_move, k_flag, k_new = jax.random.split(k, 3)
+    moved = _perturb_field(k_move, dist, x, factors)
+    resampled = _sample_field(k_new, dist, n)
+    flag = jax.random.uniform(k_flag, (n,)) < resample_probability
+    values[name] = _cast(jnp.where(flag, resampled, moved), x)
+  return _apply_constraint(space, hparams._replace(**values))
+
+
+def within_bounds(space: SearchSpace, hparams: HParams) -> jax.Array:
+  """``[N]`` bool: every field of the space lies in its support (categorical
+  values must be one of the values)."""
+  ok = None
+  for name, dist in space.distributions:
+    x = getattr(hparams, name).astype(jnp.float32)
+    if isinstance(dist, Categorical):
+      inside = jnp.any(x[:, None] == jnp.asarray(dist.values, jnp.float32),
+                       axis=1)
+    else:
+      inside = (x >= jnp.float32(dist.low)) & (x <= jnp.float32(dist.high))
+    ok = inside if ok is None else ok & inside
+  return ok
+
+
+# ---------------------------------------------------------------------------
+# Default spaces (Flajolet et al. 2022, appendix B.1)
+# ---------------------------------------------------------------------------
+
+_LR = LogUniform(3e-5, 3e-3)  # "roughly centred around the default 3e-4"
+
+_DEFAULT_SPACES = {
+    'td3': {
+        'policy_lr': _LR,
+        'critic_lr': _LR,
+        # Fraction of steps with a policy update (TD3's d = 1 / fraction).
+        'policy_delay': Uniform(0.2, 1.0),
+        'exploration_noise': Uniform(0.0, 1.0),
+        'target_noise': Uniform(0.0, 1.0),
+        'discount': Uniform(0.9, 1.0),
+    },
+    'sac': {
+        'policy_lr': _LR,
+        'critic_lr': _LR,
+        'alpha_lr': _LR,
+        # "between 0.2 and 2 times the default" target entropy -dim(A).
+        'target_entropy_scale': Uniform(0.2, 2.0),
+        # The paper's text reads "uniform values between 0.1 and 10"; a
+        # log-uniform prior puts as much mass below 1 as above it, which is
+        # what a multiplicative scale around the default 1 calls for.
+        'reward_scale': LogUniform(0.1, 10.0),
+        'discount': Uniform(0.9, 1.0),
+    },
+    # Not in the paper (it does not tune DQN): bounds around the Nature-DQN
+    # defaults (RMSProp 2.5e-4, acting epsilon 0.01-0.1, gamma 0.99).
+    'dqn': {
+        'lr': LogUniform(1e-5, 1e-3),
+        'epsilon': Uniform(0.001, 0.1),
+        'discount': Uniform(0.9, 0.999),
+    },
+}
+
+
+def default_search_space(agent_name: str) -> SearchSpace:
+  """The 2022 paper's PBT search space for ``'td3'`` or ``'sac'``, or ours
+  for ``'dqn'``.
+
+  Raises:
+    ValueError: for an unknown agent name, listing the known ones.
+  """
+  if agent_name not in _DEFAULT_SPACES:
+    raise ValueError(f'no default search space for agent {agent_name!r}; '
+                     f'known: {sorted(_DEFAULT_SPACES)}')
+  return SearchSpace(dict(_DEFAULT_SPACES[agent_name]))

@@ -1,0 +1,134 @@
+"""CEM-RL's diagonal cross-entropy method."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fastpbrl.agents import td3
+from fastpbrl.population import cem
+from tests.population.conftest import pendulum_spec
+
+
+def test_elite_weights_by_hand():
+  # K = 3: log(4) - log(i) = log 4, log 2, log(4/3), normalised.
+  raw = np.array([math.log(4), math.log(2), math.log(4 / 3)])
+  np.testing.assert_allclose(cem.elite_weights(3), raw / raw.sum(), rtol=1e-6)
+  assert cem.num_elites(10, 0.5) == 5 and cem.num_elites(3, 0.5) == 1
+
+
+def test_update_matches_hand_computation():
+  # D = 2, N = 4, K = 2 elites: sample 1 (fitness 4) then sample 3 (3).
+  # w1 = log 3 / (log 3 + log 1.5) = 0.7304227, w2 = 0.2695773.
+  # mean' = w1 [3, -1] + w2 [0, 4] = [2.1912681, 0.3478865]
+  # around the OLD mean [1, -1]: z1 - m = [2, 0], z2 - m = [-1, 5]
+  # var' = w1 [4, 0] + w2 [1, 25] + eps' = [3.1912681, 6.7394325] + eps'
+  # eps' = 0.95 * 1e-2 + 0.05 * 1e-5 = 0.0095005
+  state = cem.CEMState(mean=jnp.array([1.0, -1.0]),
+                       var=jnp.array([0.3, 0.3]),
+                       extra_noise=jnp.asarray(1e-2, jnp.float32))
+  samples = jnp.array([[1., 2.], [3., -1.], [-2., 0.], [0., 4.]])
+  fitness = jnp.array([1., 4., 2., 3.])
+  new = jax.jit(cem.update)(state, samples, fitness)
+  w1 = math.log(3) / (math.log(3) + math.log(1.5))
+  w2 = 1 - w1
+  assert w1 == pytest.approx(0.7304227, abs=1e-7)
+  eps = 0.95 * 1e-2 + 0.05 * 1e-5
+  np.testing.assert_allclose(new.mean, [3 * w1, -w1 + 4 * w2], rtol=1e-6)
+  np.testing.assert_allclose(new.mean, [2.1912681, 0.3478865], atol=1e-6)
+  np.testing.assert_allclose(new.var, [4 * w1 + w2 + eps, 25 * w2 + eps],
+                             rtol=1e-6)
+  np.testing.assert_allclose(new.var, [3.2007686, 6.748933], atol=1e-5)
+  assert float(new.extra_noise) == pytest.approx(eps, rel=1e-6)
+  # Not the variance around the NEW mean.
+  around_new = w1 * (samples[1] - new.mean) ** 2 + w2 * (
+      samples[3] - new.mean) ** 2 + eps
+  assert not np.allclose(new.var, around_new)
+  # NaN fitness ranks last.
+  nan_fit = fitness.at[1].set(jnp.nan)
+  assert not np.allclose(cem.update(state, samples, nan_fit).mean, new.mean)
+  np.testing.assert_allclose(
+      cem.update(state, samples, nan_fit).mean, w1 * samples[3] + w2 * samples[2],
+      rtol=1e-6)
+
+
+def test_extra_noise_decays_towards_the_floor():
+  state = cem.init(jnp.zeros(3))
+  assert float(state.extra_noise) == pytest.approx(1e-2)
+  samples = jnp.zeros((4, 3))
+  noises = []
+  for _ in range(200):
+    state = cem.update(state, samples, jnp.arange(4.0))
+    noises.append(float(state.extra_noise))
+  # eps_t - 1e-5 = 0.95^t (1e-2 - 1e-5)
+  np.testing.assert_allclose(noises[9], 1e-5 + 0.95 ** 10 * (1e-2 - 1e-5),
+                             rtol=1e-5)
+  np.testing.assert_allclose(noises[-1], 1e-5 + 0.95 ** 200 * (1e-2 - 1e-5),
+                             rtol=1e-4)
+  assert 1e-5 < noises[-1] < 1.04e-5  # approaches the floor, never below
+  # Identical elites at the mean: the variance is the extra noise alone.
+  np.testing.assert_allclose(state.var, noises[-1], rtol=1e-6)
+
+
+def test_mirrored_sampling():
+  state = cem.CEMState(mean=jnp.array([1.0, -2.0, 0.5]),
+                       var=jnp.array([0.01, 1.0, 4.0]),
+                       extra_noise=jnp.asarray(0.0))
+  s = cem.sample(jax.random.PRNGKey(0), state, 6)
+  np.testing.assert_allclose(s[:3] + s[3:], 2 * np.broadcast_to(
+      state.mean, (3, 3)), atol=1e-6)
+  assert not np.allclose(s[:3], s[3:])
+  big = cem.sample(jax.random.PRNGKey(1), state, 20000)
+  np.testing.assert_allclose(big.mean(0), state.mean, atol=1e-6)  # exact
+  np.testing.assert_allclose(big.var(0), state.var, rtol=0.05)
+  with pytest.raises(ValueError, match='even n'):
+    cem.sample(jax.random.PRNGKey(0), state, 5)
+  odd = cem.sample(jax.random.PRNGKey(0), state, 5, mirrored=False)
+  assert odd.shape == (5, 3)
+
+
+def test_cem_climbs_a_quadratic():
+  target = jnp.array([0.5, -0.3, 0.2, 0.1])
+  state = cem.init(jnp.zeros(4), initial_var=0.1)
+  key = jax.random.PRNGKey(0)
+
+  @jax.jit
+  def step(state, key):
+    x = cem.sample(key, state, 10)
+    return cem.update(state, x, -jnp.sum((x - target) ** 2, axis=1))
+
+  for k in jax.random.split(key, 60):
+    state = step(state, k)
+  np.testing.assert_allclose(state.mean, target, atol=0.05)
+
+
+def test_flatten_roundtrip_and_load_policies():
+  nets = td3.make_networks(pendulum_spec(), td3.TD3Config(hidden_sizes=(8, 8)))
+  obs = jnp.zeros((1, 3))
+  policies = jax.jit(jax.vmap(nets.policy.init, (0, None)))(
+      jax.random.split(jax.random.PRNGKey(0), 4), obs)
+  flat, unravel = cem.flatten_population(policies)
+  d = sum(x[0].size for x in jax.tree.leaves(policies))
+  assert flat.shape == (4, d)
+  chex.assert_trees_all_equal(cem.unflatten_population(flat, unravel),
+                              policies)
+  # Row i is member i's parameters, and init from a pytree gives the same D.
+  np.testing.assert_array_equal(
+      flat[2], jax.flatten_util.ravel_pytree(
+          jax.tree.map(lambda x: x[2], policies))[0])
+  state = cem.init(jax.tree.map(lambda x: x[0], policies))
+  np.testing.assert_array_equal(state.mean, flat[0])
+  new = cem.sample(jax.random.PRNGKey(1), state, 4)
+  shared = td3.SharedTD3State(
+      policy=policies, target_policy=policies, policy_opt=(), critic={},
+      target_critic={}, critic_opt=(), key=jnp.zeros((4, 2), jnp.uint32),
+      step=jnp.zeros((), jnp.int32))
+  loaded = cem.load_policies(shared, new, unravel)
+  np.testing.assert_array_equal(cem.flatten_population(loaded.policy)[0], new)
+  np.testing.assert_array_equal(
+      cem.flatten_population(loaded.target_policy)[0], new)
+  with pytest.raises(ValueError, match='actor'):
+    cem.load_policies(shared, new, unravel, fields=('actor',))

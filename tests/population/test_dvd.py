@@ -1,0 +1,163 @@
+"""DvD: the determinant diversity loss, its shared-critic plug-in and the
+host-side lambda schedule and bandit."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fastpbrl.agents import td3
+from fastpbrl.learner import SharedCriticLearner, population_hparams
+from fastpbrl.population import dvd
+from tests.population.conftest import pendulum_spec, random_batch, tiny_td3
+
+SIGMA = 1.5
+JITTER = 1e-4
+
+
+def np_loss(actions: np.ndarray, sigma: float = SIGMA,
+            jitter: float = JITTER) -> float:
+  """Direct float64 formula: -log det(K + jitter I)."""
+  phi = actions.reshape(actions.shape[0], -1).astype(np.float64)
+  n = len(phi)
+  k = np.array([[np.exp(-np.sum((phi[i] - phi[j]) ** 2) / (2 * sigma ** 2))
+                 for j in range(n)] for i in range(n)])
+  sign, logdet = np.linalg.slogdet(k + jitter * np.eye(n))
+  assert sign > 0
+  return -logdet
+
+
+def np_grad(actions: np.ndarray, sigma: float = SIGMA,
+            jitter: float = JITTER) -> np.ndarray:
+  """Analytic gradient: dL/dphi_k = (2 / sigma^2) sum_j (M^-1 o K)_kj
+  (phi_k - phi_j), with M = K + jitter I (from dL = -tr(M^-1 dK))."""
+  phi = actions.reshape(actions.shape[0], -1).astype(np.float64)
+  d2 = ((phi[:, None] - phi[None]) ** 2).sum(-1)
+  k = np.exp(-d2 / (2 * sigma ** 2))
+  w = np.linalg.inv(k + jitter * np.eye(len(phi))) * k
+  g = 2 / sigma ** 2 * (w.sum(1)[:, None] * phi - w @ phi)
+  return g.reshape(actions.shape)
+
+
+@pytest.fixture(scope='module')
+def actions():
+  return np.random.default_rng(0).uniform(-1, 1, (4, 3, 2)).astype(np.float32)
+
+
+def test_loss_matches_direct_formula(actions):
+  got = jax.jit(dvd.diversity_loss, static_argnames='jitter')(
+      actions, SIGMA, jitter=JITTER)
+  np.testing.assert_allclose(got, np_loss(actions), rtol=1e-4)
+  # More spread, more volume, lower loss.
+  assert float(dvd.diversity_loss(2 * actions, SIGMA)) < float(got)
+
+
+def test_gradient_matches_analytic_and_finite_differences(actions):
+  g = np.asarray(jax.grad(dvd.diversity_loss)(actions, SIGMA))
+  np.testing.assert_allclose(g, np_grad(actions), rtol=2e-3, atol=1e-5)
+  # Central differences of the float64 formula.
+  a64 = actions.astype(np.float64)
+  fd = np.zeros_like(a64)
+  h = 1e-5
+  for idx in np.ndindex(a64.shape):
+    e = np.zeros_like(a64)
+    e[idx] = h
+    fd[idx] = (np_loss(a64 + e) - np_loss(a64 - e)) / (2 * h)
+  np.testing.assert_allclose(g, fd, rtol=2e-3, atol=1e-5)
+
+
+def test_identical_policies_are_finite():
+  n = 5
+  same = np.broadcast_to(np.random.default_rng(1).uniform(-1, 1, (1, 8, 2)),
+                         (n, 8, 2)).astype(np.float32)
+  loss, g = jax.value_and_grad(dvd.diversity_loss)(same, SIGMA)
+  # K = all ones: eigenvalues n + jitter (once) and jitter (n - 1 times).
+  expected = -np.log(n + JITTER) - (n - 1) * np.log(JITTER)
+  np.testing.assert_allclose(loss, expected, rtol=1e-3)
+  assert np.all(np.isfinite(g)) and np.allclose(g, 0.0)
+  # Nearly identical: still finite, and the gradient pushes members apart.
+  near = same + 1e-3 * np.random.default_rng(2).standard_normal(
+      same.shape).astype(np.float32)
+  loss, g = jax.value_and_grad(dvd.diversity_loss)(near, SIGMA)
+  assert np.isfinite(loss) and np.all(np.isfinite(g))
+  assert float(dvd.diversity_loss(near - 1e-4 * g, SIGMA)) < float(loss)
+
+
+def test_policy_term_uses_shared_states():
+  nets = td3.make_networks(pendulum_spec(), td3.TD3Config(hidden_sizes=(8, 8)))
+  n, b = 3, 5
+  policies = jax.jit(jax.vmap(nets.policy.init, (0, None)))(
+      jax.random.split(jax.random.PRNGKey(0), n), jnp.zeros((1, 3)))
+  obs = jax.random.normal(jax.random.PRNGKey(1), (n, b, 3))
+  term = jax.jit(dvd.make_policy_term(nets.policy.apply, 0.7, SIGMA))
+  acts = np.asarray(jax.jit(jax.vmap(nets.policy.apply, (0, None)))(
+      policies, obs[0]))
+  np.testing.assert_allclose(term(policies, obs), 0.7 * np_loss(acts),
+                             rtol=1e-4)
+  # Other members' batches do not enter.
+  other = obs.at[1:].set(0.0)
+  np.testing.assert_allclose(term(policies, other), term(policies, obs))
+  # Identical policies: finite gradient through the networks.
+  same = jax.tree.map(lambda x: jnp.broadcast_to(x[:1], x.shape), policies)
+  g = jax.jit(jax.grad(term))(same, obs)
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(g))
+
+
+def test_with_diversity_traces_lambda_once():
+  agent = tiny_td3()
+  nets = td3.make_networks(agent.env_spec, agent.config)
+  n, steps = 3, 2
+  agent_hp = population_hparams(agent, n)
+  batch = random_batch(agent.env_spec, (n, steps, 4), seed=0)
+
+  diverse = SharedCriticLearner(
+      dvd.with_diversity(agent.shared_critic, nets.policy.apply, SIGMA), steps)
+  plain = SharedCriticLearner(agent.shared_critic, steps)
+  key = jax.random.PRNGKey(0)
+
+  hp0 = dvd.dvd_hparams(agent_hp, 0.0)
+  out0, _ = diverse.update(diverse.init(key, hp0), hp0, batch)
+  ref, _ = plain.update(plain.init(key, agent_hp), agent_hp, batch)
+  chex.assert_trees_all_close(out0, ref, rtol=1e-5, atol=1e-6)
+
+  hp1 = dvd.set_lambda(hp0, 5.0)
+  out1, _ = diverse.update(diverse.init(key, hp1), hp1, batch)
+  assert diverse.compilations == 1  # a new lambda did not recompile
+  delta = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
+                       out1.policy, out0.policy)
+  assert max(jax.tree.leaves(delta)) > 1e-6  # and it acts on the policies
+  # Lambda enters the policy loss only: with policy_delay 0.5 the policies
+  # (and targets) move on the second step, so both critic steps saw the same
+  # target policies and the critics agree.
+  chex.assert_trees_all_close(out1.critic, out0.critic)
+
+
+def test_piecewise_linear_schedule():
+  sched = dvd.PiecewiseLinear(((0, 0.5), (100, 0.0), (200, 0.2)))
+  assert sched(-5) == 0.5 and sched(0) == 0.5
+  assert sched(50) == pytest.approx(0.25)
+  assert sched(150) == pytest.approx(0.1) and sched(1000) == 0.2
+  with pytest.raises(ValueError, match='increase'):
+    dvd.PiecewiseLinear(((0, 0.5), (0, 0.1)))
+
+
+def test_thompson_bandit_prefers_the_better_arm():
+  rng = np.random.default_rng(0)
+  bandit = dvd.ThompsonBandit(rng, arms=(0.0, 0.5))
+  success = {0: 0.2, 1: 0.7}
+  pulls = np.zeros(2)
+  for _ in range(400):
+    arm, lam = bandit.select()
+    assert lam == (0.0, 0.5)[arm]
+    pulls[arm] += 1
+    bandit.update(arm, float(rng.uniform() < success[arm]))
+  assert pulls[1] > 3 * pulls[0]
+  np.testing.assert_allclose(bandit.means()[1], 0.7, atol=0.08)
+  # Beta counts: alpha - 1 + beta - 1 = pulls.
+  np.testing.assert_allclose(bandit.alpha + bandit.beta - 2, pulls)
+  assert dvd.improvement_reward(10.0, 12.0) == 1.0
+  assert dvd.improvement_reward(10.0, 9.0) == 0.0
+  assert dvd.improvement_reward(-np.inf, 9.0) == 1.0
+  with pytest.raises(ValueError, match='reward'):
+    bandit.update(0, 2.0)

@@ -1,0 +1,160 @@
+"""HyperTrick: the phase rule, its eviction rate, and slot resets."""
+
+import heapq
+
+import jax
+import numpy as np
+import pytest
+
+from fastpbrl.population import hypertrick as ht
+from fastpbrl.population import search_space as ss
+
+
+def simulate(config, num_slots, rng, metric=None):
+  """Asynchronous run: each slot's phase takes a random time; the slot that
+  finishes first reports next. Returns the scheduler."""
+  metric = metric or (lambda worker, phase: rng.standard_normal())
+  sched = ht.HyperTrick(config, num_slots)
+  heap = []
+  for slot, worker in enumerate(sched.start()):
+    if worker is not None:
+      sched.set_hparams(worker, {'id': worker})
+      heapq.heappush(heap, (rng.exponential(), slot))
+  while heap:
+    now, slot = heapq.heappop(heap)
+    worker = sched.slot_worker[slot]
+    report = sched.report(slot, metric(worker, sched.worker_phase[worker]))
+    if report.decision == ht.CONTINUE:
+      heapq.heappush(heap, (now + rng.exponential(), slot))
+    elif report.new_worker is not None:
+      sched.set_hparams(report.new_worker, {'id': report.new_worker})
+      heapq.heappush(heap, (now + rng.exponential(), slot))
+  assert sched.done
+  return sched
+
+
+def test_eviction_rate_matches_target():
+  config = ht.HyperTrickConfig(num_workers=3000, num_phases=4,
+                               eviction_rate=0.25)
+  sched = simulate(config, num_slots=40, rng=np.random.default_rng(0))
+  assert sched.launched == 3000
+  rates = sched.eviction_rates()
+  np.testing.assert_allclose(rates, 0.25, atol=0.03)
+  # Eq. 1: E[W_p] = W (1 - r)^(p - 1) workers reach phase p.
+  reached = sched.reported[1:]
+  expected = [ht.expected_workers(config, p) for p in range(1, 5)]
+  np.testing.assert_allclose(reached, expected, rtol=0.06)
+  # Observed completion rate against eq. 9.
+  observed = reached.sum() / (config.num_workers * config.num_phases)
+  assert observed == pytest.approx(ht.expected_completion_rate(config),
+                                   rel=0.05)
+
+
+def test_eviction_rate_other_settings():
+  config = ht.HyperTrickConfig(num_workers=2000, num_phases=3,
+                               eviction_rate=0.1, quantile=0.3)
+  sched = simulate(config, num_slots=16, rng=np.random.default_rng(1))
+  np.testing.assert_allclose(sched.eviction_rates(), 0.1, atol=0.03)
+
+
+def test_first_reporters_continue_then_lower_half_stops():
+  config = ht.HyperTrickConfig(num_workers=10, num_phases=3,
+                               eviction_rate=0.25)
+  assert ht.min_continuing(config, 1) == 5  # floor(10 * 0.5)
+  assert ht.min_continuing(config, 2) == 3  # floor(10 * 0.75 * 0.5)
+  sched = ht.HyperTrick(config, num_slots=10)
+  sched.start()
+  # The first five reporters of phase 1 continue, however bad.
+  for slot, m in enumerate([-100., -50., 0., 1., 2.]):
+    assert sched.report(slot, m).decision == ht.CONTINUE
+  # Then Worker Selection Mode: below the median of what was reported stops.
+  # median(-100, -50, 0, 1, 2) = 0
+  r = sched.report(5, -1.0)
+  assert r.decision == ht.TERMINATE and r.new_worker is None  # W launched
+  assert sched.slot_worker[5] is None
+  # median(-100, -50, -1, 0, 1, 2) = -0.5
+  assert sched.report(6, -0.4).decision == ht.CONTINUE
+  assert sched.report(7, 5.0).decision == ht.CONTINUE
+  # A diverged worker (NaN) is terminated in Worker Selection Mode, and the
+  # quantile stays defined with it in the list.
+  assert sched.report(8, float('nan')).decision == ht.TERMINATE
+  # median(-inf, -100, -50, -1, -0.4, 0, 1, 2, 5) = -0.4
+  assert sched.report(9, -0.5).decision == ht.TERMINATE
+  assert sched.history[-2][2] == -np.inf
+  assert ht._quantile([-np.inf, 1.0], 0.5) == -np.inf
+  assert ht._quantile([-np.inf, 1.0, 3.0], 0.5) == 1.0
+  with pytest.raises(ValueError, match='slot 5'):
+    sched.report(5, 0.0)
+
+
+def test_slots_restart_until_all_workers_launched_and_best():
+  config = ht.HyperTrickConfig(num_workers=6, num_phases=2, eviction_rate=0.2)
+  sched = ht.HyperTrick(config, num_slots=2)
+  assert sched.start() == [0, 1]
+  for w in (0, 1):
+    sched.set_hparams(w, {'lr': 0.1 * (w + 1)})
+  assert sched.report(0, 1.0).decision == ht.CONTINUE
+  done = sched.report(0, 3.0)  # last phase
+  assert done.decision == ht.COMPLETE and done.new_worker == 2
+  assert sched.slot_worker[0] == 2 and sched.worker_phase[2] == 1
+  best = sched.best()
+  assert best.worker == 0 and best.metric == 3.0 and best.phase == 2
+  assert best.hparams == {'lr': 0.1}
+
+
+def test_completion_rates_match_table_1():
+  # Table 1: r = 25%; P = 10 gives E[rho] = 37.75%, min 18.87%; P = 5 gives
+  # 61.02% and 30.51%.
+  for phases, mean, low in ((10, 0.3775, 0.1887), (5, 0.6102, 0.3051)):
+    config = ht.HyperTrickConfig(num_workers=10 ** 6, num_phases=phases,
+                                 eviction_rate=0.25)
+    assert ht.expected_completion_rate(config) == pytest.approx(mean, abs=1e-4)
+    assert ht.min_completion_rate(config) == pytest.approx(low, abs=1e-4)
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(eviction_rate=0.5), 'eviction_rate'),
+    (dict(eviction_rate=0.0), 'eviction_rate'),
+    (dict(quantile=1.5), 'quantile'),
+    (dict(num_phases=0), 'num_phases'),
+])
+def test_config_validation(kwargs, message):
+  args = dict(num_workers=10, num_phases=3)
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=message):
+    ht.HyperTrickConfig(**args)
+
+
+def test_reset_members(td3_agent, td3_population):
+  state, hparams = td3_population
+  n = 10
+  space = ss.default_search_space('td3')
+  reset = np.zeros(n, bool)
+  reset[[1, 4]] = True
+  new_state, new_hparams = jax.jit(
+      ht.reset_members, static_argnames=('init', 'space'))(
+          jax.random.PRNGKey(3), state, hparams, reset, init=td3_agent.init,
+          space=space)
+  member = lambda tree, i: jax.tree.map(lambda x: np.asarray(x[i]), tree)
+  for i in range(n):
+    new, old = member(new_state, i), member(state, i)
+    if not reset[i]:
+      jax.tree.map(np.testing.assert_array_equal, new, old)
+      jax.tree.map(np.testing.assert_array_equal, member(new_hparams, i),
+                   member(hparams, i))
+      continue
+    # A fresh member: step 0, zero optimizer moments, targets = online nets,
+    # parameters unlike the old ones, hyperparameters from the prior.
+    assert new.step == 0
+    assert all(np.all(x == 0) for x in jax.tree.leaves(new.policy_opt))
+    jax.tree.map(np.testing.assert_array_equal, new.target_policy, new.policy)
+    assert not np.allclose(jax.tree.leaves(new.policy)[-1],
+                           jax.tree.leaves(old.policy)[-1])
+    changed = [f for f in space.fields
+               if getattr(new_hparams, f)[i] != getattr(hparams, f)[i]]
+    assert len(changed) == len(space.fields)
+    np.testing.assert_array_equal(new_hparams.tau[i], hparams.tau[i])
+  assert np.asarray(ss.within_bounds(space, new_hparams))[reset].all()
+  # The two reset slots do not share a fresh init.
+  assert not np.allclose(jax.tree.leaves(new_state.policy)[-1][1],
+                         jax.tree.leaves(new_state.policy)[-1][4])
