@@ -1,0 +1,1 @@
+"""Benchmarks of fastpbrl (not part of the installed package)."""

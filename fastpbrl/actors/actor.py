@@ -1,0 +1,493 @@
+"""The actor: steps the environments of the members one process hosts.
+
+Host-side module (gymnasium environments, numpy, one jitted CPU policy call
+per step; the loop itself is not jittable).
+
+:class:`Actor` holds one training environment per hosted member (and,
+lazily, one evaluation environment per member) and fills transition chunks
+``[M, T, ...]``. Every step it evaluates the policies of all ``M`` hosted
+members in ONE vectorized call, ``jit(vmap(agent.act))`` on CPU, with each
+member's newest parameters from the param store; the first
+``warmup_steps`` steps of a member use uniform random actions instead.
+
+Environments are plain ``gymnasium.make`` instances stepped in a Python loop
+(no vector env, so no autoreset subtleties): ``terminated`` and ``truncated``
+are kept apart, and on either one ``next_observation`` is the real final
+observation returned by ``step`` before the environment is reset.
+
+Evaluation: every ``eval_interval`` training env steps of a member, its
+separate evaluation environment plays ``eval_episodes`` episodes without
+exploration noise, stepped in lockstep with training (the same vectorized
+call returns both actions), so collection never pauses. Evaluation
+transitions are not sent to the replay. Both kinds of episode are reported
+with their return and length.
+
+Seeding (all from the run seed, never global state): member ``m`` on its
+``r``-th (re)start uses ``np.random.SeedSequence(seed, spawn_key=(1, m, r))``
+for its env reset seeds, its warm-up action generator and its exploration
+key; ``fold_in(key, env_step)`` gives the key of each step. The layout of
+members over processes does not change any member's stream.
+
+:func:`run_actor` is the body of an actor process (see ``pool.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+import traceback
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+# Only the actor process entry point configures JAX (see _configure_process);
+# importing jax does not initialise a backend.
+import jax
+from acme import specs
+
+from fastpbrl.actors.channel import Channel, ChannelHandle
+from fastpbrl.actors.param_store import ParamStore, ParamStoreHandle
+from fastpbrl.types import make_env_spec, scale_action
+
+ACTOR_STREAM = 1  # spawn_key[0] of the actors' seed sequences
+
+# XLA flags that keep an actor's JAX to one thread (see the JAX FAQ).
+SINGLE_THREAD_XLA_FLAGS = (
+    '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1')
+
+
+class MemberSeeds(NamedTuple):
+  env: int  # seed of the training env's first reset
+  eval_env: int  # seed of the evaluation env's first reset
+  key: int  # seed of the exploration key
+  rng: np.random.Generator  # warm-up actions
+
+
+def member_seeds(seed: int, member: int, restart: int = 0) -> MemberSeeds:
+  """Seeds of member ``member`` on its ``restart``-th start, from the run
+  seed."""
+  seq = np.random.SeedSequence(seed, spawn_key=(ACTOR_STREAM, member, restart))
+  words = seq.generate_state(3, np.uint32)
+  return MemberSeeds(int(words[0]), int(words[1]), int(words[2]),
+                     np.random.default_rng(seq.spawn(1)[0]))
+
+
+class EpisodeRecord(NamedTuple):
+  """One completed episode of one member.
+
+  Fields read as attributes (``r.episode_return``) or, for code that treats
+  records as rows, by name (``r['episode_return']``).
+  """
+
+  member: int
+  episode_return: float  # undiscounted sum of env rewards
+  episode_length: int  # env steps in the episode
+  evaluation: bool  # True: played without exploration noise
+  env_steps: int  # the member's training env steps when it ended
+  policy_version: int  # param store version in use when it ended
+  start_policy_version: int = 0  # param store version when it started
+  # info['true_objective'] at the episode's end (NaN when the env gives none)
+  true_objective: float = float('nan')
+
+  def __getitem__(self, key):
+    if isinstance(key, str):
+      if key not in self._fields:
+        raise KeyError(key)
+      return getattr(self, key)
+    return tuple.__getitem__(self, key)
+
+
+class ActorStopped(Exception):
+  """Raised inside the loop when a stop was requested while waiting."""
+
+
+class Actor:
+  """Steps the hosted members' environments and fills transition chunks."""
+
+  def __init__(self, *, members: Sequence[int], env_fn: Callable[[], Any],
+               agent_fn: Callable[[specs.EnvironmentSpec], Any],
+               store: ParamStore, seed: int, restart: int = 0,
+               env_steps: Sequence[int] | None = None,
+               warmup_steps: int | Sequence[int] = 0, eval_interval: int = 0,
+               eval_episodes: int = 1, prng_impl: str = 'threefry2x32',
+               should_stop: Callable[[], bool] = lambda: False):
+    """Args:
+      members: population indices hosted here, in store order.
+      env_fn: builds one gymnasium environment (called once per member, and
+        once more per member for evaluation).
+      agent_fn: ``env_spec -> Agent``; its ``act`` selects actions.
+      store: the param store holding ``(policy_params, actor_hparams)``.
+      seed: the run seed.
+      restart: how many times these members' actor was restarted (a restart
+        gets fresh seeds so it does not replay the same episodes).
+      env_steps: training env steps already collected per member (restarts
+        resume the warm-up and evaluation schedule from there).
+      warmup_steps: random-action steps per member before using the policy.
+      eval_interval: training env steps between evaluations (0: never).
+      eval_episodes: episodes per evaluation.
+      prng_impl: ``jax.random`` implementation of the exploration keys.
+      should_stop: polled while waiting; a true value ends ``fill`` early.
+    """
+    self.members = np.asarray(members, np.int64)
+    m = self.members.size
+    if m < 1:
+      raise ValueError('members must not be empty')
+    if eval_interval < 0:
+      raise ValueError(f'eval_interval must be >= 0, got {eval_interval}')
+    if eval_episodes < 1:
+      raise ValueError(f'eval_episodes must be >= 1, got {eval_episodes}')
+    lo = int(self.members[0])
+    contiguous = np.array_equal(self.members, np.arange(lo, lo + m))
+    self._rows = slice(lo, lo + m) if contiguous else self.members
+    self._store = store
+    self._should_stop = should_stop
+    self._env_fn = env_fn
+    self._seeds = [member_seeds(seed, int(i), restart) for i in self.members]
+    self._envs = [env_fn() for _ in range(m)]
+    self.env_spec = make_env_spec(self._envs[0])
+    self._agent = agent_fn(self.env_spec)
+    actions = self.env_spec.actions
+    self._discrete = isinstance(actions, specs.DiscreteArray)
+    self._num_actions = int(actions.num_values) if self._discrete else 0
+    self._action_shape = () if self._discrete else tuple(actions.shape)
+    obs_spec = self.env_spec.observations
+    self._obs = np.zeros((m, *obs_spec.shape), obs_spec.dtype)
+    for j, env in enumerate(self._envs):
+      self._obs[j] = env.reset(seed=self._seeds[j].env)[0]
+    self._steps = np.zeros(m, np.int64) if env_steps is None else np.asarray(
+        env_steps, np.int64).copy()
+    warmup = np.broadcast_to(np.asarray(warmup_steps, np.int64), (m,))
+    self._warmup = warmup.copy()
+    self._returns = [0.0] * m
+    self._lengths = [0] * m
+    self._start_version = [0] * m
+    # Evaluation state.
+    self._eval_interval = int(eval_interval)
+    self._eval_episodes = int(eval_episodes)
+    self._eval_envs = None
+    self._eval_left = np.zeros(m, np.int64)
+    self._eval_obs = np.zeros_like(self._obs)
+    self._eval_returns = [0.0] * m
+    self._eval_lengths = [0] * m
+    self._eval_start_version = [0] * m
+    if self._eval_interval:
+      self._next_eval = (self._steps // self._eval_interval + 1) * (
+          self._eval_interval)
+    # Policy.
+    self._version = 0
+    self._params = None
+    self._hparams = None
+    self._key_data = np.stack([
+        np.asarray(jax.random.key_data(jax.random.key(s.key, impl=prng_impl)))
+        for s in self._seeds])
+    self._policy, self._policy_and_eval = _make_policy_fns(
+        self._agent, prng_impl)
+
+  # ----------------------------------------------------------------- state
+
+  @property
+  def env_steps(self) -> np.ndarray:
+    """Training env steps collected per hosted member (a copy)."""
+    return self._steps.copy()
+
+  @property
+  def policy_version(self) -> int:
+    return self._version
+
+  def close(self) -> None:
+    for env in self._envs + (self._eval_envs or []):
+      try:
+        env.close()
+      except Exception:  # closing is best effort at shutdown
+        pass
+
+  # ---------------------------------------------------------------- policy
+
+  def _refresh_params(self) -> None:
+    if self._store.version == self._version:
+      return
+    got = self._store.read(self._rows)
+    if got is None:
+      return
+    self._version, (params, hparams) = got
+    self._params = jax.device_put(params)
+    self._hparams = jax.device_put(hparams)
+
+  def _wait_for_params(self) -> None:
+    while self._params is None:
+      self._refresh_params()
+      if self._params is not None:
+        return
+      if self._should_stop():
+        raise ActorStopped
+      time.sleep(0.01)
+
+  def _random_actions(self, which: np.ndarray) -> list:
+    out = []
+    for j in which:
+      rng = self._seeds[j].rng
+      if self._discrete:
+        out.append((j, np.int32(rng.integers(self._num_actions))))
+      else:
+        out.append((j, rng.uniform(-1.0, 1.0, self._action_shape).astype(
+            np.float32)))
+    return out
+
+  def _to_env(self, actions: np.ndarray) -> np.ndarray:
+    if self._discrete:
+      return actions.astype(np.int64)
+    return scale_action(actions, self.env_spec.actions)
+
+  # ------------------------------------------------------------ evaluation
+
+  def _start_evaluations(self) -> None:
+    due = (self._steps >= self._next_eval) & (self._eval_left == 0)
+    if not due.any():
+      return
+    if self._eval_envs is None:
+      self._eval_envs = [self._env_fn() for _ in self._envs]
+      self._eval_seeded = [False] * len(self._envs)
+    for j in np.flatnonzero(due):
+      self._eval_left[j] = self._eval_episodes
+      # The first reset of each evaluation env takes its seed; later ones
+      # continue the env's own generator.
+      seed = None if self._eval_seeded[j] else self._seeds[j].eval_env
+      self._eval_seeded[j] = True
+      self._eval_obs[j] = self._eval_envs[j].reset(seed=seed)[0]
+      self._eval_returns[j] = 0.0
+      self._eval_lengths[j] = 0
+      interval = self._eval_interval
+      self._next_eval[j] = (self._steps[j] // interval + 1) * interval
+
+  # ------------------------------------------------------------------ loop
+
+  def fill(self, out: dict[str, np.ndarray]) -> bool:
+    """Steps every hosted member ``T`` times into the chunk views ``out``.
+
+    ``out`` holds the fields of ``fastpbrl.actors.channel.chunk_layout``.
+
+    Returns:
+      True when the chunk is complete; False if a stop was requested while
+      waiting for parameters (the chunk is then incomplete and must not be
+      sent).
+    """
+    try:
+      self._fill(out)
+      return True
+    except ActorStopped:
+      return False
+
+  def _fill(self, out: dict[str, np.ndarray]) -> None:
+    obs_out, act_out = out['observation'], out['action']
+    rew_out, next_out = out['reward'], out['next_observation']
+    term_out, trunc_out = out['terminated'], out['truncated']
+    ep_member, ep_return = out['episode_member'], out['episode_return']
+    ep_length, ep_eval = out['episode_length'], out['episode_evaluation']
+    ep_steps = out['episode_env_steps']
+    ep_version = out['episode_policy_version']
+    ep_start, ep_objective = out['episode_start_version'], out[
+        'episode_objective']
+    m, t_steps = act_out.shape[0], act_out.shape[1]
+    if m != self.members.size:
+      raise ValueError(f'chunk has {m} member rows, actor hosts '
+                       f'{self.members.size}')
+    envs, members = self._envs, self.members.tolist()
+    returns, lengths = self._returns, self._lengths
+    evaluating = self._eval_interval > 0
+    n_ep = 0
+    for t in range(t_steps):
+      if evaluating:
+        self._start_evaluations()
+      eval_active = evaluating and bool(self._eval_left.any())
+      warm = self._steps < self._warmup
+      eval_actions = None
+      if warm.all() and not eval_active:
+        actions = np.zeros((m, *self._action_shape),
+                           np.int32 if self._discrete else np.float32)
+      else:
+        self._refresh_params()
+        self._wait_for_params()
+        step_ids = self._steps.astype(np.uint32)
+        if eval_active:
+          actions, eval_actions = self._policy_and_eval(
+              self._params, self._hparams, self._obs, self._eval_obs,
+              self._key_data, step_ids)
+          eval_actions = self._to_env(np.asarray(eval_actions))
+        else:
+          actions = self._policy(self._params, self._hparams, self._obs,
+                                 self._key_data, step_ids)
+        actions = np.array(actions)
+      if warm.any():
+        for j, a in self._random_actions(np.flatnonzero(warm)):
+          actions[j] = a
+      act_out[:, t] = actions
+      obs_out[:, t] = self._obs
+      env_actions = self._to_env(actions)
+      for j in range(m):
+        if lengths[j] == 0:
+          self._start_version[j] = self._version
+        o2, r, term, trunc, info = envs[j].step(env_actions[j])
+        next_out[j, t] = o2
+        rew_out[j, t] = r
+        term_out[j, t] = term
+        trunc_out[j, t] = trunc
+        returns[j] += float(r)
+        lengths[j] += 1
+        if term or trunc:
+          ep_member[n_ep] = members[j]
+          ep_return[n_ep] = returns[j]
+          ep_length[n_ep] = lengths[j]
+          ep_eval[n_ep] = 0
+          ep_steps[n_ep] = self._steps[j] + 1
+          ep_version[n_ep] = self._version
+          ep_start[n_ep] = self._start_version[j]
+          ep_objective[n_ep] = _true_objective(info)
+          n_ep += 1
+          returns[j], lengths[j] = 0.0, 0
+          o2 = envs[j].reset()[0]
+        self._obs[j] = o2
+        if eval_actions is not None and self._eval_left[j]:
+          n_ep = self._eval_step(j, eval_actions[j], out, n_ep)
+      self._steps += 1
+    out['env_steps'][:] = self._steps
+    out['meta'][:] = (t_steps, n_ep, self._version, 0)
+
+  def _eval_step(self, j: int, action, out, n_ep: int) -> int:
+    if self._eval_lengths[j] == 0:
+      self._eval_start_version[j] = self._version
+    o2, r, term, trunc, info = self._eval_envs[j].step(action)
+    self._eval_returns[j] += float(r)
+    self._eval_lengths[j] += 1
+    if term or trunc:
+      out['episode_member'][n_ep] = self.members[j]
+      out['episode_return'][n_ep] = self._eval_returns[j]
+      out['episode_length'][n_ep] = self._eval_lengths[j]
+      out['episode_evaluation'][n_ep] = 1
+      out['episode_env_steps'][n_ep] = self._steps[j] + 1
+      out['episode_policy_version'][n_ep] = self._version
+      out['episode_start_version'][n_ep] = self._eval_start_version[j]
+      out['episode_objective'][n_ep] = _true_objective(info)
+      n_ep += 1
+      self._eval_returns[j], self._eval_lengths[j] = 0.0, 0
+      self._eval_left[j] -= 1
+      if self._eval_left[j]:
+        o2 = self._eval_envs[j].reset()[0]
+    self._eval_obs[j] = o2
+    return n_ep
+
+
+def _true_objective(info: dict) -> float:
+  """``info['true_objective']`` as a float, NaN when the env reports none."""
+  value = info.get('true_objective') if isinstance(info, dict) else None
+  return float('nan') if value is None else float(value)
+
+
+def _make_policy_fns(agent, prng_impl: str):
+  """The two jitted CPU policy calls over all hosted members.
+
+  ``policy(params[M], hparams[M], obs[M], key_data[M], steps[M])`` returns
+  exploratory actions ``[M, ...]``; ``policy_and_eval`` also takes the
+  evaluation observations and returns (exploratory, noise-free) actions.
+  This jit is the outermost call of the actor, as the learner's is of the
+  learner.
+  """
+
+  def key_of(key_data, step):
+    key = jax.random.wrap_key_data(key_data, impl=prng_impl)
+    return jax.random.fold_in(key, step)
+
+  def one(params, hparams, obs, key_data, step):
+    return agent.act(params, obs[None], key_of(key_data, step), hparams,
+                     True)[0]
+
+  def one_with_eval(params, hparams, obs, eval_obs, key_data, step):
+    key = key_of(key_data, step)
+    return (agent.act(params, obs[None], key, hparams, True)[0],
+            agent.act(params, eval_obs[None], key, hparams, False)[0])
+
+  return jax.jit(jax.vmap(one)), jax.jit(jax.vmap(one_with_eval))
+
+
+# ---------------------------------------------------------------- process
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorSpec:
+  """Everything an actor process needs; pickled once at spawn."""
+
+  actor_id: int
+  members: tuple[int, ...]
+  env_fn: Callable[[], Any]
+  agent_fn: Callable[[specs.EnvironmentSpec], Any]
+  seed: int
+  restart: int
+  env_steps: tuple[int, ...]
+  warmup_steps: tuple[int, ...]
+  eval_interval: int
+  eval_episodes: int
+  prng_impl: str
+  params: ParamStoreHandle
+  channel: ChannelHandle
+  parent_pid: int
+
+
+def configure_actor_process() -> None:
+  """Pins JAX to the CPU with one thread (call before any JAX computation).
+
+  The pool also puts these variables in the environment the process is
+  spawned with, so they hold even while the parent's ``__main__`` is
+  re-imported; setting them again here covers direct calls.
+  """
+  os.environ['JAX_PLATFORMS'] = 'cpu'
+  flags = os.environ.get('XLA_FLAGS', '')
+  if '--xla_cpu_multi_thread_eigen' not in flags:
+    os.environ['XLA_FLAGS'] = f'{flags} {SINGLE_THREAD_XLA_FLAGS}'.strip()
+  jax.config.update('jax_platforms', 'cpu')
+
+
+def run_actor(spec: ActorSpec) -> None:
+  """Body of an actor process: fill and commit chunks until told to stop.
+
+  Stops when the pool raises the channel's stop flag or the parent process
+  dies. Any exception is written to the channel's error area (with the
+  hosted members) before the process exits with it, so the pool can report
+  the traceback.
+  """
+  # Ctrl-C reaches the whole process group; the learner process decides
+  # when actors stop.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  configure_actor_process()
+  channel = Channel.attach(spec.channel)
+  store = actor = out = None
+
+  def should_stop() -> bool:
+    return channel.stop_requested or os.getppid() != spec.parent_pid
+
+  try:
+    channel.mark_started()
+    store = ParamStore.attach(spec.params)
+    actor = Actor(
+        members=spec.members, env_fn=spec.env_fn, agent_fn=spec.agent_fn,
+        store=store, seed=spec.seed, restart=spec.restart,
+        env_steps=spec.env_steps, warmup_steps=spec.warmup_steps,
+        eval_interval=spec.eval_interval, eval_episodes=spec.eval_episodes,
+        prng_impl=spec.prng_impl, should_stop=should_stop)
+    while not should_stop():
+      out = channel.acquire_slot(should_stop)
+      if out is None or not actor.fill(out):
+        break
+      channel.commit()
+  except BaseException:
+    channel.set_error(
+        f'actor {spec.actor_id} (members {list(spec.members)}, pid '
+        f'{os.getpid()}) failed:\n{traceback.format_exc()}')
+    raise
+  finally:
+    out = None  # drop the slot views before unmapping the channel
+    if actor is not None:
+      actor.close()
+    if store is not None:
+      store.close()
+    channel.close()

@@ -1,0 +1,98 @@
+"""Shared-memory segments and fixed layouts of numpy arrays inside them.
+
+Host-side module: POSIX shared memory (``multiprocessing.shared_memory``) and
+numpy views; nothing here is jittable.
+
+Every segment fastpbrl creates is named ``fpbrl_<pid>_<tag>_<random>`` after
+the creating process, so a leak is easy to attribute in ``/dev/shm``. The
+creator owns a segment and is the only process that unlinks it; other
+processes attach by name and only close their mapping.
+
+Memory-ordering note for the lock-free protocols built on these segments
+(the param store's seqlock, the transition channel's ring indices): they rely
+on the total store order of x86-64, where stores become visible to other cores
+in program order and loads are not reordered with other loads, and on glibc's
+``memcpy`` fencing the non-temporal stores it uses for large copies. Each
+index or sequence counter is one aligned 8-byte word, so it is read and
+written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from multiprocessing import shared_memory
+from typing import Mapping
+
+import numpy as np
+
+SEGMENT_PREFIX = 'fpbrl_'
+
+FieldSpec = tuple[tuple[int, ...], np.dtype]
+
+
+def create_segment(nbytes: int, tag: str) -> shared_memory.SharedMemory:
+  """Creates a new zero-filled shared-memory segment of ``nbytes`` bytes."""
+  if nbytes < 1:
+    raise ValueError(f'nbytes must be >= 1, got {nbytes}')
+  name = f'{SEGMENT_PREFIX}{os.getpid()}_{tag}_{secrets.token_hex(4)}'
+  return shared_memory.SharedMemory(name=name, create=True, size=int(nbytes))
+
+
+def attach_segment(name: str) -> shared_memory.SharedMemory:
+  """Maps an existing segment created by another process."""
+  return shared_memory.SharedMemory(name=name, create=False)
+
+
+def release_segment(segment: shared_memory.SharedMemory | None,
+                    unlink: bool) -> None:
+  """Closes a mapping and, for its owner, unlinks the segment.
+
+  Safe to call twice and on a segment whose numpy views are still alive (the
+  mapping then stays until they are garbage collected, but the name is gone
+  from ``/dev/shm`` at once).
+  """
+  if segment is None:
+    return
+  try:
+    segment.close()
+  except BufferError:
+    # Views into the buffer are still referenced somewhere; the mmap is
+    # released when they die. Unlinking below still frees the name.
+    pass
+  if unlink:
+    try:
+      segment.unlink()
+    except FileNotFoundError:
+      pass
+
+
+def _align(offset: int, alignment: int) -> int:
+  return (offset + alignment - 1) // alignment * alignment
+
+
+class StructLayout:
+  """Named numpy arrays packed at aligned offsets in one byte region.
+
+  Attributes:
+    fields: ``name -> (shape, dtype)``.
+    offsets: ``name -> byte offset`` from the start of the region.
+    nbytes: size of the region, a multiple of the alignment.
+  """
+
+  def __init__(self, fields: Mapping[str, FieldSpec], alignment: int = 64):
+    self.fields = {k: (tuple(int(d) for d in shape), np.dtype(dtype))
+                   for k, (shape, dtype) in fields.items()}
+    self.offsets = {}
+    offset = 0
+    for name, (shape, dtype) in self.fields.items():
+      offset = _align(offset, alignment)
+      self.offsets[name] = offset
+      offset += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    self.nbytes = max(_align(offset, alignment), alignment)
+
+  def views(self, buffer, base: int = 0) -> dict[str, np.ndarray]:
+    """Numpy views of every field of the region starting at ``base``."""
+    return {name: np.ndarray(shape, dtype, buffer=buffer,
+                             offset=base + self.offsets[name])
+            for name, (shape, dtype) in self.fields.items()}

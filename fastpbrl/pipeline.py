@@ -1,0 +1,499 @@
+"""The data pipeline a training loop uses: actors, replay, limiter, prefetch.
+
+Host-side module (processes, threads, shared memory, numpy; nothing here is
+jittable).
+
+::
+
+  with Pipeline('HalfCheetah-v5', functools.partial(agents.make_agent, 'td3'),
+                learner.policy_params(state), hparams, PipelineConfig(),
+                seed=seed) as pipeline:
+    while training:
+      batch = pipeline.next_batch()            # Transition [N, S, B, ...]
+      state, metrics = learner.update(state, hparams, batch)
+      pipeline.publish(learner.policy_params(state), hparams)
+      for record in pipeline.drain_episodes():
+        ...                                    # returns, lengths, evals
+
+What runs where:
+
+* ``P`` actor processes (spawned) step the members' environments and act with
+  the newest published parameters (``fastpbrl.actors``);
+* in this process, one reader thread per actor inserts its chunks into the
+  replay and counts env steps; a prefetch thread samples the next call's
+  ``[N, S, B, ...]`` batch once the update-to-data rate limiter allows it and
+  places it on the device (``fastpbrl.replay``).
+
+:meth:`Pipeline.next_batch` never hangs silently: it raises
+:class:`~fastpbrl.actors.ActorDiedError` once an actor died for good (a dead
+actor is restarted ``max_actor_restarts`` times first, each death being
+reported in the log and in :attr:`Pipeline.failures`), and
+:class:`PipelineStalledError` when no transitions arrived for
+``stall_timeout_s`` seconds. :meth:`Pipeline.close` (also run by the context
+manager and at interpreter exit) stops everything and unlinks all shared
+memory, also after Ctrl-C or an exception in the training loop.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import functools
+import logging
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from acme import specs
+
+from fastpbrl.actors.actor import EpisodeRecord
+from fastpbrl.actors.param_store import ParamStore
+from fastpbrl.actors.pool import ActorFailure, ActorPool
+from fastpbrl.replay.buffers import (LAYOUTS, PerMemberReplay, Replay,
+                                     make_replay, transition_fields)
+from fastpbrl.replay.prefetch import Prefetcher, WaitStats
+from fastpbrl.replay.rate_limiter import RateLimiter
+from fastpbrl.types import Transition, make_env_spec
+
+logger = logging.getLogger(__name__)
+
+
+class PipelineStalledError(TimeoutError):
+  """No transitions arrived for ``stall_timeout_s`` while the learner waited."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  """Static settings of the data pipeline."""
+
+  num_steps: int = 50
+  """Update steps per learner call ``S`` (the learner's ``num_steps``)."""
+  batch_size: int = 256
+  """Transitions per member per update step ``B``."""
+  layout: str = 'per_member'
+  """Replay layout: ``per_member`` (PBT, seeds) or ``shared`` (CEM-RL, DvD)."""
+  replay_capacity: int = 1_000_000
+  """Transitions per ring (per member, or in total for ``shared``)."""
+  update_to_data_ratio: float = 1.0
+  """Update steps per collected env step, per member (the limiter's cap)."""
+  warmup_steps: int | tuple[int, ...] = 10_000
+  """Random-action env steps per member before learning (int or N ints)."""
+  max_env_steps_ahead: int | None = None
+  """Env steps a member's actor may run ahead of the learner's needs before
+  its data is held back and it blocks; None: ``(prefetch_depth + 2) *
+  ceil(num_steps / update_to_data_ratio) + chunk_steps``. At least
+  ``ceil(num_steps / update_to_data_ratio) + chunk_steps``."""
+  num_actor_processes: int | None = None
+  """Actor processes ``P``; default: available cores minus one, at most N."""
+  chunk_steps: int = 32
+  """Env steps per member an actor sends in one chunk."""
+  queue_chunks: int = 8
+  """Chunks an actor's channel holds before the actor blocks."""
+  prefetch_depth: int = 2
+  """Learner calls' batches sampled ahead."""
+  eval_interval: int = 0
+  """Training env steps per member between evaluations (0: none)."""
+  eval_episodes: int = 1
+  """Noise-free episodes per evaluation."""
+  max_actor_restarts: int = 3
+  """Restarts per actor process before its death stops the run."""
+  stall_timeout_s: float = 300.0
+  """``next_batch`` raises if no transitions arrived for this long."""
+  prng_impl: str = 'threefry2x32'
+  """``jax.random`` implementation of the actors' exploration keys."""
+  max_episode_records: int = 100_000
+  """Undrained episode records kept (the oldest are dropped beyond)."""
+  shutdown_grace_s: float = 5.0
+  """Seconds actors get to stop on ``close`` before SIGTERM, then SIGKILL."""
+
+  def validate(self, num_members: int) -> None:
+    """Raises ValueError naming the first setting out of its range."""
+
+    def need(ok: bool, name: str, allowed: str):
+      if not ok:
+        raise ValueError(f'{name} must be {allowed}; got '
+                         f'{getattr(self, name)!r}')
+
+    need(self.num_steps >= 1, 'num_steps', '>= 1')
+    need(self.batch_size >= 1, 'batch_size', '>= 1')
+    need(self.layout in LAYOUTS, 'layout', f'one of {LAYOUTS}')
+    need(self.replay_capacity >= 1, 'replay_capacity', '>= 1')
+    need(np.isfinite(self.update_to_data_ratio)
+         and self.update_to_data_ratio > 0, 'update_to_data_ratio',
+         'in (0, inf)')
+    warmup = np.asarray(self.warmup_steps)
+    need(warmup.ndim == 0 or warmup.shape == (num_members,), 'warmup_steps',
+         f'an int or {num_members} ints (one per member)')
+    need(bool((warmup >= 0).all()), 'warmup_steps', '>= 0')
+    need(self.num_actor_processes is None
+         or 1 <= self.num_actor_processes <= num_members,
+         'num_actor_processes', f'None or in [1, {num_members}]')
+    need(self.chunk_steps >= 1, 'chunk_steps', '>= 1')
+    need(self.queue_chunks >= 1, 'queue_chunks', '>= 1')
+    need(self.prefetch_depth >= 1, 'prefetch_depth', '>= 1')
+    need(self.eval_interval >= 0, 'eval_interval', '>= 0')
+    need(self.eval_episodes >= 1, 'eval_episodes', '>= 1')
+    need(self.max_actor_restarts >= 0, 'max_actor_restarts', '>= 0')
+    need(self.stall_timeout_s > 0, 'stall_timeout_s', '> 0')
+    need(self.max_episode_records >= 1, 'max_episode_records', '>= 1')
+    need(self.shutdown_grace_s >= 0, 'shutdown_grace_s', '>= 0')
+    least = self.steps_per_call_in_env_steps() + self.chunk_steps
+    need(self.max_env_steps_ahead is None or self.max_env_steps_ahead >= least,
+         'max_env_steps_ahead',
+         f'None or >= ceil(num_steps / update_to_data_ratio) + chunk_steps = '
+         f'{least} (else the learner could starve)')
+
+  def steps_per_call_in_env_steps(self) -> int:
+    """Env steps per member one learner call needs at the target ratio."""
+    return int(np.ceil(self.num_steps / self.update_to_data_ratio))
+
+  def env_steps_ahead(self) -> int:
+    """``max_env_steps_ahead`` with the default resolved."""
+    if self.max_env_steps_ahead is not None:
+      return self.max_env_steps_ahead
+    return ((self.prefetch_depth + 2) * self.steps_per_call_in_env_steps()
+            + self.chunk_steps)
+
+
+REPLAY_STREAM = 0  # spawn_key[0] of the replay sampler's seed sequence
+
+
+class Pipeline:
+  """Actors + replay + rate limiter + prefetch, for one population run."""
+
+  def __init__(self, env: str | Callable[[], Any],
+               agent_fn: Callable[[specs.EnvironmentSpec], Any],
+               policy_params: Any, actor_hparams: Any,
+               config: PipelineConfig = PipelineConfig(), seed: int = 0,
+               device=None):
+    """Starts the actors, reader threads and prefetch thread.
+
+    Args:
+      env: a gymnasium id (``'HalfCheetah-v5'``) or a picklable callable
+        returning a new environment.
+      agent_fn: picklable ``env_spec -> Agent``, e.g.
+        ``functools.partial(fastpbrl.agents.make_agent, 'td3')``; each actor
+        process builds its agent with it.
+      policy_params: the members' initial policy parameters ``[N, ...]``
+        (``learner.policy_params(state)``), published as version 1; or a
+        tree of ``jax.ShapeDtypeStruct`` giving only the layout, in which
+        case actors wait for the first :meth:`publish` once warmed up.
+      actor_hparams: the hyperparameters ``[N]`` passed to ``agent.act``
+        (e.g. the population's ``TD3HParams``), values or layout as above.
+      config: the pipeline settings.
+      seed: the run seed; env resets, exploration, warm-up actions and
+        replay sampling all derive from it.
+      device: where batches are placed (``jax.device_put``'s default if None).
+    """
+    self._closed = False
+    self._pool = self._prefetcher = self._store = self._limiter = None
+    self.config = config
+    self.seed = int(seed)
+    self._env_fn = (functools.partial(_make_gym_env, env)
+                    if isinstance(env, str) else env)
+    probe = self._env_fn()
+    try:
+      self.env_spec = make_env_spec(probe)
+    finally:
+      probe.close()
+    tree = (policy_params, actor_hparams)
+    has_values = not any(isinstance(x, jax.ShapeDtypeStruct)
+                         for x in jax.tree.leaves(tree))
+    if has_values:
+      tree = jax.device_get(tree)
+    shapes = [tuple(x.shape) if hasattr(x, 'shape') else np.shape(x)
+              for x in jax.tree.leaves(tree)]
+    sizes = {shape[0] if shape else None for shape in shapes}
+    if len(sizes) != 1 or None in sizes:
+      raise ValueError('policy_params and actor_hparams need one leading '
+                       f'population axis on every leaf; got sizes {sizes}')
+    self.num_members = n = sizes.pop()
+    config.validate(n)
+    self._lock = threading.Lock()
+    self._episodes: collections.deque = collections.deque(
+        maxlen=config.max_episode_records)
+    self._dropped_episodes = 0
+    self._last_progress = time.monotonic()
+    self._rng = np.random.default_rng(
+        np.random.SeedSequence(self.seed, spawn_key=(REPLAY_STREAM,)))
+    atexit.register(self.close)
+    try:
+      fields = transition_fields(self.env_spec)
+      self.replay: Replay = make_replay(config.layout, fields, n,
+                                        config.replay_capacity)
+      self._limiter = RateLimiter(n, config.update_to_data_ratio,
+                                  config.warmup_steps,
+                                  config.env_steps_ahead())
+      self._store = ParamStore.create(tree)
+      if has_values:
+        self._store.write(tree)
+      self._pool = ActorPool(
+          env_fn=self._env_fn, agent_fn=agent_fn, transition_fields=fields,
+          num_members=n, store=self._store, sink=self._insert, seed=self.seed,
+          num_processes=config.num_actor_processes,
+          chunk_steps=config.chunk_steps, queue_chunks=config.queue_chunks,
+          warmup_steps=config.warmup_steps,
+          eval_interval=config.eval_interval,
+          eval_episodes=config.eval_episodes,
+          max_restarts=config.max_actor_restarts, prng_impl=config.prng_impl,
+          shutdown_grace_s=config.shutdown_grace_s,
+          admit=self._limiter.wait_to_insert)
+      self._prefetcher = Prefetcher(
+          self._sample, self._limiter, config.num_steps,
+          depth=config.prefetch_depth, device=device)
+      logger.info('pipeline: %d members over %d actor processes, %s '
+                  'replay, update-to-data ratio %g, warm-up %s env steps per '
+                  'member', n, self._pool.num_processes, config.layout,
+                  config.update_to_data_ratio, config.warmup_steps)
+      self._pool.start()
+      self._prefetcher.start()
+    except BaseException:
+      self.close()
+      raise
+
+  @classmethod
+  def create(cls, run_config: Any, agent: Any, *, shared_replay: bool = False,
+             seed: int = 0, device=None) -> 'Pipeline':
+    """A pipeline from the run loop's settings and an agent of the registry.
+
+    Args:
+      run_config: an object with the fields of ``fastpbrl.run.RunConfig``:
+        ``env``, ``population_size``, ``warmup_steps``,
+        ``update_to_data_ratio``, ``num_actors``, ``batch_size`` and
+        ``steps_per_call`` (``None``: the agent's), ``replay_capacity``,
+        ``eval_every``.
+      agent: an agent made by ``fastpbrl.agents.make_agent``; actors rebuild
+        it from its ``name`` and ``config``.
+      shared_replay: one replay for all members (CEM-RL, DvD) instead of one
+        per member.
+      seed: the run seed.
+      device: where batches are placed.
+
+    Nothing is published yet: call :meth:`publish` before the warm-up ends.
+    """
+    from fastpbrl import agents as agents_lib  # local: agents import haiku
+    from fastpbrl.learner import population_hparams
+
+    if agent.name not in agents_lib.AGENTS:
+      raise ValueError(f'Pipeline.create rebuilds agents from the registry '
+                       f'{agents_lib.AGENTS}; for agent {agent.name!r} pass '
+                       f'an agent_fn to Pipeline(...)')
+    n = int(run_config.population_size)
+    agent_fn = functools.partial(agents_lib.make_agent, agent.name,
+                                 config=agent.config)
+    hparams = population_hparams(agent, n)
+
+    def policy_layout(hp):
+      keys = jax.random.split(jax.random.PRNGKey(0), n)
+      return jax.vmap(agent.policy_params)(jax.vmap(agent.init)(keys, hp))
+
+    params_layout = jax.eval_shape(policy_layout, hparams)
+    hparams_layout = jax.eval_shape(lambda hp: hp, hparams)
+    config = PipelineConfig(
+        num_steps=run_config.steps_per_call or agent.config.steps_per_call,
+        batch_size=run_config.batch_size or agent.config.batch_size,
+        layout='shared' if shared_replay else 'per_member',
+        replay_capacity=run_config.replay_capacity,
+        update_to_data_ratio=run_config.update_to_data_ratio,
+        warmup_steps=run_config.warmup_steps,
+        num_actor_processes=(None if run_config.num_actors is None else
+                             min(run_config.num_actors, n)),
+        eval_interval=run_config.eval_every)
+    return cls(run_config.env, agent_fn, params_layout, hparams_layout,
+               config, seed=seed, device=device)
+
+  # ------------------------------------------------------ background work
+
+  def _insert(self, actor_id: int, members: np.ndarray, chunk) -> None:
+    """Reader-thread sink: one chunk into the replay and the counters."""
+    del actor_id
+    steps, num_episodes = int(chunk['meta'][0]), int(chunk['meta'][1])
+    self.replay.insert(members, chunk, steps)
+    # Counted only once the data is in the replay, so the limiter never
+    # lets the learner sample ahead of it.
+    self._limiter.add_env_steps(members, steps)
+    self._last_progress = time.monotonic()
+    if num_episodes:
+      records = [
+          EpisodeRecord(int(m), float(r), int(l), bool(e), int(s), int(v),
+                        int(v0), float(o))
+          for m, r, l, e, s, v, v0, o in zip(
+              chunk['episode_member'][:num_episodes],
+              chunk['episode_return'][:num_episodes],
+              chunk['episode_length'][:num_episodes],
+              chunk['episode_evaluation'][:num_episodes],
+              chunk['episode_env_steps'][:num_episodes],
+              chunk['episode_policy_version'][:num_episodes],
+              chunk['episode_start_version'][:num_episodes],
+              chunk['episode_objective'][:num_episodes])]
+      with self._lock:
+        overflow = len(self._episodes) + len(records) - self._episodes.maxlen
+        if overflow > 0:
+          if not self._dropped_episodes:
+            logger.warning('episode records are not being drained; keeping '
+                           'the newest %d', self._episodes.maxlen)
+          self._dropped_episodes += overflow
+        self._episodes.extend(records)
+
+  def _sample(self) -> Transition:
+    return self.replay.sample(self._rng, self.config.num_steps,
+                              self.config.batch_size)
+
+  def _check(self) -> None:
+    if self._closed:
+      raise RuntimeError('the pipeline is closed')
+    self._pool.check()
+
+  # -------------------------------------------------------------- learner
+
+  def next_batch(self, timeout: float | None = None) -> Transition:
+    """The next learner call's batch, ``[N, S, B, ...]`` on the device.
+
+    Blocks while the rate limiter holds the learner back (including the
+    warm-up).
+
+    Args:
+      timeout: seconds to wait at most (``None``: as long as transitions
+        keep arriving).
+
+    Raises:
+      ActorDiedError: an actor died and was not restarted.
+      PipelineStalledError: no transitions arrived for ``stall_timeout_s``.
+      TimeoutError: no batch within ``timeout``.
+      PrefetchError: sampling failed.
+    """
+    start = time.monotonic()
+    while True:
+      self._check()
+      try:
+        return self._prefetcher.get(timeout=0.25)
+      except TimeoutError:
+        pass
+      now = time.monotonic()
+      if timeout is not None and now - start >= timeout:
+        raise TimeoutError(
+            f'no batch within {timeout} s; {self._progress_text()}')
+      idle = now - max(self._last_progress, start)
+      if idle > self.config.stall_timeout_s:
+        raise PipelineStalledError(
+            f'no transitions arrived for {idle:.0f} s (stall_timeout_s='
+            f'{self.config.stall_timeout_s}); {self._progress_text()}')
+
+  def publish(self, policy_params: Any, actor_hparams: Any) -> int:
+    """Writes the members' newest parameters for the actors.
+
+    Call after each learner call. Copies to the host (so it waits for that
+    call to finish) and returns the new version number.
+    """
+    self._check()
+    return self._store.write(jax.device_get((policy_params, actor_hparams)))
+
+  def drain_episodes(self) -> list[EpisodeRecord]:
+    """Every episode completed since the last drain, oldest first."""
+    with self._lock:
+      records = list(self._episodes)
+      self._episodes.clear()
+    return records
+
+  def copy_member_data(self, dst_indices: Sequence[int] | np.ndarray,
+                       src_indices: Sequence[int] | np.ndarray) -> None:
+    """PBT exploit option: member ``dst[k]`` gets member ``src[k]``'s replay
+    data (see ``PerMemberReplay.copy_members``)."""
+    if not isinstance(self.replay, PerMemberReplay):
+      raise ValueError('copy_member_data needs layout="per_member"; the '
+                       f'{self.config.layout} layout has no per-member data')
+    self.replay.copy_members(dst_indices, src_indices)
+
+  # ---------------------------------------------------------------- stats
+
+  def wait_stats(self) -> WaitStats:
+    """How much the learner waited for data (see ``WaitStats``)."""
+    return self._prefetcher.stats()
+
+  def wait_fraction(self) -> float:
+    """Fraction of wall time the learner waited for data since its first
+    batch (or since :meth:`reset_wait_stats`)."""
+    return self._prefetcher.stats().wait_fraction
+
+  def reset_wait_stats(self) -> None:
+    """Restarts the wait statistics from now (e.g. once the learner is warm)."""
+    self._prefetcher.reset_stats()
+
+  @property
+  def env_steps(self) -> np.ndarray:
+    """``[N]`` env steps collected (inserted into the replay) per member."""
+    return self._limiter.env_steps
+
+  @property
+  def update_steps(self) -> int:
+    """Update steps sampled for, per member."""
+    return self._limiter.update_steps
+
+  def env_steps_per_member(self) -> int:
+    """Env steps collected by the member that has collected the fewest."""
+    return int(self._limiter.env_steps.min())
+
+  def update_to_data_ratio(self) -> float:
+    """Achieved ratio: update steps per env step of the slowest member."""
+    return self._limiter.ratio()
+
+  @property
+  def policy_version(self) -> int:
+    return self._store.version
+
+  @property
+  def failures(self) -> list[ActorFailure]:
+    """Every actor death so far (restarted or not)."""
+    return list(self._pool.failures)
+
+  @property
+  def pool(self) -> ActorPool:
+    return self._pool
+
+  @property
+  def dropped_episodes(self) -> int:
+    return self._dropped_episodes
+
+  def _progress_text(self) -> str:
+    steps = self._limiter.env_steps
+    needed = self._limiter.env_steps_needed(self.config.num_steps)
+    return (f'env steps per member {steps.tolist()}, the next learner call '
+            f'needs {needed} per member; actors:\n'
+            f'{self._pool.describe_status()}')
+
+  # ------------------------------------------------------------- shutdown
+
+  def close(self) -> None:
+    """Stops actors and threads and unlinks shared memory (idempotent)."""
+    if self._closed:
+      return
+    self._closed = True
+    atexit.unregister(self.close)
+    try:
+      if self._prefetcher is not None:
+        self._prefetcher.close()
+    finally:
+      try:
+        if self._limiter is not None:
+          self._limiter.close()
+      finally:
+        try:
+          if self._pool is not None:
+            self._pool.close()
+        finally:
+          if self._store is not None:
+            self._store.close()
+
+  def __enter__(self) -> 'Pipeline':
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def _make_gym_env(env_id: str):
+  import gymnasium as gym  # local: only env-making code needs gymnasium
+  return gym.make(env_id)

@@ -1,0 +1,376 @@
+"""Replay storage: preallocated numpy rings in two layouts behind one interface.
+
+Host-side module (numpy and a lock; nothing here is jittable).
+
+* :class:`PerMemberReplay`: one ring per member, stored as ``[N, capacity,
+  ...]`` arrays. Member ``i``'s batches come only from member ``i``'s
+  transitions (PBT, independent seeds).
+* :class:`SharedReplay`: one ring fed by every member, ``[capacity, ...]``.
+  Every member's batch is drawn from all transitions inserted (CEM-RL, DvD).
+
+Each field of :class:`fastpbrl.types.Transition` has its own array. Sampling a
+learner call's worth of data, ``[N, num_steps, batch_size, ...]``, draws all
+indices at once and gathers each field with one ``np.take`` — no Python loop
+over members or steps. Sampling is uniform over the stored transitions.
+
+Storage is allocated with ``np.zeros``: the OS maps the pages as the ring
+first fills, so resident memory grows up to :attr:`Replay.nbytes` rather than
+being committed at start-up. The size is logged when a buffer is made.
+
+Inserts (from reader threads) and samples (from the prefetch thread) may run
+concurrently; a lock makes each insert and each sample atomic, so a batch
+never holds a half-written transition.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import threading
+from typing import Mapping, Sequence
+
+import numpy as np
+from acme import specs
+
+from fastpbrl.types import Transition
+
+logger = logging.getLogger(__name__)
+
+FieldSpecs = Mapping[str, tuple[tuple[int, ...], np.dtype]]
+
+DEFAULT_CAPACITY = 1_000_000
+
+
+def transition_fields(env_spec: specs.EnvironmentSpec) -> dict:
+  """Per-transition ``name -> (shape, dtype)`` of every ``Transition`` field.
+
+  Observations keep the spec's dtype (float32, or uint8 for frames); actions
+  are float32 vectors for continuous control and int32 scalars for discrete
+  action spaces; reward, terminated and truncated are float32 scalars.
+  """
+  obs = env_spec.observations
+  actions = env_spec.actions
+  if isinstance(actions, specs.DiscreteArray):
+    action = ((), np.dtype(np.int32))
+  else:
+    action = (tuple(actions.shape), np.dtype(np.float32))
+  observation = (tuple(obs.shape), np.dtype(obs.dtype))
+  scalar = ((), np.dtype(np.float32))
+  return {'observation': observation, 'action': action, 'reward': scalar,
+          'next_observation': observation, 'terminated': scalar,
+          'truncated': scalar}
+
+
+def bytes_per_transition(fields: FieldSpecs) -> int:
+  return int(sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                 for shape, dtype in fields.values()))
+
+
+def _format_bytes(n: float) -> str:
+  if n < 1024:
+    return f'{int(n)} B'
+  for unit in ('KiB', 'MiB', 'GiB', 'TiB'):
+    n /= 1024
+    if n < 1024 or unit == 'TiB':
+      break
+  return f'{n:,.1f} {unit}'
+
+
+def _available_memory() -> int | None:
+  try:
+    return os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def _check_fields(fields: FieldSpecs) -> dict:
+  expected = set(Transition._fields)
+  if set(fields) != expected:
+    raise ValueError(f'fields must be exactly {sorted(expected)}; got '
+                     f'{sorted(fields)}')
+  return {k: (tuple(int(d) for d in fields[k][0]), np.dtype(fields[k][1]))
+          for k in Transition._fields}
+
+
+class Replay(abc.ABC):
+  """The interface both layouts share.
+
+  Attributes:
+    num_members: population size ``N``.
+    capacity: transitions one ring holds before overwriting the oldest.
+    fields: per-transition ``name -> (shape, dtype)``.
+    nbytes: bytes of storage when full.
+  """
+
+  layout: str
+
+  def __init__(self, fields: FieldSpecs, num_members: int, capacity: int):
+    if num_members < 1:
+      raise ValueError(f'num_members must be >= 1, got {num_members}')
+    if capacity < 1:
+      raise ValueError(f'capacity must be >= 1, got {capacity}')
+    self.fields = _check_fields(fields)
+    self.num_members = int(num_members)
+    self.capacity = int(capacity)
+    self._lock = threading.Lock()
+    # Transitions ever inserted per member (env steps they came from).
+    self._inserted = np.zeros(self.num_members, np.int64)
+
+  @property
+  @abc.abstractmethod
+  def nbytes(self) -> int:
+    ...
+
+  @abc.abstractmethod
+  def insert(self, members: Sequence[int] | np.ndarray,
+             chunk: Mapping[str, np.ndarray],
+             num_steps: int | None = None) -> None:
+    """Appends ``num_steps`` consecutive steps of several members.
+
+    Args:
+      members: ``[M]`` distinct member indices.
+      chunk: every ``Transition`` field as an ``[M, T, ...]`` array (extra
+        keys are ignored); row ``j`` belongs to ``members[j]``.
+      num_steps: how many of the ``T`` steps to insert (all by default).
+    """
+
+  @abc.abstractmethod
+  def sample(self, rng: np.random.Generator, num_steps: int,
+             batch_size: int) -> Transition:
+    """Uniformly samples ``[N, num_steps, batch_size, ...]`` for all members.
+
+    Raises:
+      ValueError: if a member has nothing to sample from yet.
+    """
+
+  @abc.abstractmethod
+  def sizes(self) -> np.ndarray:
+    """``[N]``: how many transitions each member's batches are drawn from."""
+
+  def inserted(self) -> np.ndarray:
+    """``[N]``: transitions ever inserted from each member."""
+    with self._lock:
+      return self._inserted.copy()
+
+  def describe(self) -> str:
+    per = bytes_per_transition(self.fields)
+    shapes = ', '.join(f'{k} {shape} {dtype}'
+                       for k, (shape, dtype) in self.fields.items()
+                       if k in ('observation', 'action'))
+    return (f'{self.layout} replay: {self._rings_text()} x '
+            f'{self.capacity:,} transitions x {per} B = '
+            f'{_format_bytes(self.nbytes)} when full ({shapes}; '
+            f'next_observation stored separately)')
+
+  def _log_size(self) -> None:
+    logger.info('%s', self.describe())
+    available = _available_memory()
+    if available is not None and self.nbytes > available:
+      logger.warning(
+          'replay needs %s when full but only %s of memory is available now; '
+          'lower replay_capacity or the population size',
+          _format_bytes(self.nbytes), _format_bytes(available))
+
+  @abc.abstractmethod
+  def _rings_text(self) -> str:
+    ...
+
+  @staticmethod
+  def _check_sample_args(num_steps: int, batch_size: int) -> None:
+    if num_steps < 1:
+      raise ValueError(f'num_steps must be >= 1, got {num_steps}')
+    if batch_size < 1:
+      raise ValueError(f'batch_size must be >= 1, got {batch_size}')
+
+  def _prepare(self, members, chunk, num_steps) -> tuple[np.ndarray, int,
+                                                          int]:
+    members = np.asarray(members, np.int64).reshape(-1)
+    if members.size == 0:
+      raise ValueError('members must not be empty')
+    if members.min() < 0 or members.max() >= self.num_members:
+      raise ValueError(f'members must be in [0, {self.num_members}); got '
+                       f'{members.tolist()}')
+    if np.unique(members).size != members.size:
+      raise ValueError(f'members must be distinct; got {members.tolist()}')
+    total = None
+    for name, (shape, _) in self.fields.items():
+      arr = chunk[name]
+      if arr.shape[0] != members.size or tuple(arr.shape[2:]) != shape:
+        raise ValueError(f'chunk field {name} has shape {arr.shape}; expected '
+                         f'({members.size}, T, *{shape})')
+      if total is None:
+        total = arr.shape[1]
+      elif arr.shape[1] != total:
+        raise ValueError('chunk fields disagree on the number of steps T')
+    num_steps = total if num_steps is None else int(num_steps)
+    if not 0 <= num_steps <= total:
+      raise ValueError(f'num_steps must be in [0, {total}]; got {num_steps}')
+    return members, num_steps, total
+
+
+class PerMemberReplay(Replay):
+  """One ring per member; member ``i`` only ever samples member ``i``'s data."""
+
+  layout = 'per-member'
+
+  def __init__(self, fields: FieldSpecs, num_members: int,
+               capacity: int = DEFAULT_CAPACITY):
+    super().__init__(fields, num_members, capacity)
+    n, cap = self.num_members, self.capacity
+    self._data = {k: np.zeros((n, cap, *shape), dtype)
+                  for k, (shape, dtype) in self.fields.items()}
+    # Flat views [N * capacity, ...] so one np.take gathers every member.
+    self._flat = {k: v.reshape(n * cap, *v.shape[2:])
+                  for k, v in self._data.items()}
+    self._pos = np.zeros(n, np.int64)  # next row to write per member
+    self._size = np.zeros(n, np.int64)  # valid rows per member
+    self._log_size()
+
+  @property
+  def nbytes(self) -> int:
+    return int(sum(v.nbytes for v in self._data.values()))
+
+  def _rings_text(self) -> str:
+    return f'{self.num_members} rings'
+
+  def sizes(self) -> np.ndarray:
+    with self._lock:
+      return self._size.copy()
+
+  def insert(self, members, chunk, num_steps=None) -> None:
+    members, num_steps, _ = self._prepare(members, chunk, num_steps)
+    if num_steps == 0:
+      return
+    first = max(0, num_steps - self.capacity)  # only the newest fit
+    kept = num_steps - first
+    steps = np.arange(kept)
+    with self._lock:
+      rows = (self._pos[members, None] + steps) % self.capacity  # [M, kept]
+      for name, data in self._data.items():
+        data[members[:, None], rows] = chunk[name][:, first:num_steps]
+      self._pos[members] = (self._pos[members] + kept) % self.capacity
+      self._size[members] = np.minimum(self._size[members] + kept,
+                                       self.capacity)
+      self._inserted[members] += num_steps
+
+  def sample(self, rng, num_steps, batch_size) -> Transition:
+    self._check_sample_args(num_steps, batch_size)
+    n = self.num_members
+    with self._lock:
+      sizes = self._size.copy()
+      if (sizes == 0).any():
+        raise ValueError(f'members {np.flatnonzero(sizes == 0).tolist()} '
+                         'have no transitions to sample yet')
+      rows = rng.integers(0, sizes[:, None, None],
+                          size=(n, num_steps, batch_size))
+      rows += (np.arange(n, dtype=np.int64) * self.capacity)[:, None, None]
+      return Transition(**{k: np.take(v, rows, axis=0)
+                           for k, v in self._flat.items()})
+
+  def copy_members(self, dst_indices: Sequence[int] | np.ndarray,
+                   src_indices: Sequence[int] | np.ndarray) -> None:
+    """Replaces members ``dst_indices[k]``'s data by ``src_indices[k]``'s.
+
+    PBT's "also copy the source's replay data" exploit option. The copy is a
+    snapshot: all sources are read before any destination is written, so
+    overlapping pairs (``dst=[0, 1], src=[1, 0]``) swap. Only the valid rows
+    are copied. Env-step counters (:meth:`inserted`) are not changed: they
+    count the steps each member's actor collected.
+
+    Args:
+      dst_indices: ``[K]`` distinct members to overwrite.
+      src_indices: ``[K]`` members to copy from.
+    """
+    dst = np.asarray(dst_indices, np.int64).reshape(-1)
+    src = np.asarray(src_indices, np.int64).reshape(-1)
+    if dst.shape != src.shape:
+      raise ValueError(f'dst_indices and src_indices must have the same '
+                       f'length; got {dst.size} and {src.size}')
+    for name, idx in (('dst_indices', dst), ('src_indices', src)):
+      if idx.size and (idx.min() < 0 or idx.max() >= self.num_members):
+        raise ValueError(f'{name} must be in [0, {self.num_members}); got '
+                         f'{idx.tolist()}')
+    if np.unique(dst).size != dst.size:
+      raise ValueError(f'dst_indices must be distinct; got {dst.tolist()}')
+    with self._lock:
+      # Sources that are also overwritten are snapshotted first.
+      overwritten = set(dst.tolist())
+      snapshot = {}
+      for s in set(src.tolist()) & overwritten:
+        size = int(self._size[s])
+        snapshot[s] = {k: v[s, :size].copy() for k, v in self._data.items()}
+      pos, size = self._pos.copy(), self._size.copy()
+      for d, s in zip(dst.tolist(), src.tolist()):
+        if d == s:
+          continue
+        valid = int(size[s])
+        for k, v in self._data.items():
+          v[d, :valid] = snapshot[s][k] if s in snapshot else v[s, :valid]
+        self._pos[d], self._size[d] = pos[s], size[s]
+
+
+class SharedReplay(Replay):
+  """One ring for the whole population; every batch spans all its data."""
+
+  layout = 'shared'
+
+  def __init__(self, fields: FieldSpecs, num_members: int,
+               capacity: int = DEFAULT_CAPACITY):
+    super().__init__(fields, num_members, capacity)
+    self._data = {k: np.zeros((self.capacity, *shape), dtype)
+                  for k, (shape, dtype) in self.fields.items()}
+    self._pos = 0
+    self._size = 0
+    self._log_size()
+
+  @property
+  def nbytes(self) -> int:
+    return int(sum(v.nbytes for v in self._data.values()))
+
+  def _rings_text(self) -> str:
+    return '1 ring'
+
+  def sizes(self) -> np.ndarray:
+    with self._lock:
+      return np.full(self.num_members, self._size, np.int64)
+
+  def insert(self, members, chunk, num_steps=None) -> None:
+    members, num_steps, _ = self._prepare(members, chunk, num_steps)
+    if num_steps == 0:
+      return
+    total = members.size * num_steps
+    first = max(0, total - self.capacity)
+    kept = total - first
+    with self._lock:
+      rows = (self._pos + np.arange(kept)) % self.capacity
+      for name, data in self._data.items():
+        values = chunk[name][:, :num_steps]
+        values = values.reshape(total, *values.shape[2:])
+        data[rows] = values[first:]
+      self._pos = (self._pos + kept) % self.capacity
+      self._size = min(self._size + kept, self.capacity)
+      self._inserted[members] += num_steps
+
+  def sample(self, rng, num_steps, batch_size) -> Transition:
+    self._check_sample_args(num_steps, batch_size)
+    with self._lock:
+      if self._size == 0:
+        raise ValueError('the shared replay has no transitions to sample yet')
+      rows = rng.integers(0, self._size,
+                          size=(self.num_members, num_steps, batch_size))
+      return Transition(**{k: np.take(v, rows, axis=0)
+                           for k, v in self._data.items()})
+
+
+LAYOUTS = ('per_member', 'shared')
+
+
+def make_replay(layout: str, fields: FieldSpecs, num_members: int,
+                capacity: int = DEFAULT_CAPACITY) -> Replay:
+  """Builds the replay for ``layout``, one of :data:`LAYOUTS`."""
+  if layout == 'per_member':
+    return PerMemberReplay(fields, num_members, capacity)
+  if layout == 'shared':
+    return SharedReplay(fields, num_members, capacity)
+  raise ValueError(f'layout must be one of {LAYOUTS}; got {layout!r}')

@@ -1,0 +1,335 @@
+"""The actor loop, in-process on toy environments: terminated vs truncated,
+the real final observation, warm-up then policy actions (against a
+per-member reference), seeding, evaluation episodes and discrete actions."""
+
+import functools
+import threading
+import time
+
+import gymnasium as gym
+import jax
+import numpy as np
+import pytest
+
+from fastpbrl import agents
+from fastpbrl.actors import Actor, ParamStore, chunk_layout, member_seeds
+from fastpbrl.agents.dqn import DQNConfig
+from fastpbrl.agents.td3 import TD3Config
+from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.replay import transition_fields
+from fastpbrl.types import make_env_spec
+
+TIME_LIMIT = 5
+TERMINATE_AT = 3
+
+
+class StepEnv(gym.Env):
+  """obs = [episode, step in episode, seeded noise drawn at reset].
+
+  Reward = step in episode. Even episodes terminate at step 3; odd ones run
+  into the time limit (5). Records every (observation, action) it sees.
+  """
+
+  def __init__(self, discrete: bool = False):
+    self.observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    self.action_space = (gym.spaces.Discrete(3) if discrete else
+                         gym.spaces.Box(-2.0, 2.0, (2,), np.float32))
+    self.episode = -1
+    self.t = 0
+    self.noise = 0.0
+    self.history = []
+
+  def _obs(self):
+    return np.array([self.episode, self.t, self.noise], np.float32)
+
+  def reset(self, *, seed=None, options=None):
+    super().reset(seed=seed)
+    self.episode += 1
+    self.t = 0
+    self.noise = float(self.np_random.uniform())
+    return self._obs(), {}
+
+  def step(self, action):
+    self.history.append((self._obs(), np.array(action)))
+    self.t += 1
+    terminated = self.episode % 2 == 0 and self.t == TERMINATE_AT
+    return self._obs(), float(self.t), terminated, False, {}
+
+
+def make_step_env(discrete=False):
+  return gym.wrappers.TimeLimit(StepEnv(discrete), TIME_LIMIT)
+
+
+def td3_setup(n, seed=0):
+  spec = make_env_spec(make_step_env())
+  config = TD3Config(hidden_sizes=(8,))
+  agent = agents.make_agent('td3', spec, config)
+  hparams = population_hparams(agent, n, exploration_noise=0.3)
+  learner = PopulationLearner(agent)
+  state = learner.init(jax.random.PRNGKey(seed), hparams)
+  tree = jax.device_get((learner.policy_params(state), hparams))
+  agent_fn = functools.partial(agents.make_agent, 'td3', config=config)
+  return spec, agent, tree, agent_fn
+
+
+def new_chunk(spec, m, t):
+  layout = chunk_layout(transition_fields(spec), m, t)
+  return layout.views(bytearray(layout.nbytes))
+
+
+@pytest.fixture(scope='module')
+def store4():
+  """One population and its published parameters, shared by the tests (the
+  actors only read it)."""
+  spec, agent, tree, agent_fn = td3_setup(4)
+  with ParamStore.create(tree) as store:
+    store.write(tree)
+    yield spec, agent, tree, agent_fn, store
+
+
+def make_actor(store4, members, **kwargs):
+  spec, _, _, agent_fn, store = store4
+  kwargs.setdefault('seed', 0)
+  return Actor(members=members, env_fn=make_step_env, agent_fn=agent_fn,
+               store=store, **kwargs)
+
+
+def check_episode_structure(out, j):
+  """Walks member row j: continuity, flags and the real final observation."""
+  obs, nxt = out['observation'][j], out['next_observation'][j]
+  term, trunc = out['terminated'][j], out['truncated'][j]
+  np.testing.assert_array_equal(out['reward'][j], nxt[:, 1])
+  boundaries = 0
+  for t in range(obs.shape[0]):
+    episode, step = nxt[t, 0], nxt[t, 1]
+    assert episode == obs[t, 0] and step == obs[t, 1] + 1
+    assert term[t] == (episode % 2 == 0 and step == TERMINATE_AT)
+    assert trunc[t] == (episode % 2 == 1 and step == TIME_LIMIT)
+    if t + 1 < obs.shape[0]:
+      if term[t] or trunc[t]:
+        boundaries += 1
+        # next_observation is the final state, the next obs the reset one.
+        assert obs[t + 1, 0] == episode + 1 and obs[t + 1, 1] == 0
+        assert not np.array_equal(obs[t + 1], nxt[t])
+      else:
+        np.testing.assert_array_equal(obs[t + 1], nxt[t])
+  return boundaries
+
+
+def test_terminated_and_truncated_kept_apart_with_real_final_obs(store4):
+  actor = make_actor(store4, [0, 1], warmup_steps=10**6)
+  out = new_chunk(store4[0], 2, 20)
+  assert actor.fill(out)
+  for j in range(2):
+    assert check_episode_structure(out, j) >= 4
+  assert out['terminated'].sum() > 0 and out['truncated'].sum() > 0
+  assert out['env_steps'].tolist() == [20, 20]
+  meta = out['meta']
+  assert meta[0] == 20
+  records = [
+      (int(out['episode_member'][k]), float(out['episode_return'][k]),
+       int(out['episode_length'][k]), int(out['episode_evaluation'][k]),
+       int(out['episode_env_steps'][k])) for k in range(meta[1])]
+  # Lengths alternate 3 (terminated), 5 (truncated): ends at 3, 8, 11, 16, 19.
+  for j in range(2):
+    mine = [r for r in records if r[0] == j]
+    assert [r[2] for r in mine] == [3, 5, 3, 5, 3]
+    assert [r[4] for r in mine] == [3, 8, 11, 16, 19]
+    assert [r[1] for r in mine] == [6, 15, 6, 15, 6]  # 1+...+length
+    assert all(r[3] == 0 for r in mine)
+  # The next chunk continues the same episodes.
+  out2 = new_chunk(store4[0], 2, 4)
+  actor.fill(out2)
+  np.testing.assert_array_equal(out2['observation'][:, 0, :2],
+                                [[5, 1], [5, 1]])
+  actor.close()
+
+
+def test_warmup_actions_are_random_then_the_members_policies(store4):
+  spec, agent, tree, _, _ = store4
+  warmup, steps = 6, 10
+  members = [1, 2]
+  actor = make_actor(store4, members, warmup_steps=warmup, seed=3)
+  out = new_chunk(spec, 2, steps)
+  actor.fill(out)
+  actions = out['action']
+  assert np.abs(actions).max() <= 1.0
+  assert out['meta'][2] == 1  # acted with version 1 after warm-up
+  params, hparams = tree
+  for j, m in enumerate(members):
+    key = jax.random.key(member_seeds(3, m).key)
+    p_m = jax.tree.map(lambda x: x[m], params)
+    h_m = jax.tree.map(lambda x: x[m], hparams)
+    for t in range(steps):
+      obs = out['observation'][j, t][None]
+      expected = np.asarray(agent.act(p_m, obs, jax.random.fold_in(key, t),
+                                      h_m, True))[0]
+      if t < warmup:  # uniform random, not the policy
+        assert not np.allclose(actions[j, t], expected, atol=1e-3)
+      else:  # one vectorized call == the per-member loop
+        np.testing.assert_allclose(actions[j, t], expected, atol=1e-5)
+    # The env received the action rescaled to its [-2, 2] bounds.
+    env_actions = np.stack([a for _, a in actor._envs[j].unwrapped.history])
+    np.testing.assert_allclose(env_actions, 2.0 * actions[j], atol=1e-6)
+  # Warm-up actions spread over [-1, 1].
+  first = actions[:, :warmup].ravel()
+  assert first.min() < -0.3 and first.max() > 0.3
+  actor.close()
+
+
+def test_streams_depend_on_seed_and_member_not_on_the_layout(store4):
+  spec = store4[0]
+  together = make_actor(store4, [0, 1], warmup_steps=4, seed=11)
+  alone = make_actor(store4, [1], warmup_steps=4, seed=11)
+  other_seed = make_actor(store4, [1], warmup_steps=4, seed=12)
+  out2, out1, out_other = (new_chunk(spec, 2, 8), new_chunk(spec, 1, 8),
+                           new_chunk(spec, 1, 8))
+  together.fill(out2)
+  alone.fill(out1)
+  other_seed.fill(out_other)
+  for name in ('observation', 'reward', 'next_observation', 'terminated'):
+    np.testing.assert_array_equal(out2[name][1], out1[name][0])
+  # Policies vmapped over 2 or 1 members may round differently.
+  np.testing.assert_allclose(out2['action'][1], out1['action'][0], atol=1e-6)
+  assert not np.array_equal(out1['observation'], out_other['observation'])
+  assert not np.array_equal(out1['action'], out_other['action'])
+  # Members differ from each other too.
+  assert not np.array_equal(out2['action'][0], out2['action'][1])
+  for a in (together, alone, other_seed):
+    a.close()
+
+
+def test_restart_resumes_the_schedule_with_fresh_seeds(store4):
+  spec = store4[0]
+  first = make_actor(store4, [0], warmup_steps=4, seed=5)
+  restarted = make_actor(store4, [0], warmup_steps=4, seed=5, restart=1,
+                         env_steps=[10])
+  a, b = new_chunk(spec, 1, 4), new_chunk(spec, 1, 4)
+  first.fill(a)
+  restarted.fill(b)
+  assert b['env_steps'].tolist() == [14]
+  assert a['observation'][0, 0, 2] != b['observation'][0, 0, 2]
+  # Past its warm-up: the restarted actor uses the policy (version 1).
+  assert b['meta'][2] == 1 and a['meta'][2] == 0
+  first.close()
+  restarted.close()
+
+
+def test_evaluation_episodes_use_the_noise_free_policy(store4):
+  spec, agent, tree, _, _ = store4
+  actor = make_actor(store4, [2, 3], warmup_steps=0, eval_interval=4,
+                     eval_episodes=2)
+  out = new_chunk(spec, 2, 20)
+  actor.fill(out)
+  n = int(out['meta'][1])
+  evals = [(int(out['episode_member'][k]), float(out['episode_return'][k]),
+            int(out['episode_length'][k]), int(out['episode_env_steps'][k]))
+           for k in range(n) if out['episode_evaluation'][k]]
+  for m in (2, 3):
+    mine = [e for e in evals if e[0] == m]
+    # Evaluations start at steps 4 and 12 (the next multiple of 4 once the
+    # previous one is over), two episodes each: terminated at 3, cut at 5.
+    assert [e[2] for e in mine] == [3, 5, 3, 5]
+    assert [e[1] for e in mine] == [6, 15, 6, 15]
+    assert [e[3] for e in mine] == [7, 12, 15, 20]
+  # Training transitions are untouched by the evaluation envs.
+  for j in range(2):
+    check_episode_structure(out, j)
+  # Evaluation actions are the deterministic policy of the right member.
+  params, hparams = tree
+  for j, m in enumerate((2, 3)):
+    p_m = jax.tree.map(lambda x: x[m], params)
+    h_m = jax.tree.map(lambda x: x[m], hparams)
+    history = actor._eval_envs[j].unwrapped.history
+    assert len(history) == 16
+    for obs, env_action in history:
+      greedy = np.asarray(agent.act(p_m, obs[None], jax.random.key(0), h_m,
+                                    False))[0]
+      np.testing.assert_allclose(env_action, 2.0 * greedy, atol=1e-5)
+  actor.close()
+
+
+def test_discrete_actions():
+  spec = make_env_spec(make_step_env(discrete=True))
+  config = DQNConfig(mlp_hidden_sizes=(8,))
+  agent = agents.make_agent('dqn', spec, config)
+  hparams = population_hparams(agent, 2)
+  learner = PopulationLearner(agent)
+  state = learner.init(jax.random.PRNGKey(0), hparams)
+  tree = jax.device_get((learner.policy_params(state), hparams))
+  with ParamStore.create(tree) as store:
+    store.write(tree)
+    actor = Actor(members=[0, 1], env_fn=functools.partial(make_step_env, True),
+                  agent_fn=functools.partial(agents.make_agent, 'dqn',
+                                             config=config),
+                  store=store, seed=0, warmup_steps=5)
+    out = new_chunk(spec, 2, 12)
+    actor.fill(out)
+    assert out['action'].dtype == np.int32 and out['action'].shape == (2, 12)
+    assert set(np.unique(out['action'])) <= {0, 1, 2}
+    received = [int(a) for _, a in actor._envs[0].unwrapped.history]
+    assert received == out['action'][0].tolist()
+    check_episode_structure(out, 0)
+    actor.close()
+
+
+def test_waits_for_first_parameters_and_stops_on_request():
+  spec, _, tree, agent_fn = td3_setup(2)
+  with ParamStore.create(tree) as store:  # nothing published
+    stop = threading.Event()
+    actor = Actor(members=[0, 1], env_fn=make_step_env, agent_fn=agent_fn,
+                  store=store, seed=0, warmup_steps=2,
+                  should_stop=stop.is_set)
+    # Warm-up steps need no parameters.
+    assert actor.fill(new_chunk(spec, 2, 2))
+    threading.Timer(0.2, stop.set).start()
+    start = time.monotonic()
+    assert not actor.fill(new_chunk(spec, 2, 2))  # waited, then stopped
+    assert 0.15 < time.monotonic() - start < 2.0
+    # Once parameters are published the actor proceeds.
+    store.write(tree)
+    stop.clear()
+    out = new_chunk(spec, 2, 2)
+    assert actor.fill(out) and out['meta'][2] == 1
+    actor.close()
+
+
+class ObjectiveEnv(StepEnv):
+  """StepEnv that reports info['true_objective'] = 10 * episode at the end."""
+
+  def step(self, action):
+    obs, r, term, trunc, info = super().step(action)
+    if term or self.t == TIME_LIMIT:
+      info = {'true_objective': 10.0 * self.episode}
+    return obs, r, term, trunc, info
+
+
+def test_episode_records_start_version_and_true_objective(store4):
+  spec, _, tree, agent_fn, store = store4
+  env_fn = lambda: gym.wrappers.TimeLimit(ObjectiveEnv(), TIME_LIMIT)
+  actor = Actor(members=[0], env_fn=env_fn, agent_fn=agent_fn, store=store,
+                seed=0)
+  out = new_chunk(spec, 1, 10)
+  assert actor.fill(out)
+  first_version = actor.policy_version
+  n = int(out['meta'][1])
+  # Episodes end at steps 3 and 8: objectives 0 and 10, both started and
+  # ended under the version the actor read.
+  np.testing.assert_array_equal(out['episode_objective'][:n], [0.0, 10.0])
+  assert out['episode_start_version'][:n].tolist() == [first_version] * n
+  store.write(tree)  # a new version mid-episode: the third episode spans it
+  out = new_chunk(spec, 1, 3)
+  assert actor.fill(out)
+  assert actor.policy_version > first_version
+  n = int(out['meta'][1])
+  assert n == 1
+  assert out['episode_start_version'][0] == first_version
+  assert out['episode_policy_version'][0] == actor.policy_version
+
+
+def test_missing_true_objective_is_nan(store4):
+  actor = make_actor(store4, [0])
+  out = new_chunk(store4[0], 1, 5)
+  assert actor.fill(out)
+  assert int(out['meta'][1]) >= 1
+  assert np.isnan(out['episode_objective'][0])

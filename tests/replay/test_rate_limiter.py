@@ -1,0 +1,159 @@
+"""The update-to-data rate limiter: warm-up, the per-member cap, blocking,
+holding data back, and the ratio it keeps over a run."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from fastpbrl.replay import LimiterClosed, RateLimiter
+
+
+def test_warmup_then_ratio_cap_per_member():
+  limiter = RateLimiter(2, target_ratio=2.0, warmup_steps=100)
+  limiter.add_env_steps([0, 1], 99)
+  assert not limiter.try_acquire(1)  # still warming up
+  limiter.add_env_steps([0, 1], 1)
+  assert limiter.warmed_up
+  # 100 env steps each at ratio 2: 200 update steps, in any grouping.
+  assert limiter.try_acquire(150)
+  assert not limiter.try_acquire(51)
+  assert limiter.try_acquire(50)
+  assert limiter.update_steps == 200
+  assert limiter.ratio() == pytest.approx(2.0)
+  # The member with the fewest env steps binds.
+  limiter.add_env_steps([0], 1000)
+  assert not limiter.try_acquire(1)
+  limiter.add_env_steps([1], 5)
+  assert limiter.try_acquire(10)
+  assert not limiter.try_acquire(1)
+
+
+def test_per_member_warmup():
+  limiter = RateLimiter(2, 1.0, warmup_steps=[10, 50])
+  limiter.add_env_steps([0, 1], 20)
+  assert not limiter.try_acquire(1)
+  limiter.add_env_steps([1], 30)
+  assert limiter.try_acquire(20)
+
+
+def test_acquire_blocks_until_env_steps_arrive_and_times_out():
+  limiter = RateLimiter(1, 1.0, warmup_steps=0)
+  start = time.monotonic()
+  assert not limiter.acquire(5, timeout=0.1)
+  assert time.monotonic() - start >= 0.1
+  timer = threading.Timer(0.1, limiter.add_env_steps, args=([0], 5))
+  timer.start()
+  assert limiter.acquire(5, timeout=5.0)
+  timer.join()
+  assert limiter.update_steps == 5
+  assert limiter.blocked_s > 0.1
+
+
+def test_close_wakes_waiters():
+  limiter = RateLimiter(1, 1.0, warmup_steps=0)
+  errors = []
+
+  def wait():
+    try:
+      limiter.acquire(1)
+    except LimiterClosed as e:
+      errors.append(e)
+
+  thread = threading.Thread(target=wait)
+  thread.start()
+  time.sleep(0.05)
+  limiter.close()
+  thread.join(2.0)
+  assert not thread.is_alive() and len(errors) == 1
+  with pytest.raises(LimiterClosed):
+    limiter.try_acquire(1)
+
+
+def test_data_held_back_until_the_learner_catches_up():
+  limiter = RateLimiter(2, 1.0, warmup_steps=100, max_env_steps_ahead=50)
+  # Warm-up plus the slack may go in at once...
+  assert limiter.wait_to_insert([0, 1], 150, timeout=0)
+  limiter.add_env_steps([0, 1], 150)
+  # ...but not one step more until update steps call for it.
+  assert not limiter.wait_to_insert([0, 1], 1, timeout=0.05)
+  assert limiter.try_acquire(120)  # now 170 steps may be collected
+  assert limiter.wait_to_insert([0, 1], 20, timeout=0)
+  assert not limiter.wait_to_insert([0, 1], 21, timeout=0)
+  # A waiting inserter is woken by the learner's acquire.
+  timer = threading.Timer(0.05, limiter.try_acquire, args=(30,))
+  timer.start()
+  assert limiter.wait_to_insert([0, 1], 40, timeout=5.0)
+  timer.join()
+  # Without a slack nothing is ever held back.
+  assert RateLimiter(1, 1.0, 0).wait_to_insert([0], 10**9, timeout=0)
+
+
+def _run(limiter, n, chunk, actor_delay, learner_delay, num_updates,
+         seconds):
+  """Actors add chunks, a learner acquires; returns the ratios it saw."""
+  stop = threading.Event()
+  seen = []
+
+  def actor(member):
+    rng = np.random.default_rng(member)
+    while not stop.is_set():
+      if limiter.wait_to_insert([member], chunk, timeout=0.05):
+        limiter.add_env_steps([member], chunk)
+        time.sleep(actor_delay * rng.uniform(0.5, 1.5))
+
+  def learner():
+    while not stop.is_set():
+      if limiter.acquire(num_updates, timeout=0.05):
+        # Under the cap at every grant, for every member.
+        seen.append(limiter.update_steps / limiter.env_steps.min())
+        time.sleep(learner_delay)
+
+  threads = [threading.Thread(target=actor, args=(i,)) for i in range(n)]
+  threads.append(threading.Thread(target=learner))
+  for t in threads:
+    t.start()
+  time.sleep(seconds)
+  stop.set()
+  for t in threads:
+    t.join()
+  return seen
+
+
+@pytest.mark.parametrize('target', [0.5, 1.0, 4.0])
+def test_fast_learner_holds_the_target_ratio(target):
+  limiter = RateLimiter(4, target, warmup_steps=64)
+  seen = _run(limiter, n=4, chunk=16, actor_delay=0.002, learner_delay=0.0,
+              num_updates=8, seconds=1.0)
+  assert len(seen) > 20
+  assert max(seen) <= target + 1e-9
+  # Over the run the ratio stays within a few percent of the target.
+  assert limiter.ratio() == pytest.approx(target, rel=0.05)
+
+
+def test_slow_learner_holds_actors_back_with_a_slack():
+  target, ahead = 1.0, 64
+  limiter = RateLimiter(2, target, warmup_steps=32, max_env_steps_ahead=ahead)
+  seen = _run(limiter, n=2, chunk=8, actor_delay=0.0, learner_delay=0.005,
+              num_updates=16, seconds=1.0)
+  assert max(seen) <= target + 1e-9
+  env = limiter.env_steps
+  # Actors ran at most `ahead` steps beyond what the learner called for.
+  assert env.max() <= max(32, limiter.update_steps / target) + ahead
+  assert limiter.ratio() >= 0.85 * target
+
+
+def test_validation_names_the_parameter():
+  with pytest.raises(ValueError, match='target_ratio must be in'):
+    RateLimiter(2, 0.0)
+  with pytest.raises(ValueError, match='num_members must be >= 1'):
+    RateLimiter(0)
+  with pytest.raises(ValueError, match='warmup_steps must be an int or 2'):
+    RateLimiter(2, 1.0, [1, 2, 3])
+  with pytest.raises(ValueError, match='warmup_steps must be >= 0'):
+    RateLimiter(2, 1.0, -1)
+  with pytest.raises(ValueError, match='max_env_steps_ahead must be None'):
+    RateLimiter(2, 1.0, 0, max_env_steps_ahead=0)
+  with pytest.raises(ValueError, match='num_updates must be >= 1'):
+    RateLimiter(2).acquire(0)

@@ -1,0 +1,362 @@
+"""The pipeline end to end: a MuJoCo population run with TD3, the shared
+layout through ``Pipeline.create``, and the lifecycle: a killed actor, a
+stalled actor, an exception in the training loop, Ctrl-C, and the learner
+process dying."""
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import gymnasium as gym
+import jax
+import numpy as np
+import pytest
+
+from fastpbrl import agents
+from fastpbrl.actors import ActorDiedError, EpisodeRecord
+from fastpbrl.agents.sac import SACConfig
+from fastpbrl.agents.td3 import TD3Config
+from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.pipeline import Pipeline, PipelineConfig, PipelineStalledError
+from fastpbrl.types import make_env_spec
+
+TD3_SMALL = TD3Config(hidden_sizes=(16,), batch_size=16, steps_per_call=10)
+
+
+class SleepyEnv(gym.Env):
+  """Steps normally, then hangs inside ``step`` (a stuck simulator)."""
+
+  def __init__(self, hang_after: int = 100):
+    self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    self.hang_after = hang_after
+    self.total = 0
+
+  def reset(self, *, seed=None, options=None):
+    super().reset(seed=seed)
+    return np.zeros(2, np.float32), {}
+
+  def step(self, action):
+    self.total += 1
+    if self.total > self.hang_after:
+      time.sleep(3600)
+    return np.zeros(2, np.float32), 0.0, False, self.total % 20 == 0, {}
+
+
+def hopper():
+  # Short episodes: random Hopper policies fall (terminated) within ~20-60
+  # steps; the time limit cuts the others (truncated).
+  return gym.make('Hopper-v5', max_episode_steps=40)
+
+
+def td3_population(env_fn, n, config=TD3_SMALL, seed=0):
+  spec = make_env_spec(env_fn())
+  agent = agents.make_agent('td3', spec, config)
+  hparams = population_hparams(agent, n)
+  learner = PopulationLearner(agent)
+  state = learner.init(jax.random.PRNGKey(seed), hparams)
+  agent_fn = functools.partial(agents.make_agent, 'td3', config=config)
+  return learner, state, hparams, agent_fn
+
+
+def our_segments(pid=None):
+  pid = os.getpid() if pid is None else pid
+  return [f for f in os.listdir('/dev/shm') if f.startswith(f'fpbrl_{pid}_')]
+
+
+def gone(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return True
+  try:
+    with open(f'/proc/{pid}/status') as f:
+      return 'State:\tZ' in f.read()  # a zombie is not running either
+  except FileNotFoundError:
+    return True
+
+
+def wait_until(condition, timeout):
+  deadline = time.monotonic() + timeout
+  while not condition():
+    if time.monotonic() > deadline:
+      return False
+    time.sleep(0.1)
+  return True
+
+
+def test_config_validation_names_the_parameter():
+  cases = [
+      (dict(chunk_steps=0), 'chunk_steps must be >= 1'),
+      (dict(layout='ring'), "layout must be one of"),
+      (dict(update_to_data_ratio=0.0), r'update_to_data_ratio must be in'),
+      (dict(warmup_steps=(1, 2)), 'warmup_steps must be an int or 4 ints'),
+      (dict(num_actor_processes=5), r'num_actor_processes must be None or '
+       r'in \[1, 4\]'),
+      (dict(max_env_steps_ahead=40), r'max_env_steps_ahead must be None or '
+       r'>= ceil\(num_steps / update_to_data_ratio\) \+ chunk_steps = 82'),
+      (dict(eval_episodes=0), 'eval_episodes must be >= 1'),
+  ]
+  for kwargs, message in cases:
+    with pytest.raises(ValueError, match=message):
+      PipelineConfig(**kwargs).validate(4)
+  PipelineConfig(warmup_steps=(1, 2, 3, 4)).validate(4)
+  assert PipelineConfig(num_steps=50, chunk_steps=32).env_steps_ahead() == 232
+
+
+def test_unpicklable_agent_fn_fails_before_any_process_starts():
+  # Layouts only (ShapeDtypeStruct): nothing is computed or published.
+  params = {'w': jax.ShapeDtypeStruct((2, 11, 3), np.float32)}
+  hparams = {'noise': jax.ShapeDtypeStruct((2,), np.float32)}
+  with pytest.raises(ValueError, match='agent_fn must be picklable'):
+    Pipeline(hopper, lambda spec: agents.make_agent('td3', spec), params,
+             hparams, PipelineConfig(num_steps=10, batch_size=16,
+                                     replay_capacity=100))
+  assert our_segments() == []
+
+
+@pytest.mark.slow
+def test_td3_population_on_mujoco_end_to_end():
+  n, target = 4, 2000
+  learner, state, hparams, agent_fn = td3_population(hopper, n)
+  config = PipelineConfig(num_steps=10, batch_size=16, warmup_steps=200,
+                          num_actor_processes=2, replay_capacity=10_000,
+                          chunk_steps=16, eval_interval=500)
+  calls = 0
+  episodes = []
+  with Pipeline(hopper, agent_fn, learner.policy_params(state), hparams,
+                config, seed=1) as pipeline:
+    pids = pipeline.pool.pids()
+    assert len(pids) == 2 and pipeline.pool.groups == [(0, 1), (2, 3)]
+    while pipeline.env_steps.min() < target:
+      batch = pipeline.next_batch(timeout=60)
+      if calls == 0:
+        assert batch.observation.shape == (n, 10, 16, 11)
+        assert batch.action.shape == (n, 10, 16, 3)
+        assert batch.terminated.shape == (n, 10, 16)
+        assert isinstance(batch.reward, jax.Array)
+      state, metrics = learner.update(state, hparams, batch)
+      pipeline.publish(learner.policy_params(state), hparams)
+      episodes += pipeline.drain_episodes()
+      calls += 1
+    stats = pipeline.wait_stats()
+    ratio = pipeline.update_to_data_ratio()
+    inserted = pipeline.replay.inserted()
+    sample = pipeline.replay.sample(np.random.default_rng(0), 1, 2000)
+    assert pipeline.failures == []
+  # Transitions arrived for every member; the learner ran calls.
+  assert (inserted >= target).all()
+  assert calls >= (target - 200) // 10
+  assert stats.batches == calls
+  assert np.isfinite(np.asarray(metrics['critic_loss'])).all()
+  # The limiter kept update steps at or under, and near, one per env step.
+  assert 0.9 <= ratio <= 1.0
+  # Terminations and time-limit truncations both reached the replay, kept
+  # apart (both flags are set only when a fall coincides with the limit).
+  terminated, truncated = sample.terminated == 1, sample.truncated == 1
+  assert (terminated & ~truncated).any() and (truncated & ~terminated).any()
+  # Returns and lengths reported per member, training and evaluation.
+  assert all(isinstance(r, EpisodeRecord) for r in episodes)
+  for m in range(n):
+    mine = [r for r in episodes if r.member == m]
+    train = [r for r in mine if not r.evaluation]
+    evals = [r for r in mine if r.evaluation]
+    assert len(train) >= 20 and evals
+    assert all(1 <= r.episode_length <= 40 for r in mine)
+    assert all(np.isfinite(r.episode_return) for r in mine)
+    # Later episodes were played with parameters the learner published.
+    assert max(r.policy_version for r in mine) > 10
+    assert mine[0]['episode_return'] == mine[0].episode_return
+  # Shutdown is clean: no processes, no shared memory.
+  assert all(gone(pid) for pid in pids)
+  assert our_segments() == []
+
+
+@pytest.mark.slow
+def test_shared_layout_through_create_with_sac():
+  env_id, n = 'InvertedPendulum-v5', 3
+  spec = make_env_spec(gym.make(env_id))
+  agent = agents.make_agent('sac', spec, SACConfig(hidden_sizes=(16,),
+                                                   batch_size=8,
+                                                   steps_per_call=5))
+  hparams = population_hparams(agent, n)
+  learner = PopulationLearner(agent)
+  state = learner.init(jax.random.PRNGKey(0), hparams)
+  run_config = types.SimpleNamespace(
+      env=env_id, population_size=n, warmup_steps=50,
+      update_to_data_ratio=1.0, num_actors=1, batch_size=None,
+      steps_per_call=None, replay_capacity=5000, eval_every=10**6)
+  with Pipeline.create(run_config, agent, shared_replay=True,
+                       seed=0) as pipeline:
+    assert pipeline.replay.layout == 'shared'
+    pipeline.publish(learner.policy_params(state), hparams)
+    for _ in range(30):
+      batch = pipeline.next_batch(timeout=60)
+      assert batch.observation.shape == (n, 5, 8, 4)
+      state, _ = learner.update(state, hparams, batch)
+      pipeline.publish(learner.policy_params(state), hparams)
+    # One ring holds every member's transitions.
+    inserted = pipeline.replay.inserted()
+    assert (inserted > 0).all()
+    size = pipeline.replay.sizes()[0]  # read after: actors may add more
+    assert min(inserted.sum(), 5000) <= size <= 5000
+    assert pipeline.drain_episodes()
+    with pytest.raises(ValueError, match='needs layout="per_member"'):
+      pipeline.copy_member_data([0], [1])
+  assert our_segments() == []
+
+
+@pytest.mark.slow
+def test_killed_actor_is_reported_and_next_batch_raises_without_hanging():
+  learner, state, hparams, agent_fn = td3_population(hopper, 4)
+  config = PipelineConfig(num_steps=10, batch_size=16, warmup_steps=100,
+                          num_actor_processes=2, replay_capacity=5000,
+                          max_actor_restarts=1)
+  with Pipeline(hopper, agent_fn, learner.policy_params(state), hparams,
+                config) as pipeline:
+    def train(calls):
+      nonlocal state
+      for _ in range(calls):
+        batch = pipeline.next_batch(timeout=60)
+        state, _ = learner.update(state, hparams, batch)
+        pipeline.publish(learner.policy_params(state), hparams)
+
+    train(5)
+    victim = pipeline.pool.pids()[0]
+    os.kill(victim, signal.SIGKILL)  # restarted: the run goes on
+    assert wait_until(lambda: len(pipeline.failures) == 1, 10)
+    assert pipeline.failures[0].members == (0, 1)
+    assert pipeline.failures[0].restarted
+    train(20)
+    assert gone(victim)
+    os.kill(pipeline.pool.pids()[0], signal.SIGKILL)  # restarts used up
+    start = time.monotonic()
+    with pytest.raises(ActorDiedError, match=r'(?s)members \[0, 1\].*SIGKILL'):
+      train(10**6)
+    assert time.monotonic() - start < 10
+    with pytest.raises(ActorDiedError):
+      pipeline.publish(learner.policy_params(state), hparams)
+    pids = pipeline.pool.pids()
+  assert all(gone(pid) for pid in pids)
+  assert our_segments() == []
+
+
+@pytest.mark.slow
+def test_stalled_actor_raises_instead_of_hanging():
+  env_fn = functools.partial(SleepyEnv, 100)
+  learner, state, hparams, agent_fn = td3_population(env_fn, 2)
+  config = PipelineConfig(num_steps=10, batch_size=16, warmup_steps=10**6,
+                          num_actor_processes=1, replay_capacity=1000,
+                          chunk_steps=10, stall_timeout_s=2.0,
+                          shutdown_grace_s=0.5)
+  pipeline = Pipeline(env_fn, agent_fn, learner.policy_params(state),
+                      hparams, config)
+  try:
+    with pytest.raises(PipelineStalledError, match='no transitions arrived'
+                       ) as info:
+      pipeline.next_batch()
+    assert 'needs 1000000 per member' in str(info.value)
+    assert 'actor 0 members [0, 1]' in str(info.value)
+    pid = pipeline.pool.pids()[0]
+  finally:
+    start = time.monotonic()
+    pipeline.close()
+  assert time.monotonic() - start < 6  # the hung actor was terminated
+  assert gone(pid)
+  assert our_segments() == []
+
+
+@pytest.mark.slow
+def test_exception_in_the_training_loop_releases_everything():
+  learner, state, hparams, agent_fn = td3_population(hopper, 2)
+  config = PipelineConfig(num_steps=10, batch_size=16, warmup_steps=50,
+                          num_actor_processes=1, replay_capacity=1000)
+  with pytest.raises(ZeroDivisionError):
+    with Pipeline(hopper, agent_fn, learner.policy_params(state), hparams,
+                  config) as pipeline:
+      pipeline.next_batch(timeout=60)
+      pids = pipeline.pool.pids()
+      pipeline.copy_member_data([1], [0])
+      sizes = pipeline.replay.sizes()
+      assert sizes[1] == sizes[0]
+      1 / 0  # pylint: disable=pointless-statement
+  assert all(gone(pid) for pid in pids)
+  assert our_segments() == []
+
+
+SCRIPT = textwrap.dedent('''
+    import functools, sys, jax
+    from fastpbrl import agents
+    from fastpbrl.agents.td3 import TD3Config
+    from fastpbrl.learner import PopulationLearner, population_hparams
+    from fastpbrl.pipeline import Pipeline, PipelineConfig
+    from fastpbrl.types import make_env_spec
+    import gymnasium as gym
+
+    def main():
+      env_id = 'InvertedPendulum-v5'
+      config = TD3Config(hidden_sizes=(8,), batch_size=8, steps_per_call=5)
+      agent = agents.make_agent('td3', make_env_spec(gym.make(env_id)), config)
+      hparams = population_hparams(agent, 2)
+      learner = PopulationLearner(agent)
+      state = learner.init(jax.random.PRNGKey(0), hparams)
+      with Pipeline(env_id, functools.partial(agents.make_agent, 'td3',
+                                              config=config),
+                    learner.policy_params(state), hparams,
+                    PipelineConfig(num_steps=5, batch_size=8, warmup_steps=50,
+                                   num_actor_processes=1,
+                                   replay_capacity=1000)) as pipeline:
+        calls = 0
+        while True:
+          batch = pipeline.next_batch(timeout=60)
+          state, _ = learner.update(state, hparams, batch)
+          pipeline.publish(learner.policy_params(state), hparams)
+          calls += 1
+          if calls == 3:
+            print('READY', *pipeline.pool.pids(), flush=True)
+
+    if __name__ == '__main__':
+      main()
+''')
+
+
+def run_script(tmp_path):
+  script = tmp_path / 'train.py'
+  script.write_text(SCRIPT)
+  proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True)
+  line = proc.stdout.readline()
+  if not line.startswith('READY'):
+    proc.kill()
+    raise AssertionError(f'script did not start: {line}{proc.stderr.read()}')
+  return proc, [int(p) for p in line.split()[1:]]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_everything_within_seconds(tmp_path):
+  proc, actor_pids = run_script(tmp_path)
+  start = time.monotonic()
+  os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+  proc.wait(timeout=20)
+  stderr = proc.stderr.read()
+  assert time.monotonic() - start < 10
+  assert 'KeyboardInterrupt' in stderr
+  assert all(gone(pid) for pid in actor_pids)
+  assert our_segments(proc.pid) == []
+  assert 'leaked' not in stderr
+
+
+@pytest.mark.slow
+def test_actors_exit_when_the_learner_process_dies(tmp_path):
+  proc, actor_pids = run_script(tmp_path)
+  os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up
+  proc.wait(timeout=10)
+  assert wait_until(lambda: all(gone(pid) for pid in actor_pids), 10)
+  # With the last process gone, the resource tracker unlinks the segments.
+  assert wait_until(lambda: our_segments(proc.pid) == [], 10)
