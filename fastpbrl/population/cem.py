@@ -174,11 +174,12 @@ def load_policies(state: Any, flat: jax.Array, unravel: Callable,
   """Writes a sampled population into a stacked state (e.g.
   ``SharedTD3State``): each of ``fields`` gets the unravelled ``[N, D]``
   parameters (CEM-RL loads each new actor into both the actor and its
-  target). Other fields, optimizer states included, are unchanged."""
+  target). Other fields, optimizer states included, are unchanged. Each
+  field gets its own buffers, so the state can be donated to the learner."""
   known = getattr(state, '_fields', ())
   unknown = [f for f in fields if f not in known]
   if unknown:
     raise ValueError(f'fields {unknown} are not in {type(state).__name__} '
                      f'{list(known)}')
-  policies = unflatten_population(flat, unravel)
-  return state._replace(**{f: policies for f in fields})
+  return state._replace(**{f: unflatten_population(flat, unravel)
+                           for f in fields})

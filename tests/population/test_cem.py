@@ -130,5 +130,12 @@ def test_flatten_roundtrip_and_load_policies():
   np.testing.assert_array_equal(cem.flatten_population(loaded.policy)[0], new)
   np.testing.assert_array_equal(
       cem.flatten_population(loaded.target_policy)[0], new)
+  # Separate buffers per field: the learner donates the whole state, and XLA
+  # refuses to donate one buffer twice.
+  pointers = [x.unsafe_buffer_pointer() for x in
+              jax.tree.leaves((loaded.policy, loaded.target_policy))]
+  assert len(set(pointers)) == len(pointers)
+  jax.jit(lambda s: s, donate_argnums=0)((loaded.policy,
+                                          loaded.target_policy))
   with pytest.raises(ValueError, match='actor'):
     cem.load_policies(shared, new, unravel, fields=('actor',))

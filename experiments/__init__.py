@@ -1,0 +1,1 @@
+"""Experiment scripts: ``python -m experiments.<pbt|cemrl|dvd|hypertrick>``."""

@@ -1,0 +1,53 @@
+"""Population Based Training of TD3 / SAC / DQN members on one machine.
+
+    python -m experiments.pbt                    # small default: TD3, Pendulum-v1, 4 members
+    python -m experiments.pbt --preset paper     # the 2022 paper: HalfCheetah-v5, 80 members
+    python -m experiments.pbt --resume runs/pbt-...   # continue a killed run
+    python -m experiments.pbt --rerun-lineage runs/pbt-.../lineage.jsonl --rerun-member 3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+from fastpbrl import cli
+from fastpbrl.drivers import PBTDriver, PBTRunConfig, ScheduleDriver
+from fastpbrl.population import pbt as pbt_lib
+from fastpbrl.run import RunConfig
+
+
+@dataclasses.dataclass
+class PBTScript(PBTRunConfig):
+  rerun_lineage: Optional[str] = None
+  """A lineage.jsonl of an earlier PBT run: re-run one member's schedule alone."""
+  rerun_member: int = 0
+  """With --rerun-lineage: the member whose hyperparameter schedule to re-run."""
+
+
+PRESETS = {
+    'small': PBTScript(),
+    'paper': PBTScript(env='HalfCheetah-v5', population_size=80,
+                       env_steps=1_000_000, warmup_steps=25_000,
+                       ready_after=100_000, eval_every=10_000,
+                       checkpoint_every=500),
+}
+
+
+def _driver(config: PBTScript):
+  if not config.rerun_lineage:
+    return PBTDriver(config)
+  # Re-run one member's schedule: a population of one with the run settings.
+  steps = pbt_lib.schedule(config.rerun_lineage, config.rerun_member)
+  single = RunConfig(**{**{f.name: getattr(config, f.name)
+                           for f in dataclasses.fields(RunConfig)},
+                        'population_size': 1})
+  return ScheduleDriver(single, steps)
+
+
+def main(argv: Optional[Sequence[str]] = None):
+  return cli.main(PRESETS, __doc__, _driver, argv)
+
+
+if __name__ == '__main__':
+  main()

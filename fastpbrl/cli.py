@@ -1,0 +1,88 @@
+"""Command-line parsing for the experiment scripts (host-side).
+
+Flags come from the config dataclass through ``tyro`` (each field's
+docstring is its ``--help`` line, underscores become dashes). A ``--preset``
+flag, read first, picks the dataclass instance whose values are the defaults
+that the other flags then override: ``--preset paper --population-size 40``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+from typing import Mapping, Optional, Sequence, TypeVar
+
+import tyro
+
+C = TypeVar('C')
+
+
+def parse(presets: Mapping[str, C], description: str,
+          argv: Optional[Sequence[str]] = None) -> C:
+  """Parses ``argv`` into a copy of the chosen preset's config."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  names = list(presets)
+  pre = argparse.ArgumentParser(add_help=False)
+  pre.add_argument('--preset', choices=names, default=names[0])
+  pre.add_argument('--resume', default=None)
+  try:
+    known, rest = pre.parse_known_args(argv)
+  except SystemExit:
+    raise SystemExit(f'--preset must be one of {", ".join(names)}') from None
+  default = presets[known.preset]
+  source = f'--preset {known.preset}'
+  if known.resume is not None:
+    default = _saved_config(known.resume, default)
+    rest += ['--resume', known.resume]
+    source = f'the settings saved in {known.resume}'
+  description = (f'{description}\n\n--preset {{{",".join(names)}}} picks the '
+                 f'defaults; with --resume DIR they are the killed run\'s saved '
+                 f'settings. Other flags override them. Now: {source}.')
+  return tyro.cli(type(default), default=default, args=rest,
+                  description=description)
+
+
+def _saved_config(run_dir: str, like: C) -> C:
+  """The config a run saved in ``run_dir/config.json``, as ``like``'s type."""
+  path = os.path.join(run_dir, 'config.json')
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except FileNotFoundError:
+    raise SystemExit(f'error: --resume {run_dir!r}: no config.json there '
+                     '(is it a fastpbrl run directory?)') from None
+  fields = {f.name: f for f in dataclasses.fields(like)}
+  values = {}
+  for name, value in saved.items():
+    if name in fields:
+      if isinstance(value, list):
+        value = tuple(value)
+      values[name] = value
+  return dataclasses.replace(like, **values)
+
+
+def main(presets: Mapping[str, C], description: str, driver_cls,
+         argv: Optional[Sequence[str]] = None):
+  """Parses flags, builds the driver and runs; a configuration error exits
+  with a one-line message (status 2) before any process starts."""
+  from fastpbrl.run import ConfigError, run  # noqa: PLC0415
+
+  config = parse(presets, description, argv)
+  setup_logging(config)
+  try:
+    driver = driver_cls(config)
+    return run(driver.config, driver)
+  except ConfigError as e:
+    raise SystemExit(f'error: {e}') from None
+
+
+def setup_logging(config) -> None:
+  """INFO logs to stderr and the resolved config, as JSON, once."""
+  logging.basicConfig(level=logging.INFO,
+                      format='%(asctime)s %(name)s %(levelname)s %(message)s')
+  logging.getLogger('fastpbrl').info(
+      'config: %s', json.dumps(dataclasses.asdict(config), default=str))

@@ -1,0 +1,689 @@
+"""Drivers: the host-side half of each population rule (not jittable).
+
+A driver tells ``fastpbrl.run.run`` which learner mode to use and what to do
+between learner calls; the arithmetic of each rule is a pure function in
+``fastpbrl.population`` that the driver calls on the stacked state. Drivers
+keep only bookkeeping (fitness histories, counters, lineage files) and hand
+all of it to the checkpoint, so that ``--resume`` continues a rule exactly
+where it was.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+import pickle
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fastpbrl.agents import td3
+from fastpbrl.evaluation import evaluate_policy
+from fastpbrl.population import cem as cem_lib
+from fastpbrl.population import dvd as dvd_lib
+from fastpbrl.population import hypertrick as hypertrick_lib
+from fastpbrl.population import pbt as pbt_lib
+from fastpbrl.population import search_space as ss
+from fastpbrl.run import (Driver, Loop, RunConfig, _check, as_flag_error,
+                          hparam_rows)
+
+
+# ---------------------------------------------------------------------------
+# PBT
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PBTRunConfig(RunConfig):
+  """PBT (Jaderberg et al. 2017) on top of the shared run settings."""
+
+  ready_after: int = 2_500
+  """Update steps a member trains between exploit/explore decisions
+  (the 2022 paper: 100,000 on HalfCheetah)."""
+  exploit: str = 'truncation'
+  """Exploit strategy: truncation or tournament (binary tournament)."""
+  fraction: float = 0.3
+  """Truncation: bottom fraction copies the top fraction, in (0, 0.5]."""
+  resample_probability: float = 0.25
+  """Explore: probability of resampling a hyperparameter from its prior."""
+  reset_optimizers: bool = False
+  """Reset the optimizer states of members that copied another."""
+  copy_replay: bool = False
+  """Also copy the source member's replay data (per-member buffers)."""
+  min_gap_absolute: float = 0.0
+  """Replace a member only if the source's fitness is higher by more than this."""
+  min_gap_relative: float = 0.0
+  """... and by more than this fraction of the member's |fitness|."""
+  no_mutation_before: int = 0
+  """No exploit/explore before this many update steps."""
+  fitness_window: int = 10
+  """Fitness = mean of a member's last this-many evaluation returns."""
+  true_objective: bool = False
+  """Use the 'true_objective' the env reports in info at episode end as fitness."""
+  init_hparams: str = 'prior'
+  """Initial hyperparameters: 'prior' (sampled from the search space) or
+  'defaults' (the agent's published defaults for every member)."""
+
+
+class PBTDriver(Driver):
+  """Independent members with per-member replay; PBT between calls."""
+
+  name = 'pbt'
+  min_population = 2
+
+  def __init__(self, config: PBTRunConfig,
+               space: Optional[ss.SearchSpace] = None):
+    super().__init__(config)
+    _check(config.init_hparams in ('prior', 'defaults'),
+           f'--init-hparams must be prior or defaults, got '
+           f'{config.init_hparams!r}')
+    _check(config.fitness_window >= 1,
+           f'--fitness-window must be >= 1, got {config.fitness_window}')
+    try:  # PBTConfig checks --exploit, --fraction, --resample-probability...
+      self.pbt_config = pbt_lib.PBTConfig(
+          ready_after=config.ready_after, exploit=config.exploit,
+          fraction=config.fraction,
+          resample_probability=config.resample_probability,
+          reset_optimizers=config.reset_optimizers,
+          copy_replay=config.copy_replay,
+          min_gap_absolute=config.min_gap_absolute,
+          min_gap_relative=config.min_gap_relative,
+          no_mutation_before=config.no_mutation_before)
+    except ValueError as e:
+      raise as_flag_error(e, config) from None
+    self.space = space or ss.default_search_space(config.agent)
+    self.exploit = pbt_lib.CompiledExploitExplore(self.pbt_config, self.space)
+    self.fitness = pbt_lib.FitnessTracker(
+        config.population_size, config.fitness_window, config.true_objective)
+    self.last_ready = np.zeros((config.population_size,), np.int64)
+    self.exploits = 0
+    self.lineage: Optional[pbt_lib.Lineage] = None
+
+  def initial_hparams(self, key, agent, population_size):
+    defaults = agent.default_hparams()
+    ss.validate(self.space, defaults)  # a bad search space fails here
+    if self.config.init_hparams == 'defaults':
+      return super().initial_hparams(key, agent, population_size)
+    return ss.sample(key, self.space, defaults, population_size)
+
+  def _lineage(self, loop: Loop) -> pbt_lib.Lineage:
+    if self.lineage is None:
+      path = os.path.join(loop.run_dir, 'lineage.jsonl')
+      self.lineage = pbt_lib.Lineage(path)
+      if not os.path.exists(path):
+        self.lineage.record_init(loop.update_steps, loop.hparams)
+    return self.lineage
+
+  def after_call(self, loop: Loop) -> None:
+    lineage = self._lineage(loop)
+    for r in loop.episodes:
+      if r['evaluation']:
+        objective = r['true_objective']
+        self.fitness.record(int(r['member']), float(r['episode_return']),
+                            None if np.isnan(objective) else objective)
+    # Members step in lockstep and a copy inherits its parent's step counter,
+    # so every member's step count is loop.update_steps.
+    steps = np.full_like(self.last_ready, loop.update_steps)
+    ready = np.asarray(pbt_lib.ready_mask(steps, self.last_ready,
+                                          self.pbt_config))
+    if not ready.any():
+      return
+    fitness = self.fitness.fitness()
+    result = self.exploit(loop.next_key(), loop.state, loop.hparams, fitness,
+                          ready)
+    replaced = np.asarray(result.replaced)
+    parent = np.asarray(result.parent)
+    lineage.record(loop.update_steps, result, loop.hparams, fitness)
+    self.fitness.on_exploit(parent, replaced)
+    self.last_ready = np.where(ready, steps, self.last_ready)
+    if replaced.any() and self.pbt_config.copy_replay:
+      loop.pipeline.copy_member_data(np.flatnonzero(replaced),
+                                     parent[replaced])
+    self.exploits += int(replaced.sum())
+    loop.state, loop.hparams = result.state, result.hparams
+
+  def scalars(self) -> dict:
+    fitness = self.fitness.fitness()
+    finite = fitness[np.isfinite(fitness)]
+    return {'exploits': self.exploits,
+            'best_fitness': float(finite.max()) if finite.size else None}
+
+  def checkpoint_arrays(self):
+    return {'last_ready': self.last_ready}
+
+  def checkpoint_meta(self) -> dict:
+    return {'fitness_history': self.fitness.history(),
+            'exploits': self.exploits}
+
+  def restore(self, arrays, meta) -> None:
+    self.last_ready = np.asarray(arrays['last_ready'], np.int64)
+    self.fitness.set_history(meta['fitness_history'])
+    self.exploits = meta['exploits']
+
+  def summary(self, loop: Loop) -> str:
+    return (f'PBT: {self.exploits} exploit/explore replacements; lineage in '
+            f'{self._lineage(loop).path}')
+
+
+class ScheduleDriver(Driver):
+  """Re-runs one member's hyperparameter schedule alone (population of 1).
+
+  ``schedule`` is ``[(update_step, hparams dict), ...]`` as rebuilt by
+  ``fastpbrl.population.pbt.schedule`` from a PBT lineage file.
+  """
+
+  name = 'pbt-rerun'
+
+  def __init__(self, config: RunConfig, schedule: list):
+    super().__init__(config)
+    _check(config.population_size == 1,
+           '--population-size must be 1 when re-running one schedule')
+    _check(len(schedule) > 0, 'the schedule to re-run is empty')
+    self.schedule = sorted(schedule, key=lambda e: e[0])
+    self.applied = -1
+
+  def _entry(self, update_steps: int) -> int:
+    index = 0
+    for i, (step, _) in enumerate(self.schedule):
+      if step <= update_steps:
+        index = i
+    return index
+
+  def _hparams(self, template, index: int):
+    values = self.schedule[index][1]
+    return template._replace(**{
+        k: jnp.full_like(getattr(template, k), v) for k, v in values.items()
+        if k in template._fields})
+
+  def initial_hparams(self, key, agent, population_size):
+    template = super().initial_hparams(key, agent, population_size)
+    self.applied = self._entry(0)
+    return self._hparams(template, self.applied)
+
+  def after_call(self, loop: Loop) -> None:
+    index = self._entry(loop.update_steps)
+    if index != self.applied:
+      loop.hparams = self._hparams(loop.hparams, index)
+      self.applied = index
+
+  def checkpoint_meta(self) -> dict:
+    return {'applied': self.applied}
+
+  def restore(self, arrays, meta) -> None:
+    del arrays
+    self.applied = meta['applied']
+
+
+
+
+# ---------------------------------------------------------------------------
+# DvD
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class DvDRunConfig(RunConfig):
+  """DvD-TD3 (Parker-Holder et al. 2020): shared critic, diversity term."""
+
+  lambda_mode: str = 'bandit'
+  """How the diversity weight is set: bandit (Thompson sampling over
+  --lambda-arms, as in the DvD paper) or schedule (linear from
+  --lambda-start to --lambda-end over --lambda-decay-steps update steps, as
+  in the 2022 paper)."""
+  lambda_arms: tuple[float, ...] = (0.0, 0.5)
+  """Bandit: the lambda values to choose from."""
+  lambda_start: float = 0.5
+  """Schedule: lambda at update step 0."""
+  lambda_end: float = 0.0
+  """Schedule: lambda after --lambda-decay-steps."""
+  lambda_decay_steps: int = 100_000
+  """Schedule: update steps over which lambda goes from start to end."""
+  bandit_every: int = 20
+  """Bandit: learner calls per round (one lambda per round)."""
+  kernel_sigma: float = 1.0
+  """Length scale of the RBF kernel on the members' actions."""
+  embedding_states: int = 20
+  """States of the shared batch on which members' actions are compared."""
+
+
+class DvDDriver(Driver):
+  """Shared critic and shared replay; lambda set between calls."""
+
+  name = 'dvd'
+  shared_critic = True
+  shared_replay = True
+  min_population = 2
+
+  def __init__(self, config: DvDRunConfig):
+    super().__init__(config)
+    _check(config.agent == 'td3', f'DvD trains TD3 members; --agent must be '
+           f'td3, got {config.agent!r}')
+    _check(config.lambda_mode in ('bandit', 'schedule'),
+           f'--lambda-mode must be bandit or schedule, got {config.lambda_mode!r}')
+    _check(len(config.lambda_arms) >= 1 and all(
+        a >= 0 for a in config.lambda_arms),
+           f'--lambda-arms must be one or more values >= 0, got {config.lambda_arms}')
+    _check(config.lambda_start >= 0 and config.lambda_end >= 0,
+           '--lambda-start and --lambda-end must be >= 0')
+    _check(config.lambda_decay_steps >= 1, '--lambda-decay-steps must be >= 1')
+    _check(config.bandit_every >= 1, '--bandit-every must be >= 1')
+    _check(config.kernel_sigma > 0,
+           f'--kernel-sigma must be > 0, got {config.kernel_sigma}')
+    _check(config.embedding_states >= 2,
+           f'--embedding-states must be >= 2, got {config.embedding_states}')
+    self.schedule = dvd_lib.PiecewiseLinear(
+        ((0, config.lambda_start),
+         (config.lambda_decay_steps, config.lambda_end)))
+    self.bandit = dvd_lib.ThompsonBandit(
+        np.random.default_rng(config.seed), config.lambda_arms)
+    self.arm = None
+    self.lam = config.lambda_start
+    self.round_best = -np.inf
+    self.previous_best = -np.inf
+    self.calls_in_round = 0
+
+  def shared_critic_update(self, agent):
+    policy_apply = td3.make_networks(agent.env_spec, agent.config).policy.apply
+    return dvd_lib.with_diversity(
+        agent.shared_critic, policy_apply, self.config.kernel_sigma,
+        num_states=self.config.embedding_states)
+
+  def initial_hparams(self, key, agent, population_size):
+    if self.config.lambda_mode == 'bandit':
+      self.arm, self.lam = self.bandit.select()
+    return dvd_lib.dvd_hparams(
+        super().initial_hparams(key, agent, population_size), self.lam)
+
+  def actor_hparams(self, hparams):
+    return hparams.agent
+
+  def hparam_rows(self, hparams) -> list[dict]:
+    rows = hparam_rows(hparams.agent)
+    for row, lam in zip(rows, np.asarray(hparams.diversity_weight)):
+      row['diversity_weight'] = float(lam)
+    return rows
+
+  def after_call(self, loop: Loop) -> None:
+    for r in loop.episodes:
+      if r['evaluation']:
+        self.round_best = max(self.round_best, float(r['episode_return']))
+    if self.config.lambda_mode == 'schedule':
+      lam = self.schedule(loop.update_steps)
+    else:
+      self.calls_in_round += 1
+      if self.calls_in_round < self.config.bandit_every:
+        return
+      # End of a round: reward 1 if the population's best return improved.
+      best = max(self.previous_best, self.round_best)
+      self.bandit.update(self.arm, dvd_lib.improvement_reward(
+          self.previous_best, self.round_best))
+      self.previous_best, self.round_best = best, -np.inf
+      self.calls_in_round = 0
+      self.arm, lam = self.bandit.select()
+    if lam != self.lam:
+      self.lam = lam
+      loop.hparams = dvd_lib.set_lambda(loop.hparams, lam)
+
+  def scalars(self) -> dict:
+    return {'diversity_weight': self.lam}
+
+  def checkpoint_meta(self) -> dict:
+    return {'arm': self.arm, 'lam': self.lam,
+            'round_best': _json_number(self.round_best),
+            'previous_best': _json_number(self.previous_best),
+            'calls_in_round': self.calls_in_round,
+            'bandit': {'alpha': self.bandit.alpha.tolist(),
+                       'beta': self.bandit.beta.tolist(),
+                       'rng': self.bandit.rng.bit_generator.state}}
+
+  def restore(self, arrays, meta) -> None:
+    del arrays
+    self.arm, self.lam = meta['arm'], meta['lam']
+    self.round_best = _from_json_number(meta['round_best'])
+    self.previous_best = _from_json_number(meta['previous_best'])
+    self.calls_in_round = meta['calls_in_round']
+    self.bandit.alpha = np.asarray(meta['bandit']['alpha'])
+    self.bandit.beta = np.asarray(meta['bandit']['beta'])
+    self.bandit.rng.bit_generator.state = meta['bandit']['rng']
+
+  def summary(self, loop: Loop) -> str:
+    del loop
+    if self.config.lambda_mode == 'bandit':
+      means = ', '.join(f'{a}: {m:.2f}' for a, m in
+                        zip(self.bandit.arms, self.bandit.means()))
+      return f'DvD bandit posterior mean reward per lambda: {means}'
+    return f'DvD final lambda: {self.lam}'
+
+
+def _json_number(x: float):
+  return float(x) if np.isfinite(x) else None
+
+
+def _from_json_number(x) -> float:
+  return -np.inf if x is None else float(x)
+
+
+# ---------------------------------------------------------------------------
+# HyperTrick
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class HyperTrickRunConfig(RunConfig):
+  """HyperTrick (Heinrich & Frosio): phases with early termination."""
+
+  num_workers: int = 8
+  """Configurations to try in total (each runs in a population slot)."""
+  num_phases: int = 4
+  """Phases per configuration; a configuration reports at each phase's end."""
+  phase_update_steps: int = 2_500
+  """Update steps per phase."""
+  eviction_rate: float = 0.25
+  """Target fraction of the configurations in a phase terminated at its end."""
+  quantile: float = 0.5
+  """A late reporter below this quantile of its phase's metrics is terminated."""
+  init_hparams: str = 'prior'
+  """Hyperparameters of every configuration: prior (sampled) or defaults."""
+
+
+class HyperTrickDriver(Driver):
+  """Independent members; slots report per phase, losers restart afresh."""
+
+  name = 'hypertrick'
+
+  def __init__(self, config: HyperTrickRunConfig,
+               space: Optional[ss.SearchSpace] = None):
+    super().__init__(config)
+    _check(config.phase_update_steps >= 1, '--phase-update-steps must be >= 1')
+    _check(config.init_hparams in ('prior', 'defaults'),
+           f'--init-hparams must be prior or defaults, got {config.init_hparams!r}')
+    try:
+      self.ht_config = hypertrick_lib.HyperTrickConfig(
+          num_workers=config.num_workers, num_phases=config.num_phases,
+          eviction_rate=config.eviction_rate, quantile=config.quantile)
+    except ValueError as e:
+      raise as_flag_error(e, config) from None
+    self.space = space or ss.default_search_space(config.agent)
+    self.scheduler = hypertrick_lib.HyperTrick(self.ht_config,
+                                               config.population_size)
+    self.rng = np.random.default_rng(config.seed)
+    n = config.population_size
+    self.phase_start = np.zeros((n,), np.int64)
+    self.phase_returns = [[] for _ in range(n)]
+    self._reset = None
+
+  def initial_hparams(self, key, agent, population_size):
+    defaults = agent.default_hparams()
+    ss.validate(self.space, defaults)
+    if self.config.init_hparams == 'defaults':
+      hparams = super().initial_hparams(key, agent, population_size)
+    else:
+      hparams = ss.sample(key, self.space, defaults, population_size)
+    rows = hparam_rows(hparams)
+    for slot, worker in enumerate(self.scheduler.start()):
+      if worker is not None:
+        self.scheduler.set_hparams(worker, rows[slot])
+    return hparams
+
+  def _reset_fn(self, loop: Loop):
+    if self._reset is None:
+      space = self.space if self.config.init_hparams == 'prior' else None
+      template = loop.agent.default_hparams()
+      self._reset = jax.jit(lambda key, state, hparams, reset:
+                            hypertrick_lib.reset_members(
+                                key, state, hparams, reset, loop.agent.init,
+                                space, template))
+    return self._reset
+
+  def after_call(self, loop: Loop) -> None:
+    for r in loop.episodes:
+      if r['evaluation']:
+        self.phase_returns[int(r['member'])].append(float(r['episode_return']))
+    due = [slot for slot in range(len(self.phase_start))
+           if self.scheduler.slot_worker[slot] is not None
+           and loop.update_steps - self.phase_start[slot]
+           >= self.config.phase_update_steps]
+    if not due:
+      return
+    # Slots finish phases together here; report in a random order, as the
+    # asynchronous workers of the paper would arrive.
+    reset = np.zeros((len(self.phase_start),), bool)
+    for slot in self.rng.permutation(due):
+      returns = self.phase_returns[slot][-10:]
+      metric = float(np.mean(returns)) if returns else -np.inf
+      report = self.scheduler.report(int(slot), metric)
+      self.phase_start[slot] = loop.update_steps
+      self.phase_returns[slot] = []
+      if report.new_worker is not None:
+        reset[slot] = True
+    if reset.any():
+      loop.state, loop.hparams = self._reset_fn(loop)(
+          loop.next_key(), loop.state, loop.hparams, reset)
+      rows = hparam_rows(loop.hparams)
+      for slot in np.flatnonzero(reset):
+        self.scheduler.set_hparams(self.scheduler.slot_worker[slot], rows[slot])
+
+  def finished(self, loop: Loop) -> bool:
+    return self.scheduler.done or super().finished(loop)
+
+  def scalars(self) -> dict:
+    return {'workers_launched': self.scheduler.launched}
+
+  def checkpoint_arrays(self):
+    return {'phase_start': self.phase_start}
+
+  def checkpoint_meta(self) -> dict:
+    return {'scheduler': base64.b64encode(pickle.dumps(
+        self.scheduler)).decode('ascii'),
+            'rng': self.rng.bit_generator.state,
+            'phase_returns': self.phase_returns}
+
+  def restore(self, arrays, meta) -> None:
+    self.phase_start = np.asarray(arrays['phase_start'], np.int64)
+    self.scheduler = pickle.loads(base64.b64decode(meta['scheduler']))  # noqa: S301 (our own checkpoint)
+    self.rng.bit_generator.state = meta['rng']
+    self.phase_returns = meta['phase_returns']
+
+  def summary(self, loop: Loop) -> str:
+    del loop
+    try:
+      best = self.scheduler.best()
+    except ValueError:
+      return 'HyperTrick: no configuration finished a phase'
+    rates = ', '.join(f'{r:.2f}' for r in self.scheduler.eviction_rates())
+    return (f'HyperTrick: {self.scheduler.launched} configurations launched; '
+            f'eviction rate per phase [{rates}] (target '
+            f'{self.ht_config.eviction_rate}); best: configuration '
+            f'{best.worker}, mean evaluation return {best.metric:.1f} at the '
+            f'end of phase {best.phase}, hyperparameters {best.hparams}')
+
+
+# ---------------------------------------------------------------------------
+# CEM-RL
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class CEMRLRunConfig(RunConfig):
+  """CEM-RL (Pourchot & Sigaud 2019) with the 2022 paper's shared critic."""
+
+  population_size: int = 6
+  """Number of members (even: CEM samples mirrored pairs)."""
+  rl_fraction: float = 0.5
+  """Fraction of each generation that takes TD3 steps through the shared critic."""
+  generation_calls: int = 4
+  """Learner calls in which the RL half trains, each generation."""
+  elite_fraction: float = 0.5
+  """Fraction of the population the CEM distribution is refit on."""
+  initial_variance: float = 1e-3
+  """Initial variance of the CEM distribution around the initial policy."""
+  initial_extra_noise: float = 1e-2
+  """Extra variance added at each update; decays towards --noise-limit."""
+  noise_decay: float = 0.95
+  """Factor of the extra noise's geometric decay."""
+  noise_limit: float = 1e-5
+  """Value the extra noise decays towards."""
+  action_noise: float = 0.0
+  """Gaussian action noise of the members' episodes (CEM-RL: none; the
+  population's parameter noise explores)."""
+  mean_eval_episodes: int = 1
+  """Episodes of the distribution's mean policy after each generation."""
+
+
+class CEMRLDriver(Driver):
+  """Generations: sample from CEM, train half with TD3, evaluate all, refit.
+
+  Members act in their episodes with the generation's policies; a member's
+  fitness is the return of its first episode that starts after the
+  generation's trained policies were published (policies are frozen while
+  the population is evaluated). The reported score is the return of the
+  CEM mean policy, evaluated in the learner process after each refit.
+  """
+
+  name = 'cemrl'
+  shared_critic = True
+  shared_replay = True
+  min_population = 2
+
+  def __init__(self, config: CEMRLRunConfig):
+    super().__init__(config)
+    _check(config.agent == 'td3', f'CEM-RL trains TD3 members; --agent must '
+           f'be td3, got {config.agent!r}')
+    _check(config.population_size % 2 == 0, f'--population-size must be even '
+           f'(mirrored sampling), got {config.population_size}')
+    _check(0 < config.rl_fraction <= 1,
+           f'--rl-fraction must be in (0, 1], got {config.rl_fraction}')
+    _check(config.generation_calls >= 1, '--generation-calls must be >= 1')
+    _check(0 < config.elite_fraction <= 1,
+           f'--elite-fraction must be in (0, 1], got {config.elite_fraction}')
+    _check(config.initial_variance > 0, '--initial-variance must be > 0')
+    _check(config.initial_extra_noise >= 0, '--initial-extra-noise must be >= 0')
+    _check(0 < config.noise_decay < 1, '--noise-decay must be in (0, 1)')
+    _check(config.noise_limit >= 0, '--noise-limit must be >= 0')
+    _check(config.action_noise >= 0, '--action-noise must be >= 0')
+    _check(config.mean_eval_episodes >= 1, '--mean-eval-episodes must be >= 1')
+    n = config.population_size
+    self.rl_mask = np.arange(n) < max(1, round(config.rl_fraction * n))
+    self.phase = 'train'
+    self.calls_in_phase = 0
+    self.generation = 0
+    self.eval_version = 0
+    self.fitness = np.full((n,), np.nan)
+    self.mean_returns: list[tuple[int, int, float]] = []  # (gen, steps, return)
+    self.cem_state = None
+    self.frozen = None  # (policy, target_policy, policy_opt) to restore
+    self.unravel = None
+
+  _FIELDS = ('policy', 'target_policy', 'policy_opt')
+
+  def actor_hparams(self, hparams):
+    return hparams._replace(exploration_noise=jnp.full_like(
+        hparams.exploration_noise, self.config.action_noise))
+
+  def _snapshot(self, state):
+    # Copies: the learner donates the state's buffers on its next call.
+    return tuple(jax.tree.map(jnp.copy, getattr(state, f)) for f in self._FIELDS)
+
+  def _restore(self, state, members: np.ndarray):
+    mask = jnp.asarray(members)
+    def pick(frozen, current):
+      return jnp.where(mask.reshape(mask.shape + (1,) * (current.ndim - 1)),
+                       frozen, current)
+    return state._replace(**{
+        f: jax.tree.map(pick, frozen, getattr(state, f))
+        for f, frozen in zip(self._FIELDS, self.frozen)})
+
+  def _new_generation(self, key, state):
+    flat = cem_lib.sample(key, self.cem_state, self.config.population_size)
+    state = cem_lib.load_policies(state, flat, self.unravel)
+    self.frozen = self._snapshot(state)
+    self.phase, self.calls_in_phase = 'train', 0
+    return state
+
+  def initialize(self, key, state, agent):
+    k_init, k_sample = jax.random.split(key)
+    del k_init
+    flat, self.unravel = cem_lib.flatten_population(state.policy)
+    self.cem_state = cem_lib.init(
+        flat[0], initial_var=self.config.initial_variance,
+        initial_extra_noise=self.config.initial_extra_noise)
+    self.agent = agent
+    return self._new_generation(k_sample, state)
+
+  def after_call(self, loop: Loop) -> None:
+    self.calls_in_phase += 1
+    if self.phase == 'train':
+      # Members outside the RL half keep their sampled policies.
+      loop.state = self._restore(loop.state, ~self.rl_mask)
+      if self.calls_in_phase >= self.config.generation_calls:
+        self.frozen = self._snapshot(loop.state)
+        self.phase, self.calls_in_phase = 'eval', 0
+        self.fitness[:] = np.nan
+        # The snapshot goes out with the publish that follows this call.
+        self.eval_version = loop.pipeline.policy_version + 1
+      return
+    loop.state = self._restore(loop.state, np.ones_like(self.rl_mask))
+    for r in loop.episodes:
+      m = int(r['member'])
+      if (np.isnan(self.fitness[m])
+          and r['start_policy_version'] >= self.eval_version):
+        self.fitness[m] = float(r['episode_return'])
+    if np.isnan(self.fitness).any():
+      return
+    flat, _ = cem_lib.flatten_population(self.frozen[0])
+    self.cem_state = cem_lib.update(
+        self.cem_state, flat, jnp.asarray(self.fitness, jnp.float32),
+        elite_fraction=self.config.elite_fraction,
+        noise_decay=self.config.noise_decay,
+        noise_limit=self.config.noise_limit)
+    self.generation += 1
+    mean_return = float(np.mean(evaluate_policy(
+        self.agent, self.config.env, self.unravel(self.cem_state.mean),
+        self.config.mean_eval_episodes, seed=self.config.seed + 10_000 * self.generation)))
+    self.mean_returns.append((self.generation, loop.env_steps, mean_return))
+    with open(os.path.join(loop.run_dir, 'mean_policy.csv'), 'a') as f:
+      if f.tell() == 0:
+        f.write('generation,env_steps,mean_policy_return\n')
+      f.write(f'{self.generation},{loop.env_steps},{mean_return}\n')
+    loop.state = self._new_generation(loop.next_key(), loop.state)
+
+  def scalars(self) -> dict:
+    out = {'generation': self.generation}
+    if self.mean_returns:
+      out['mean_policy_return'] = self.mean_returns[-1][2]
+    return out
+
+  def checkpoint_arrays(self):
+    return {'cem': self.cem_state, 'frozen': self.frozen}
+
+  def checkpoint_meta(self) -> dict:
+    return {'phase': self.phase, 'calls_in_phase': self.calls_in_phase,
+            'generation': self.generation, 'eval_version': self.eval_version,
+            'fitness': [None if np.isnan(f) else float(f) for f in self.fitness],
+            'mean_returns': self.mean_returns}
+
+  def restore(self, arrays, meta) -> None:
+    self.cem_state = cem_lib.CEMState(*[jnp.asarray(x) for x in arrays['cem']])
+    self.frozen = jax.tree.map(jnp.asarray, arrays['frozen'])
+    self.phase, self.calls_in_phase = meta['phase'], meta['calls_in_phase']
+    self.generation = meta['generation']
+    # Versions restart with the new pipeline: evaluate this generation anew.
+    self.eval_version = 0
+    self.fitness = np.full_like(self.fitness, np.nan)
+    self.mean_returns = [tuple(x) for x in meta['mean_returns']]
+
+  def summary(self, loop: Loop) -> str:
+    del loop
+    if not self.mean_returns:
+      return 'CEM-RL: no generation finished'
+    best = max(r for _, _, r in self.mean_returns)
+    return (f'CEM-RL: {self.generation} generations; mean-policy return '
+            f'{self.mean_returns[-1][2]:.1f} at the end, best {best:.1f} '
+            '(mean_policy.csv)')
+
+
+__all__ = ['CEMRLDriver', 'CEMRLRunConfig', 'DvDDriver', 'DvDRunConfig', 'HyperTrickDriver',
+           'HyperTrickRunConfig', 'PBTDriver', 'PBTRunConfig', 'ScheduleDriver']

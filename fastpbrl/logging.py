@@ -1,0 +1,171 @@
+"""Run logs (host-side; not jittable): TensorBoard, a CSV per member, a
+progress bar, the end-of-run summary table and plot.
+
+Library choices: ``tensorboardX`` writes TensorBoard event files without
+TensorFlow; ``tqdm`` draws the progress bar; ``matplotlib`` (Agg, no display)
+draws the plot; the CSV files are plain ``csv`` (one per member, so a member
+can be read or plotted alone). Everything lands under the run directory and
+is appended to, so a resumed run continues the same files.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from typing import Iterable, Mapping, Optional, Sequence
+
+from tqdm.auto import tqdm
+
+EPISODE_FIELDS = ('wall_time', 'env_steps', 'update_steps', 'member',
+                  'episode_return', 'episode_length', 'evaluation')
+
+
+class RunLogger:
+  """Writes everything a run reports under ``run_dir``.
+
+  Args:
+    run_dir: the run's directory (created if needed).
+    population_size: number of members (one CSV each).
+    total_env_steps: budget shown by the progress bar.
+    initial_env_steps: where the bar starts (a resumed run).
+    wall_time_offset: seconds already spent before a resume, so curves of a
+      resumed run continue the killed run's time axis.
+    progress: draw the progress bar (off in tests).
+  """
+
+  def __init__(self, run_dir: str, population_size: int, total_env_steps: int,
+               initial_env_steps: int = 0, wall_time_offset: float = 0.0,
+               progress: bool = True):
+    from tensorboardX import SummaryWriter  # noqa: PLC0415 (heavy import)
+
+    self.run_dir = run_dir
+    os.makedirs(os.path.join(run_dir, 'members'), exist_ok=True)
+    self._tb = SummaryWriter(os.path.join(run_dir, 'tensorboard'))
+    self._files, self._writers = [], []
+    for i in range(population_size):
+      path = os.path.join(run_dir, 'members', f'member_{i:03d}.csv')
+      new = not os.path.exists(path)
+      f = open(path, 'a', newline='')  # noqa: SIM115 (closed in close())
+      writer = csv.DictWriter(f, fieldnames=EPISODE_FIELDS)
+      if new:
+        writer.writeheader()
+      self._files.append(f)
+      self._writers.append(writer)
+    self._start = time.monotonic() - wall_time_offset
+    self._bar = tqdm(total=total_env_steps, initial=initial_env_steps,
+                     unit='step', dynamic_ncols=True, disable=not progress)
+    self._last_steps = initial_env_steps
+    self.best_return = -math.inf
+
+  @property
+  def wall_time(self) -> float:
+    return time.monotonic() - self._start
+
+  def episodes(self, records: Iterable[Mapping], env_steps: int,
+               update_steps: int) -> None:
+    """Appends finished episodes (dicts with member, episode_return,
+    episode_length, evaluation) to the members' CSVs and TensorBoard."""
+    wall = self.wall_time
+    for r in records:
+      row = {'wall_time': round(wall, 3), 'env_steps': env_steps,
+             'update_steps': update_steps, 'member': int(r['member']),
+             'episode_return': float(r['episode_return']),
+             'episode_length': int(r['episode_length']),
+             'evaluation': bool(r['evaluation'])}
+      self._writers[row['member']].writerow(row)
+      tag = 'eval_return' if row['evaluation'] else 'train_return'
+      self._tb.add_scalar(f'member_{row["member"]:03d}/{tag}',
+                          row['episode_return'], env_steps)
+      if row['evaluation']:
+        self.best_return = max(self.best_return, row['episode_return'])
+    for f in self._files:
+      f.flush()
+
+  def scalars(self, values: Mapping[str, float], env_steps: int) -> None:
+    for name, value in values.items():
+      if value is not None and math.isfinite(float(value)):
+        self._tb.add_scalar(name, float(value), env_steps)
+
+  def progress(self, env_steps: int, **postfix) -> None:
+    self._bar.update(max(0, env_steps - self._last_steps))
+    self._last_steps = env_steps
+    best = self.best_return
+    self._bar.set_postfix(best=f'{best:.1f}' if math.isfinite(best) else '-',
+                          **postfix, refresh=False)
+
+  def close(self) -> None:
+    self._bar.close()
+    self._tb.close()
+    for f in self._files:
+      f.close()
+
+
+def read_member_csvs(run_dir: str) -> list[list[dict]]:
+  """Reads every member's CSV back (for summaries, plots and tests)."""
+  folder = os.path.join(run_dir, 'members')
+  rows = []
+  for name in sorted(os.listdir(folder)):
+    with open(os.path.join(folder, name), newline='') as f:
+      rows.append(list(csv.DictReader(f)))
+  return rows
+
+
+def summary_table(run_dir: str, hparams: Optional[Sequence[Mapping]] = None,
+                  last: int = 10) -> str:
+  """A text table: per member, episodes, mean of the last ``last`` evaluation
+  returns, best evaluation return, and its final hyperparameters."""
+  lines = []
+  header = f'{"member":>6} {"episodes":>8} {"eval_mean":>10} {"eval_best":>10}'
+  lines.append(header + ('  hyperparameters' if hparams else ''))
+  for i, rows in enumerate(read_member_csvs(run_dir)):
+    evals = [float(r['episode_return']) for r in rows if r['evaluation'] == 'True']
+    mean = sum(evals[-last:]) / len(evals[-last:]) if evals else float('nan')
+    best = max(evals) if evals else float('nan')
+    line = f'{i:>6} {len(rows):>8} {mean:>10.1f} {best:>10.1f}'
+    if hparams:
+      line += '  ' + json.dumps({k: float(f'{v:.4g}') for k, v in hparams[i].items()})
+    lines.append(line)
+  return '\n'.join(lines)
+
+
+def plot_returns(run_dir: str, path: Optional[str] = None) -> str:
+  """PNG of evaluation return against wall time and env steps, per member,
+  with the population's best in bold. Returns the file's path."""
+  import matplotlib  # noqa: PLC0415
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  path = path or os.path.join(run_dir, 'returns.png')
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+  best_by_x = {'wall_time': [], 'env_steps': []}
+  for i, rows in enumerate(read_member_csvs(run_dir)):
+    evals = [r for r in rows if r['evaluation'] == 'True']
+    if not evals:
+      continue
+    for ax, x in zip(axes, ('wall_time', 'env_steps')):
+      xs = [float(r[x]) for r in evals]
+      ys = [float(r['episode_return']) for r in evals]
+      ax.plot(xs, ys, lw=0.8, alpha=0.5)
+      best_by_x[x].extend(zip(xs, ys))
+  for ax, x in zip(axes, ('wall_time', 'env_steps')):
+    points = sorted(best_by_x[x])
+    if points:
+      running, best = [], -math.inf
+      for _, y in points:
+        best = max(best, y)
+        running.append(best)
+      ax.plot([p[0] for p in points], running, color='k', lw=2,
+              label='best so far')
+      ax.legend(loc='lower right')
+    ax.set_xlabel('wall time (s)' if x == 'wall_time' else 'env steps per member')
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel('evaluation return')
+  fig.suptitle(os.path.basename(os.path.abspath(run_dir)))
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

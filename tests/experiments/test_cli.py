@@ -1,0 +1,47 @@
+"""Invalid settings fail before any process starts, naming the flag."""
+
+import pytest
+
+from experiments import dvd, hypertrick, pbt
+
+
+@pytest.mark.parametrize('module, argv, message', [
+    (pbt, ['--population-size', '1'], '--population-size must be >= 2'),
+    (pbt, ['--fraction', '0.7'], r'--fraction must be in \(0, 0.5\]'),
+    (pbt, ['--fraction', '0'], r'--fraction must be in \(0, 0.5\]'),
+    (pbt, ['--agent', 'ppo'], "--agent 'ppo' is unknown"),
+    (pbt, ['--exploit', 'roulette'], '--exploit must be one of'),
+    (pbt, ['--env', 'NoSuchEnv-v0'], "--env 'NoSuchEnv-v0' cannot be made"),
+    (pbt, ['--warmup-steps', '50000'], '--warmup-steps .* must be below'),
+    (pbt, ['--init-hparams', 'zeros'], '--init-hparams must be prior or defaults'),
+    (pbt, ['--agent', 'dqn'], 'DQN needs a Discrete action space'),
+    (dvd, ['--agent', 'sac'], '--agent must be td3'),
+    (dvd, ['--kernel-sigma', '0'], '--kernel-sigma must be > 0'),
+    (hypertrick, ['--eviction-rate', '0.6'], '--eviction-rate must be in'),
+    (hypertrick, ['--num-phases', '0'], '--num-phases must be >= 1'),
+])
+def test_bad_flag_exits_with_a_message_naming_it(module, argv, message,
+                                                  tmp_path, monkeypatch):
+  # Any process start would need the pipeline: make it fail loudly instead.
+  import fastpbrl.run as run_lib
+  monkeypatch.setattr(run_lib, 'RunLogger', _no_start)
+  with pytest.raises(SystemExit) as info:
+    module.main(argv + ['--run-dir', str(tmp_path), '--no-progress'])
+  assert info.value.code != 0
+  import re
+  assert re.search(message, str(info.value.code)), info.value.code
+
+
+def _no_start(*args, **kwargs):
+  raise AssertionError('a run started despite an invalid setting')
+
+
+def test_preset_paper_sets_the_papers_population(monkeypatch):
+  from fastpbrl import cli
+  config = cli.parse(pbt.PRESETS, 'x', ['--preset', 'paper'])
+  assert (config.env, config.population_size) == ('HalfCheetah-v5', 80)
+  config = cli.parse(pbt.PRESETS, 'x', ['--preset', 'paper',
+                                        '--population-size', '8'])
+  assert (config.env, config.population_size) == ('HalfCheetah-v5', 8)
+  config = cli.parse(dvd.PRESETS, 'x', ['--preset', 'paper'])
+  assert (config.env, config.population_size) == ('Humanoid-v5', 5)

@@ -1,0 +1,106 @@
+"""Each experiment script end to end at a tiny budget: logs, checkpoints,
+plot, summary; and a killed PBT run resumed from its checkpoint."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from experiments import cemrl, dvd, hypertrick, pbt
+from fastpbrl.logging import read_member_csvs
+from fastpbrl.population import pbt as pbt_lib
+
+TINY = ['--env', 'Pendulum-v1', '--env-steps', '1200', '--warmup-steps', '200',
+        '--hidden-sizes', '16', '16', '--batch-size', '16',
+        '--steps-per-call', '10', '--eval-every', '200', '--num-actors', '1',
+        '--replay-capacity', '5000', '--checkpoint-every', '20',
+        '--no-progress']
+
+pytestmark = pytest.mark.slow
+
+
+def _assert_run_outputs(run_dir, population_size):
+  members = read_member_csvs(run_dir)
+  assert len(members) == population_size
+  for rows in members:
+    assert any(r['evaluation'] == 'True' for r in rows), 'no evaluation episode'
+    assert all(np.isfinite(float(r['episode_return'])) for r in rows)
+  assert os.listdir(os.path.join(run_dir, 'tensorboard'))
+  assert os.path.getsize(os.path.join(run_dir, 'returns.png')) > 1000
+  assert os.path.exists(os.path.join(run_dir, 'summary.txt'))
+  assert os.listdir(os.path.join(run_dir, 'checkpoints'))
+
+
+def test_pbt_runs_exploits_and_resumes_with_its_perturbed_hparams(tmp_path):
+  run_dir = str(tmp_path / 'pbt')
+  first = pbt.main(TINY + ['--population-size', '4', '--ready-after', '100',
+                           '--fraction', '0.5', '--run-dir', run_dir])
+  _assert_run_outputs(run_dir, 4)
+  events = pbt_lib.read_lineage(os.path.join(run_dir, 'lineage.jsonl'))
+  inits = [e for e in events if e['event'] == 'init']
+  exploits = [e for e in events if e['event'] == 'exploit']
+  assert len(inits) == 4 and exploits, 'PBT never exploited'
+  # The lineage's newest hyperparameters of each member are its final ones.
+  latest = {e['member']: e['hparams'] for e in inits}
+  latest.update({e['member']: e['new_hparams'] for e in exploits})
+  for member, values in latest.items():
+    for name, value in values.items():
+      assert first.hparams[member][name] == pytest.approx(value, rel=1e-6)
+
+  # Resume: no further exploit (ready_after beyond the budget), so the
+  # hyperparameters must stay exactly those the first run ended with.
+  second = pbt.main(['--resume', run_dir, '--env-steps', '1600',
+                     '--ready-after', '1000000', '--no-progress'])
+  assert second.calls > first.calls
+  assert second.update_steps == second.calls * 10
+  for before, after in zip(first.hparams, second.hparams):
+    assert before == pytest.approx(after, rel=1e-6)
+  initial = [{k: v for k, v in e['hparams'].items()} for e in inits]
+  assert any(before != pytest.approx(init, rel=1e-6)
+             for before, init in zip(second.hparams, initial))
+  with open(os.path.join(run_dir, 'config.json')) as f:
+    assert json.load(f)['population_size'] == 4
+
+
+def test_pbt_rerun_of_one_members_schedule(tmp_path):
+  run_dir = str(tmp_path / 'pbt')
+  pbt.main(TINY + ['--population-size', '2', '--ready-after', '100',
+                   '--fraction', '0.5', '--run-dir', run_dir])
+  steps = pbt_lib.schedule(os.path.join(run_dir, 'lineage.jsonl'), 1)
+  rerun = pbt.main(TINY + ['--rerun-lineage',
+                           os.path.join(run_dir, 'lineage.jsonl'),
+                           '--rerun-member', '1',
+                           '--run-dir', str(tmp_path / 'rerun')])
+  final = steps[-1][1]
+  for name, value in final.items():
+    assert rerun.hparams[0][name] == pytest.approx(value, rel=1e-6)
+
+
+def test_dvd_script(tmp_path):
+  run_dir = str(tmp_path / 'dvd')
+  result = dvd.main(TINY + ['--population-size', '3', '--bandit-every', '5',
+                            '--embedding-states', '8', '--run-dir', run_dir])
+  _assert_run_outputs(run_dir, 3)
+  assert all(np.isfinite(r['diversity_weight']) for r in result.hparams)
+
+
+def test_cemrl_script(tmp_path):
+  run_dir = str(tmp_path / 'cemrl')
+  cemrl.main(TINY + ['--population-size', '2', '--generation-calls', '2',
+                     '--run-dir', run_dir])
+  with open(os.path.join(run_dir, 'mean_policy.csv')) as f:
+    rows = f.read().splitlines()
+  assert rows[0] == 'generation,env_steps,mean_policy_return'
+  assert len(rows) >= 2, 'no CEM generation finished'
+  assert np.isfinite(float(rows[-1].split(',')[-1]))
+
+
+def test_hypertrick_script(tmp_path):
+  run_dir = str(tmp_path / 'ht')
+  hypertrick.main(TINY + ['--population-size', '2', '--num-workers', '4',
+                          '--num-phases', '2', '--phase-update-steps', '100',
+                          '--run-dir', run_dir])
+  with open(os.path.join(run_dir, 'summary.txt')) as f:
+    text = f.read()
+  assert 'HyperTrick:' in text and 'best: configuration' in text
