@@ -20,7 +20,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from fastpbrl.agents.base import Agent, SharedCritic, stack_hparams
+from fastpbrl.agents.base import (POPULATION_AXIS, Agent, SharedCritic,
+                                  stack_hparams)
 from fastpbrl.types import PRNGKey, Transition
 
 
@@ -96,7 +97,8 @@ class PopulationLearner(_CompiledPopulationStep):
     num_steps = num_steps or agent.config.steps_per_call
     if num_steps < 1:
       raise ValueError(f'num_steps must be >= 1, got {num_steps}')
-    super().__init__(jax.vmap(multi_step(agent.update, num_steps)), num_steps)
+    super().__init__(jax.vmap(multi_step(agent.update, num_steps),
+                              axis_name=POPULATION_AXIS), num_steps)
     self._init = jax.jit(jax.vmap(agent.init))
     self._policy_params = jax.jit(jax.vmap(agent.policy_params))
 

@@ -142,6 +142,27 @@ def periodic_flag(step: jax.Array, fraction: jax.Array) -> jax.Array:
   return jnp.floor((step + 1.0) * fraction) > jnp.floor(step * fraction)
 
 
+POPULATION_AXIS = 'population'
+"""Name of the population axis of the learner's ``vmap``."""
+
+
+def any_member(flag: jax.Array) -> jax.Array:
+  """``flag`` OR-ed over the population when called under the learner's vmap.
+
+  Use it as the predicate of a ``lax.cond`` whose branch work is optional
+  per member (TD3's delayed policy step): under ``vmap`` a per-member
+  predicate turns the cond into a select that runs both branches for every
+  member on every step, while this one stays a real cond that skips the
+  branch on steps where *no* member needs it (the branch then selects per
+  member with the original ``flag``). Outside the learner's vmap (one
+  member, the actors, user code) it returns ``flag`` unchanged.
+  """
+  try:
+    return jax.lax.pmax(flag.astype(jnp.int32), POPULATION_AXIS) > 0
+  except NameError:  # no population axis bound: a single member
+    return flag
+
+
 def polyak(target: Params, online: Params, tau: jax.Array) -> Params:
   """``target <- (1 - tau) target + tau online`` with a traced ``tau``."""
   return optax.incremental_update(online, target, tau)

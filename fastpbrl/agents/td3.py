@@ -29,8 +29,9 @@ import optax
 from acme import specs
 
 from fastpbrl.agents import networks as nets_lib
-from fastpbrl.agents.base import (Agent, SharedCritic, periodic_flag, polyak,
-                                  scalar_hparams, select_tree, td_target)
+from fastpbrl.agents.base import (Agent, SharedCritic, any_member,
+                                  periodic_flag, polyak, scalar_hparams,
+                                  select_tree, td_target)
 from fastpbrl.types import Params, PRNGKey, Transition
 
 
@@ -170,25 +171,26 @@ def make_agent(env_spec: specs.EnvironmentSpec,
         c_grads, state.critic_opt)
     critic = optax.apply_updates(state.critic, c_updates)
 
+    # Delayed policy and target updates. ``any_member`` keeps this a real
+    # cond under the learner's vmap: steps on which no member updates its
+    # policy skip the policy work for the whole population; on the others
+    # each member keeps or drops its step by its own flag.
+    do_policy = periodic_flag(state.step, hp.policy_delay)
+    current = (state.policy, state.policy_opt, state.target_policy,
+               state.target_critic, jnp.zeros((), jnp.float32))
+
     def policy_step(_):
       p_loss, p_grads = jax.value_and_grad(
           lambda p: policy_loss(nets, p, critic, batch.observation))(state.policy)
       p_updates, policy_opt = optax.adam(hp.policy_lr).update(
           p_grads, state.policy_opt)
       policy = optax.apply_updates(state.policy, p_updates)
-      return (policy, policy_opt, polyak(state.target_policy, policy, hp.tau),
-              polyak(state.target_critic, critic, hp.tau), p_loss)
+      stepped = (policy, policy_opt, polyak(state.target_policy, policy, hp.tau),
+                 polyak(state.target_critic, critic, hp.tau), p_loss)
+      return select_tree(do_policy, stepped, current)
 
-    def skip(_):
-      return (state.policy, state.policy_opt, state.target_policy,
-              state.target_critic, jnp.zeros((), jnp.float32))
-
-    # Delayed policy and target updates. Under vmap with per-member delays
-    # the cond becomes a select and both branches run; a single member (the
-    # sequential baseline) skips the policy work on off steps.
-    do_policy = periodic_flag(state.step, hp.policy_delay)
     policy, policy_opt, target_policy, target_critic, p_loss = jax.lax.cond(
-        do_policy, policy_step, skip, None)
+        any_member(do_policy), policy_step, lambda _: current, None)
     new_state = TD3State(
         policy=policy, critic=critic, target_policy=target_policy,
         target_critic=target_critic, policy_opt=policy_opt,
@@ -271,6 +273,11 @@ def make_shared_critic(nets: TD3Networks,
         c_grads, state.critic_opt)
     critic = optax.apply_updates(state.critic, c_updates)
 
+    do_policy = jax.vmap(periodic_flag, in_axes=(None, 0))(
+        state.step, hp.policy_delay)  # [N]
+    current = (state.policy, state.policy_opt, state.target_policy,
+               jnp.zeros(do_policy.shape, jnp.float32))
+
     def total_policy_loss(policies):
       losses = jax.vmap(lambda p, o: policy_loss(nets, p, critic, o))(
           policies, batch.observation)
@@ -279,21 +286,21 @@ def make_shared_critic(nets: TD3Networks,
         total = total + extra_policy_loss(policies, batch.observation)
       return total, losses
 
-    (_, p_losses), p_grads = jax.value_and_grad(
-        total_policy_loss, has_aux=True)(state.policy)
-    p_updates, stepped_opt = jax.vmap(
-        lambda g, s, lr: optax.adam(lr).update(g, s))(
-            p_grads, state.policy_opt, hp.policy_lr)
-    stepped = optax.apply_updates(state.policy, p_updates)
+    def policy_step(_):
+      (_, p_losses), p_grads = jax.value_and_grad(
+          total_policy_loss, has_aux=True)(state.policy)
+      p_updates, stepped_opt = jax.vmap(
+          lambda g, s, lr: optax.adam(lr).update(g, s))(
+              p_grads, state.policy_opt, hp.policy_lr)
+      stepped = optax.apply_updates(state.policy, p_updates)
+      stepped = (stepped, stepped_opt,
+                 jax.vmap(polyak)(state.target_policy, stepped, hp.tau),
+                 p_losses)
+      return jax.vmap(select_tree)(do_policy, stepped, current)
 
-    do_policy = jax.vmap(periodic_flag, in_axes=(None, 0))(
-        state.step, hp.policy_delay)  # [N]
-    member_select = jax.vmap(select_tree)
-    policy = member_select(do_policy, stepped, state.policy)
-    policy_opt = member_select(do_policy, stepped_opt, state.policy_opt)
-    target_policy = member_select(
-        do_policy, jax.vmap(polyak)(state.target_policy, policy, hp.tau),
-        state.target_policy)
+    # Steps on which no member updates its policy skip the policy work.
+    policy, policy_opt, target_policy, p_losses = jax.lax.cond(
+        jnp.any(do_policy), policy_step, lambda _: current, None)
     tau = jnp.mean(hp.tau)
     do_critic_target = periodic_flag(state.step, jnp.mean(hp.policy_delay))
     target_critic = select_tree(do_critic_target,

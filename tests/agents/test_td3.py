@@ -183,3 +183,42 @@ def test_bad_batch_shape_is_a_clear_error(agent):
     learner.update(state, hparams, random_batch(agent.env_spec, (3, 5, 16)))
   with pytest.raises(ValueError, match='unknown td3 hyperparameters'):
     population_hparams(agent, 2, learning_rate=1e-3)
+
+
+def test_same_seed_and_batches_give_bitwise_equal_states(agent):
+  """The learner is deterministic on CPU: what the README promises for a
+  fixed seed and fixed batches."""
+  learner = PopulationLearner(agent, num_steps=5)
+  hparams = population_hparams(agent, 2, exploration_noise=[0.1, 0.3])
+  batch = random_batch(agent.env_spec, (2, 5, 16), seed=3)
+  runs = []
+  for _ in range(2):
+    state = learner.init(jax.random.PRNGKey(7), hparams)
+    for _ in range(2):
+      state, _ = learner.update(state, hparams, batch)
+    runs.append(jax.device_get(state))
+  chex.assert_trees_all_equal(*runs)
+  other = jax.device_get(learner.init(jax.random.PRNGKey(8), hparams))
+  assert not np.array_equal(jax.tree.leaves(other)[0],
+                            jax.tree.leaves(runs[0])[0])
+
+
+def test_policy_step_stays_a_real_cond_under_the_population_vmap(agent):
+  """Under the learner's named vmap the delayed policy step is a ``cond`` on
+  a population-wide predicate (skipped when no member updates); a plain vmap
+  turns it into a select that always runs it."""
+  from fastpbrl.agents.base import POPULATION_AXIS, any_member
+  hparams = population_hparams(agent, 2)
+  state = jax.vmap(agent.init)(jax.random.split(jax.random.PRNGKey(0), 2),
+                               hparams)
+  batch = random_batch(agent.env_spec, (2, 16))
+  named = str(jax.make_jaxpr(jax.vmap(agent.update, axis_name=POPULATION_AXIS))(
+      state, hparams, batch))
+  plain = str(jax.make_jaxpr(jax.vmap(agent.update))(state, hparams, batch))
+  assert 'cond[' in named and 'pmax' in named
+  assert 'cond[' not in plain
+  # any_member: OR over the population inside, the flag itself outside.
+  flags = jnp.array([False, True, False])
+  np.testing.assert_array_equal(
+      jax.vmap(any_member, axis_name=POPULATION_AXIS)(flags), [True] * 3)
+  np.testing.assert_array_equal(jax.vmap(any_member)(flags), flags)
