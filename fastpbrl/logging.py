@@ -113,27 +113,47 @@ def read_member_csvs(run_dir: str) -> list[list[dict]]:
   return rows
 
 
+def evaluation_points(rows: Sequence[Mapping], eval_episodes: int = 1
+                      ) -> list[tuple[float, float, float]]:
+  """One member's evaluations as ``(env_steps, wall_time, mean return)``.
+
+  An evaluation is ``eval_episodes`` consecutive evaluation episodes (the
+  actor plays them back to back); its point sits where the last one ended.
+  An evaluation cut short by the end of the run is left out.
+  """
+  evals = [r for r in rows if r['evaluation'] == 'True']
+  points = []
+  for k in range(0, len(evals) - eval_episodes + 1, eval_episodes):
+    group = evals[k:k + eval_episodes]
+    points.append((float(group[-1]['env_steps']),
+                   float(group[-1]['wall_time']),
+                   sum(float(r['episode_return']) for r in group) / len(group)))
+  return points
+
+
 def summary_table(run_dir: str, hparams: Optional[Sequence[Mapping]] = None,
-                  last: int = 10) -> str:
-  """A text table: per member, episodes, mean of the last ``last`` evaluation
-  returns, best evaluation return, and its final hyperparameters."""
+                  eval_episodes: int = 1) -> str:
+  """A text table: per member, episodes, its last and best evaluation (each
+  the mean of ``eval_episodes`` episodes), and its final hyperparameters."""
   lines = []
-  header = f'{"member":>6} {"episodes":>8} {"eval_mean":>10} {"eval_best":>10}'
+  header = f'{"member":>6} {"episodes":>8} {"eval_last":>10} {"eval_best":>10}'
   lines.append(header + ('  hyperparameters' if hparams else ''))
   for i, rows in enumerate(read_member_csvs(run_dir)):
-    evals = [float(r['episode_return']) for r in rows if r['evaluation'] == 'True']
-    mean = sum(evals[-last:]) / len(evals[-last:]) if evals else float('nan')
-    best = max(evals) if evals else float('nan')
-    line = f'{i:>6} {len(rows):>8} {mean:>10.1f} {best:>10.1f}'
+    means = [p[2] for p in evaluation_points(rows, eval_episodes)]
+    last = means[-1] if means else float('nan')
+    best = max(means) if means else float('nan')
+    line = f'{i:>6} {len(rows):>8} {last:>10.1f} {best:>10.1f}'
     if hparams:
       line += '  ' + json.dumps({k: float(f'{v:.4g}') for k, v in hparams[i].items()})
     lines.append(line)
   return '\n'.join(lines)
 
 
-def plot_returns(run_dir: str, path: Optional[str] = None) -> str:
-  """PNG of evaluation return against wall time and env steps, per member,
-  with the population's best in bold. Returns the file's path."""
+def plot_returns(run_dir: str, path: Optional[str] = None,
+                 eval_episodes: int = 1) -> str:
+  """PNG of evaluation return (mean of each evaluation's episodes) against
+  env steps and wall time, one line per member, with the population's best
+  evaluation so far in bold. Returns the file's path."""
   import matplotlib  # noqa: PLC0415
 
   matplotlib.use('Agg')
@@ -141,18 +161,19 @@ def plot_returns(run_dir: str, path: Optional[str] = None) -> str:
 
   path = path or os.path.join(run_dir, 'returns.png')
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-  best_by_x = {'wall_time': [], 'env_steps': []}
+  axis_of = {'env_steps': 0, 'wall_time': 1}
+  everything = {x: [] for x in axis_of}
   for i, rows in enumerate(read_member_csvs(run_dir)):
-    evals = [r for r in rows if r['evaluation'] == 'True']
-    if not evals:
-      continue
-    for ax, x in zip(axes, ('wall_time', 'env_steps')):
-      xs = [float(r[x]) for r in evals]
-      ys = [float(r['episode_return']) for r in evals]
-      ax.plot(xs, ys, lw=0.8, alpha=0.5)
-      best_by_x[x].extend(zip(xs, ys))
-  for ax, x in zip(axes, ('wall_time', 'env_steps')):
-    points = sorted(best_by_x[x])
+    points = evaluation_points(rows, eval_episodes)
+    for x, column in axis_of.items():
+      xs = [p[column] for p in points]
+      ys = [p[2] for p in points]
+      axes[column].plot(xs, ys, lw=0.8, alpha=0.6, marker='.',
+                        label=f'member {i}' if i < 10 else None)
+      everything[x].extend(zip(xs, ys))
+  for x, column in axis_of.items():
+    ax = axes[column]
+    points = sorted(everything[x])
     if points:
       running, best = [], -math.inf
       for _, y in points:
@@ -160,10 +181,10 @@ def plot_returns(run_dir: str, path: Optional[str] = None) -> str:
         running.append(best)
       ax.plot([p[0] for p in points], running, color='k', lw=2,
               label='best so far')
-      ax.legend(loc='lower right')
-    ax.set_xlabel('wall time (s)' if x == 'wall_time' else 'env steps per member')
+      ax.legend(loc='lower right', fontsize='small')
+    ax.set_xlabel('env steps per member' if x == 'env_steps' else 'wall time (s)')
     ax.grid(alpha=0.3)
-  axes[0].set_ylabel('evaluation return')
+  axes[0].set_ylabel(f'evaluation return (mean of {eval_episodes})')
   fig.suptitle(os.path.basename(os.path.abspath(run_dir)))
   fig.tight_layout()
   fig.savefig(path, dpi=110)

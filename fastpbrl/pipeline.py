@@ -301,7 +301,8 @@ class Pipeline:
         warmup_steps=run_config.warmup_steps,
         num_actor_processes=(None if run_config.num_actors is None else
                              min(run_config.num_actors, n)),
-        eval_interval=run_config.eval_every)
+        eval_interval=run_config.eval_every,
+        eval_episodes=run_config.eval_episodes)
     return cls(run_config.env, agent_fn, params_layout, hparams_layout,
                config, seed=seed, device=device)
 

@@ -69,7 +69,9 @@ class RunConfig:
   replay_capacity: int = 1_000_000
   """Transitions per replay buffer."""
   eval_every: int = 5_000
-  """Env steps per member between evaluation (no-noise) episodes."""
+  """Env steps per member between evaluations (no-noise episodes)."""
+  eval_episodes: int = 5
+  """Episodes per evaluation; their mean is one point of the return curve."""
   checkpoint_every: int = 100
   """Learner calls between checkpoints (0: only at the end)."""
   run_dir: Optional[str] = None
@@ -131,6 +133,8 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
   _check(config.replay_capacity >= 1,
          f'--replay-capacity must be >= 1, got {config.replay_capacity}')
   _check(config.eval_every >= 1, f'--eval-every must be >= 1, got {config.eval_every}')
+  _check(config.eval_episodes >= 1,
+         f'--eval-episodes must be >= 1, got {config.eval_episodes}')
   _check(config.checkpoint_every >= 0,
          f'--checkpoint-every must be >= 0, got {config.checkpoint_every}')
   if config.resume is not None:
@@ -375,6 +379,9 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
         scalars = {f'learner/{k}': float(np.mean(v)) for k, v in metrics.items()}
         scalars.update({f'rule/{k}': v for k, v in driver.scalars().items()})
         scalars['pipeline/learner_wait_fraction'] = pipeline.wait_fraction()
+        for i, row in enumerate(driver.hparam_rows(loop.hparams)):
+          scalars.update({f'member_{i:03d}/hparams/{k}': v
+                          for k, v in row.items()})
         logger.scalars(scalars, loop.env_steps * n)
         logger.progress(loop.env_steps * n,
                         calls=loop.calls,
@@ -388,11 +395,11 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
     checkpointer.close()
 
   rows = driver.hparam_rows(loop.hparams)
-  table = summary_table(run_dir, rows)
+  table = summary_table(run_dir, rows, eval_episodes=config.eval_episodes)
   extra = driver.summary(loop)
   with open(os.path.join(run_dir, 'summary.txt'), 'w') as f:
     f.write(table + '\n' + (extra + '\n' if extra else ''))
-  plot = plot_returns(run_dir)
+  plot = plot_returns(run_dir, eval_episodes=config.eval_episodes)
   print(table)
   if extra:
     print(extra)

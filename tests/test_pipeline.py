@@ -190,7 +190,8 @@ def test_shared_layout_through_create_with_sac():
   run_config = types.SimpleNamespace(
       env=env_id, population_size=n, warmup_steps=50,
       update_to_data_ratio=1.0, num_actors=1, batch_size=None,
-      steps_per_call=None, replay_capacity=5000, eval_every=10**6)
+      steps_per_call=None, replay_capacity=5000, eval_every=10**6,
+      eval_episodes=1)
   with Pipeline.create(run_config, agent, shared_replay=True,
                        seed=0) as pipeline:
     assert pipeline.replay.layout == 'shared'

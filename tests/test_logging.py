@@ -1,0 +1,44 @@
+"""Run logs: evaluation points, summary table and plot from member CSVs."""
+
+import os
+
+import pytest
+
+from fastpbrl.logging import (RunLogger, evaluation_points, plot_returns,
+                              read_member_csvs, summary_table)
+
+
+def _row(steps, ret, evaluation, wall=0.0):
+  return dict(env_steps=steps, episode_return=ret, evaluation=evaluation,
+              wall_time=wall, update_steps=steps, member=0, episode_length=10)
+
+
+def test_evaluation_points_average_each_evaluation_and_drop_a_cut_one():
+  rows = [_row(5, -900.0, 'False'),
+          _row(10, -10.0, 'True', 1.0), _row(20, -30.0, 'True', 2.0),
+          _row(25, -800.0, 'False'),
+          _row(110, -1.0, 'True', 3.0), _row(120, -2.0, 'True', 4.0),
+          _row(210, -5.0, 'True', 5.0)]  # the run ended mid-evaluation
+  assert evaluation_points(rows, 2) == [(20.0, 2.0, -20.0), (120.0, 4.0, -1.5)]
+  assert [p[2] for p in evaluation_points(rows, 1)] == [-10, -30, -1, -2, -5]
+
+
+def test_logger_files_summary_and_plot(tmp_path):
+  run_dir = str(tmp_path)
+  logger = RunLogger(run_dir, 2, total_env_steps=100, progress=False)
+  episodes = [(0, -50.0, False), (0, -40.0, True), (0, -20.0, True),
+              (1, -70.0, True), (1, -10.0, True)]
+  from fastpbrl.actors import EpisodeRecord
+  logger.episodes([EpisodeRecord(m, r, 10, e, 10, 1) for m, r, e in episodes],
+                  env_steps=10, update_steps=10)
+  logger.close()
+  members = read_member_csvs(run_dir)
+  assert [len(m) for m in members] == [3, 2]
+  table = summary_table(run_dir, [{'lr': 1e-3}, {'lr': 3e-4}], eval_episodes=2)
+  lines = table.splitlines()
+  # member 0: one evaluation, mean(-40, -20) = -30; member 1: mean -40.
+  assert lines[1].split()[:4] == ['0', '3', '-30.0', '-30.0']
+  assert lines[2].split()[:4] == ['1', '2', '-40.0', '-40.0']
+  assert '"lr": 0.0003' in lines[2]
+  path = plot_returns(run_dir, eval_episodes=2)
+  assert os.path.getsize(path) > 1000
