@@ -65,7 +65,7 @@ from acme import specs
 from fastpbrl.agents import dqn, sac, td3
 from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
                               multi_step, population_hparams)
-from fastpbrl.types import Transition
+from fastpbrl.types import random_transitions as random_batch
 
 AGENTS = ('td3', 'sac', 'dqn')
 IMPLEMENTATIONS = ('jax-vectorized', 'jax-sequential', 'jax-parallel',
@@ -160,30 +160,29 @@ class BenchmarkConfig:
   available cores); torch-parallel splits the cores between its processes."""
 
 
-def _positive_int(text: str) -> int:
-  try:
-    value = int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
-  if value < 1:
-    raise argparse.ArgumentTypeError(f'{value} must be >= 1')
-  return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+  """An argparse type: an integer >= ``minimum``, else a clear message."""
+
+  def parse(text: str) -> int:
+    try:
+      value = int(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
+    if value < minimum:
+      raise argparse.ArgumentTypeError(f'{value} must be >= {minimum}')
+    return value
+
+  return parse
+
+
+_positive_int = _int_at_least(1)
+_nonnegative_int = _int_at_least(0)
 
 
 def _steps_arg(text: str) -> str:
   if text == 'default':
     return text
   return str(_positive_int(text))
-
-
-def _nonnegative_int(text: str) -> int:
-  try:
-    value = int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
-  if value < 0:
-    raise argparse.ArgumentTypeError(f'{value} must be >= 0')
-  return value
 
 
 def _positive_float(text: str) -> float:
@@ -358,29 +357,6 @@ def make_agent(agent_name: str, steps: int, batch_size: int,
   if hidden is not None and agent_name != 'dqn':
     fields['hidden_sizes'] = (hidden, hidden)
   return module.make_agent(env_spec(agent_name), config_cls(**fields))
-
-
-def random_batch(spec: specs.EnvironmentSpec, leading: tuple,
-                 seed: int) -> Transition:
-  """Random transitions ``[*leading, ...]`` fitting ``spec`` (numpy arrays)."""
-  rng = np.random.default_rng(seed)
-  obs_shape = spec.observations.shape
-  if spec.observations.dtype == np.uint8:
-    obs = rng.integers(0, 256, (*leading, *obs_shape), dtype=np.uint8)
-    next_obs = rng.integers(0, 256, (*leading, *obs_shape), dtype=np.uint8)
-  else:
-    obs = rng.standard_normal((*leading, *obs_shape), np.float32)
-    next_obs = rng.standard_normal((*leading, *obs_shape), np.float32)
-  if isinstance(spec.actions, specs.DiscreteArray):
-    action = rng.integers(0, spec.actions.num_values, leading).astype(np.int32)
-  else:
-    action = rng.uniform(-1, 1, (*leading, *spec.actions.shape)).astype(
-        np.float32)
-  return Transition(
-      observation=obs, action=action,
-      reward=rng.standard_normal(leading, np.float32), next_observation=next_obs,
-      terminated=(rng.uniform(size=leading) < 0.1).astype(np.float32),
-      truncated=(rng.uniform(size=leading) < 0.05).astype(np.float32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -605,20 +581,17 @@ class _Runner:
     return _jax_device_peak_bytes()
 
 
-class JaxVectorized(_Runner):
-  """``PopulationLearner.update``: the project's one-program population call."""
+class _LearnerRunner(_Runner):
+  """One call of a population learner on batches already on the device."""
 
   compiles_on_first_call = True
 
-  def __init__(self, case: Case, n: int, seed: int, cache: dict):
-    del cache
-    self.agent = make_agent(case.agent, case.steps, case.batch_size, case.hidden)
-    self.steps = case.steps
-    self.learner = PopulationLearner(self.agent, case.steps)
-    self.hparams = population_hparams(self.agent, n)
-    self.state = self.learner.init(jax.random.PRNGKey(seed), self.hparams)
+  def _setup(self, learner, hparams, env_spec, case: Case, n: int,
+             seed: int) -> None:
+    self.learner, self.hparams, self.steps = learner, hparams, case.steps
+    self.state = learner.init(jax.random.PRNGKey(seed), hparams)
     self.batch = jax.device_put(random_batch(
-        self.agent.env_spec, (n, case.steps, case.batch_size), seed))
+        env_spec, (n, case.steps, case.batch_size), seed))
     jax.block_until_ready((self.state, self.batch))
 
   def call(self) -> None:
@@ -626,11 +599,26 @@ class JaxVectorized(_Runner):
                                               self.batch)
     jax.block_until_ready((self.state, metrics))
 
-  def flops_per_call(self) -> Optional[float]:
+  def _flops(self, update_fn) -> Optional[float]:
     one_step = jax.tree.map(lambda x: x[:, 0], self.batch)
-    flops = xla_flops(jax.vmap(self.agent.update), self.state, self.hparams,
-                      one_step)
+    flops = xla_flops(update_fn, self.state, self.hparams, one_step)
     return None if flops is None else flops * self.steps
+
+
+class JaxVectorized(_LearnerRunner):
+  """``PopulationLearner.update``: the project's one-program population call."""
+
+  def __init__(self, case: Case, n: int, seed: int, cache: dict):
+    del cache
+    self.agent = make_agent(case.agent, case.steps, case.batch_size, case.hidden)
+    self._setup(PopulationLearner(self.agent, case.steps),
+                population_hparams(self.agent, n), self.agent.env_spec, case,
+                n, seed)
+
+  def flops_per_call(self) -> Optional[float]:
+    # A plain vmap: the delayed policy step counts on every step (an upper
+    # bound; the learner's named vmap skips it where no member needs it).
+    return self._flops(jax.vmap(self.agent.update))
 
 
 class JaxSequential(_Runner):
@@ -676,33 +664,19 @@ class JaxSequential(_Runner):
     return self.member_flops * len(self.states)
 
 
-class SharedCriticVectorized(_Runner):
+class SharedCriticVectorized(_LearnerRunner):
   """``SharedCriticLearner.update``: one critic step on the population-mean
   loss and all policy steps, vectorized (the paper's section 4.2)."""
-
-  compiles_on_first_call = True
 
   def __init__(self, case: Case, n: int, seed: int, cache: dict):
     del cache
     agent = make_agent(case.agent, case.steps, case.batch_size, case.hidden)
     self.shared = agent.shared_critic
-    self.steps = case.steps
-    self.learner = SharedCriticLearner(self.shared, case.steps)
-    self.hparams = population_hparams(agent, n)
-    self.state = self.learner.init(jax.random.PRNGKey(seed), self.hparams)
-    self.batch = jax.device_put(random_batch(
-        agent.env_spec, (n, case.steps, case.batch_size), seed))
-    jax.block_until_ready((self.state, self.batch))
-
-  def call(self) -> None:
-    self.state, metrics = self.learner.update(self.state, self.hparams,
-                                              self.batch)
-    jax.block_until_ready((self.state, metrics))
+    self._setup(SharedCriticLearner(self.shared, case.steps),
+                population_hparams(agent, n), agent.env_spec, case, n, seed)
 
   def flops_per_call(self) -> Optional[float]:
-    one_step = jax.tree.map(lambda x: x[:, 0], self.batch)
-    flops = xla_flops(self.shared.update, self.state, self.hparams, one_step)
-    return None if flops is None else flops * self.steps
+    return self._flops(self.shared.update)
 
 
 class SharedCriticSequential(_Runner):

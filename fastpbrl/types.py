@@ -93,3 +93,36 @@ def scale_action(action: np.ndarray, action_spec: specs.BoundedArray) -> np.ndar
   low, high = action_spec.minimum, action_spec.maximum
   action = np.clip(action, -1.0, 1.0)
   return low + (action + 1.0) * 0.5 * (high - low)
+
+
+def random_transitions(spec: specs.EnvironmentSpec, leading: tuple,
+                       seed: int = 0, terminated_fraction: float = 0.1,
+                       truncated_fraction: float = 0.05) -> Transition:
+  """Random transitions ``[*leading, ...]`` fitting ``spec``, as numpy arrays.
+
+  For tests and benchmarks of agents (no environment needed): normal
+  observations (uniform bytes for image specs), uniform actions in [-1, 1]
+  (or uniform discrete actions), normal rewards, and the given fractions of
+  terminated and truncated flags.
+  """
+  rng = np.random.default_rng(seed)
+  obs_shape = (*leading, *spec.observations.shape)
+  if spec.observations.dtype == np.uint8:
+    obs = rng.integers(0, 256, obs_shape, dtype=np.uint8)
+    next_obs = rng.integers(0, 256, obs_shape, dtype=np.uint8)
+  else:
+    obs = rng.standard_normal(obs_shape, np.float32)
+    next_obs = rng.standard_normal(obs_shape, np.float32)
+  if isinstance(spec.actions, specs.DiscreteArray):
+    action = rng.integers(0, spec.actions.num_values, leading).astype(np.int32)
+  else:
+    action = rng.uniform(-1, 1, (*leading, *spec.actions.shape)).astype(
+        np.float32)
+  return Transition(
+      observation=obs, action=action,
+      reward=rng.standard_normal(leading, np.float32),
+      next_observation=next_obs,
+      terminated=(rng.uniform(size=leading) < terminated_fraction).astype(
+          np.float32),
+      truncated=(rng.uniform(size=leading) < truncated_fraction).astype(
+          np.float32))

@@ -12,6 +12,7 @@ from acme import specs
 
 from fastpbrl.learner import PopulationLearner
 from fastpbrl.types import Transition, make_env_spec
+from fastpbrl.types import random_transitions as random_batch  # noqa: F401
 
 
 @functools.lru_cache(maxsize=None)
@@ -21,29 +22,6 @@ def env_spec(env_id: str) -> specs.EnvironmentSpec:
     return make_env_spec(env)
   finally:
     env.close()
-
-
-def random_batch(spec: specs.EnvironmentSpec, leading: tuple, seed: int = 0,
-                 terminated_fraction: float = 0.1) -> Transition:
-  """Random transitions of shape ``[*leading, ...]`` fitting ``spec``."""
-  rng = np.random.default_rng(seed)
-  obs_shape = spec.observations.shape
-  if spec.observations.dtype == np.uint8:
-    obs = rng.integers(0, 256, (*leading, *obs_shape), dtype=np.uint8)
-    next_obs = rng.integers(0, 256, (*leading, *obs_shape), dtype=np.uint8)
-  else:
-    obs = rng.standard_normal((*leading, *obs_shape)).astype(np.float32)
-    next_obs = rng.standard_normal((*leading, *obs_shape)).astype(np.float32)
-  if isinstance(spec.actions, specs.DiscreteArray):
-    action = rng.integers(0, spec.actions.num_values, leading).astype(np.int32)
-  else:
-    action = rng.uniform(-1, 1, (*leading, *spec.actions.shape)).astype(np.float32)
-  return Transition(
-      observation=obs, action=action,
-      reward=rng.standard_normal(leading).astype(np.float32),
-      next_observation=next_obs,
-      terminated=(rng.uniform(size=leading) < terminated_fraction).astype(np.float32),
-      truncated=(rng.uniform(size=leading) < 0.05).astype(np.float32))
 
 
 def member(tree, i: int):

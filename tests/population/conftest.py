@@ -12,7 +12,7 @@ import pytest
 
 from fastpbrl.agents import td3
 from fastpbrl.learner import population_hparams
-from fastpbrl.types import Transition, make_env_spec
+from fastpbrl.types import Transition, make_env_spec, random_transitions
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,17 +50,9 @@ def distinct_population(agent, n: int, seed: int = 0):
 
 
 def random_batch(spec, leading: tuple, seed: int = 0) -> Transition:
-  rng = np.random.default_rng(seed)
-  obs_shape = spec.observations.shape
-  act_dim = spec.actions.shape[0]
-  f32 = np.float32
-  return Transition(
-      observation=rng.standard_normal((*leading, *obs_shape)).astype(f32),
-      action=rng.uniform(-1, 1, (*leading, act_dim)).astype(f32),
-      reward=rng.standard_normal(leading).astype(f32),
-      next_observation=rng.standard_normal((*leading, *obs_shape)).astype(f32),
-      terminated=np.zeros(leading, f32),
-      truncated=np.zeros(leading, f32))
+  """Random transitions with no episode ends."""
+  return random_transitions(spec, leading, seed, terminated_fraction=0.0,
+                            truncated_fraction=0.0)
 
 
 @pytest.fixture(scope='session')
