@@ -291,7 +291,7 @@ def test_exception_in_the_training_loop_releases_everything():
 
 
 SCRIPT = textwrap.dedent('''
-    import functools, sys, jax
+    import functools, signal, sys, jax
     from fastpbrl import agents
     from fastpbrl.agents.td3 import TD3Config
     from fastpbrl.learner import PopulationLearner, population_hparams
@@ -300,6 +300,10 @@ SCRIPT = textwrap.dedent('''
     import gymnasium as gym
 
     def main():
+      # As in a terminal: a shell that starts jobs in the background (CI
+      # runners do) makes them ignore SIGINT, and Python then installs no
+      # KeyboardInterrupt handler.
+      signal.signal(signal.SIGINT, signal.default_int_handler)
       env_id = 'InvertedPendulum-v5'
       config = TD3Config(hidden_sizes=(8,), batch_size=8, steps_per_call=5)
       agent = agents.make_agent('td3', make_env_spec(gym.make(env_id)), config)
@@ -344,7 +348,11 @@ def test_ctrl_c_stops_everything_within_seconds(tmp_path):
   proc, actor_pids = run_script(tmp_path)
   start = time.monotonic()
   os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-  proc.wait(timeout=20)
+  try:
+    proc.wait(timeout=20)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)  # leave nothing behind on failure
+    raise
   stderr = proc.stderr.read()
   assert time.monotonic() - start < 10
   assert 'KeyboardInterrupt' in stderr
