@@ -72,7 +72,7 @@ def main(presets: Mapping[str, C], description: str, driver_cls,
   from fastpbrl.run import ConfigError, run  # noqa: PLC0415
 
   config = parse(presets, description, argv)
-  setup_logging(config)
+  setup_logging()
   try:
     driver = driver_cls(config)
     return run(driver.config, driver)
@@ -80,9 +80,18 @@ def main(presets: Mapping[str, C], description: str, driver_cls,
     raise SystemExit(f'error: {e}') from None
 
 
-def setup_logging(config) -> None:
-  """INFO logs to stderr and the resolved config, as JSON, once."""
-  logging.basicConfig(level=logging.INFO,
-                      format='%(asctime)s %(name)s %(levelname)s %(message)s')
-  logging.getLogger('fastpbrl').info(
-      'config: %s', json.dumps(dataclasses.asdict(config), default=str))
+def setup_logging() -> None:
+  """fastpbrl's INFO logs to stderr (``run`` then logs the resolved config).
+
+  Configures the ``fastpbrl`` logger itself rather than the root logger:
+  libraries imported earlier (absl, through orbax) may already have given
+  the root logger a handler, which makes ``logging.basicConfig`` a no-op.
+  """
+  log = logging.getLogger('fastpbrl')
+  if not log.handlers:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(
+        '%(asctime)s %(name)s %(levelname)s %(message)s'))
+    log.addHandler(handler)
+  log.setLevel(logging.INFO)
+  log.propagate = False

@@ -45,3 +45,24 @@ def test_preset_paper_sets_the_papers_population(monkeypatch):
   assert (config.env, config.population_size) == ('HalfCheetah-v5', 8)
   config = cli.parse(dvd.PRESETS, 'x', ['--preset', 'paper'])
   assert (config.env, config.population_size) == ('Humanoid-v5', 5)
+
+
+def test_setup_logging_shows_fastpbrl_info_even_if_root_is_configured(capsys):
+  import logging
+  from fastpbrl import cli
+  root_handler = logging.NullHandler()
+  logging.getLogger().addHandler(root_handler)  # what absl does on import
+  log = logging.getLogger('fastpbrl')
+  saved = list(log.handlers)
+  for handler in saved:  # earlier tests' runs installed one on their stderr
+    log.removeHandler(handler)
+  try:
+    cli.setup_logging()
+    logging.getLogger('fastpbrl.replay.buffers').info('replay: 1.0 GiB')
+    assert 'fastpbrl.replay.buffers INFO replay: 1.0 GiB' in capsys.readouterr().err
+  finally:
+    logging.getLogger().removeHandler(root_handler)
+    for handler in list(log.handlers):
+      log.removeHandler(handler)
+    for handler in saved:
+      log.addHandler(handler)
