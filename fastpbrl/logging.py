@@ -34,11 +34,13 @@ class RunLogger:
     wall_time_offset: seconds already spent before a resume, so curves of a
       resumed run continue the killed run's time axis.
     progress: draw the progress bar (off in tests).
+    eval_episodes: episodes per evaluation; the bar's "best" is the best
+      evaluation mean, as in the summary table and the plot.
   """
 
   def __init__(self, run_dir: str, population_size: int, total_env_steps: int,
                initial_env_steps: int = 0, wall_time_offset: float = 0.0,
-               progress: bool = True):
+               progress: bool = True, eval_episodes: int = 1):
     from tensorboardX import SummaryWriter  # noqa: PLC0415 (heavy import)
 
     self.run_dir = run_dir
@@ -58,7 +60,9 @@ class RunLogger:
     self._bar = tqdm(total=total_env_steps, initial=initial_env_steps,
                      unit='step', dynamic_ncols=True, disable=not progress)
     self._last_steps = initial_env_steps
-    self.best_return = -math.inf
+    self._eval_episodes = eval_episodes
+    self._eval_group = [[] for _ in range(population_size)]
+    self.best_return = -math.inf  # best evaluation mean so far
 
   @property
   def wall_time(self) -> float:
@@ -66,21 +70,28 @@ class RunLogger:
 
   def episodes(self, records: Iterable[Mapping], env_steps: int,
                update_steps: int) -> None:
-    """Appends finished episodes (dicts with member, episode_return,
-    episode_length, evaluation) to the members' CSVs and TensorBoard."""
+    """Appends finished episodes (``EpisodeRecord``s or dicts with member,
+    episode_return, episode_length, evaluation and optionally the member's
+    own env_steps) to the members' CSVs and TensorBoard."""
     wall = self.wall_time
     for r in records:
-      row = {'wall_time': round(wall, 3), 'env_steps': env_steps,
-             'update_steps': update_steps, 'member': int(r['member']),
+      member = int(r['member'])
+      steps = int(r['env_steps']) if 'env_steps' in _keys(r) else env_steps
+      row = {'wall_time': round(wall, 3), 'env_steps': steps,
+             'update_steps': update_steps, 'member': member,
              'episode_return': float(r['episode_return']),
              'episode_length': int(r['episode_length']),
              'evaluation': bool(r['evaluation'])}
-      self._writers[row['member']].writerow(row)
+      self._writers[member].writerow(row)
       tag = 'eval_return' if row['evaluation'] else 'train_return'
-      self._tb.add_scalar(f'member_{row["member"]:03d}/{tag}',
-                          row['episode_return'], env_steps)
+      self._tb.add_scalar(f'member_{member:03d}/{tag}', row['episode_return'],
+                          steps)
       if row['evaluation']:
-        self.best_return = max(self.best_return, row['episode_return'])
+        group = self._eval_group[member]
+        group.append(row['episode_return'])
+        if len(group) == self._eval_episodes:
+          self.best_return = max(self.best_return, sum(group) / len(group))
+          group.clear()
     for f in self._files:
       f.flush()
 
@@ -101,6 +112,10 @@ class RunLogger:
     self._tb.close()
     for f in self._files:
       f.close()
+
+
+def _keys(record) -> tuple:
+  return getattr(record, '_fields', None) or tuple(record)
 
 
 def read_member_csvs(run_dir: str) -> list[list[dict]]:

@@ -190,7 +190,7 @@ class Loop:
   key: jax.Array  # the run's rule key; split it, never reuse it
   calls: int = 0  # learner calls done
   update_steps: int = 0  # update steps per member done
-  env_steps: int = 0  # env steps per member collected (mean over members)
+  env_steps: int = 0  # env steps per member collected (least over members)
   episodes: list = dataclasses.field(default_factory=list)  # this call's
 
   def next_key(self) -> jax.Array:
@@ -341,7 +341,8 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
   logger = RunLogger(run_dir, n, total_env_steps=config.env_steps * n,
                      initial_env_steps=counters['env_steps'] * n,
                      wall_time_offset=counters['wall_time'],
-                     progress=config.progress)
+                     progress=config.progress,
+                     eval_episodes=config.eval_episodes)
   pipeline = Pipeline.create(config, agent, shared_replay=driver.shared_replay,
                              seed=config.seed + counters['calls'])
   loop = Loop(config=config, run_dir=run_dir, agent=agent, learner=learner,
@@ -360,6 +361,7 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
                       'wall_time': logger.wall_time},
          'driver': driver.checkpoint_meta()})
 
+  steps_before = counters['env_steps']
   try:
     pipeline.publish(learner.policy_params(loop.state),
                      driver.actor_hparams(loop.hparams))
@@ -368,8 +370,11 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
       loop.state, metrics = learner.update(loop.state, loop.hparams, batch)
       loop.calls += 1
       loop.update_steps += learner.num_steps
-      loop.episodes = pipeline.drain_episodes()
-      loop.env_steps = pipeline.env_steps_per_member()
+      # A resumed run's pipeline counts from zero: steps before the
+      # checkpoint are added back, so budgets and logs continue.
+      loop.episodes = [r._replace(env_steps=r.env_steps + steps_before)
+                       for r in pipeline.drain_episodes()]
+      loop.env_steps = steps_before + pipeline.env_steps_per_member()
       logger.episodes(loop.episodes, loop.env_steps, loop.update_steps)
       driver.after_call(loop)
       # After the rule, so that what it changed reaches the actors now.

@@ -53,6 +53,13 @@ def test_pbt_runs_exploits_and_resumes_with_its_perturbed_hparams(tmp_path):
   second = pbt.main(['--resume', run_dir, '--env-steps', '1600',
                      '--ready-after', '1000000', '--no-progress'])
   assert second.calls > first.calls
+  # The budget counts the steps before the checkpoint: the resumed run
+  # collects the missing 400 per member (plus a re-warm), not 1600 more.
+  assert 1600 <= second.env_steps < 1600 + 200
+  for rows in read_member_csvs(run_dir):
+    steps = [int(r['env_steps']) for r in rows if r['evaluation'] == 'False']
+    assert steps == sorted(steps) and steps[-1] < 1600 + 200
+    assert len(steps) <= 9  # 200-step Pendulum episodes in ~1600 steps
   assert second.update_steps == second.calls * 10
   for before, after in zip(first.hparams, second.hparams):
     assert before == pytest.approx(after, rel=1e-6)
