@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 from fastpbrl import cli
 from fastpbrl.drivers import PBTDriver, PBTRunConfig, ScheduleDriver
 from fastpbrl.population import pbt as pbt_lib
-from fastpbrl.run import RunConfig
+from fastpbrl.run import ConfigError, RunConfig
 
 
 @dataclasses.dataclass
@@ -38,7 +38,11 @@ def _driver(config: PBTScript):
   if not config.rerun_lineage:
     return PBTDriver(config)
   # Re-run one member's schedule: a population of one with the run settings.
-  steps = pbt_lib.schedule(config.rerun_lineage, config.rerun_member)
+  try:
+    steps = pbt_lib.schedule(config.rerun_lineage, config.rerun_member)
+  except (OSError, ValueError, KeyError) as e:
+    raise ConfigError(f'--rerun-lineage {config.rerun_lineage} '
+                      f'--rerun-member {config.rerun_member}: {e}') from None
   single = RunConfig(**{**{f.name: getattr(config, f.name)
                            for f in dataclasses.fields(RunConfig)},
                         'population_size': 1})

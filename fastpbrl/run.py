@@ -19,6 +19,7 @@ Everything that can be checked is checked before any process starts
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging as std_logging
@@ -140,6 +141,57 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
   if config.resume is not None:
     _check(os.path.isdir(os.path.join(config.resume, 'checkpoints')),
            f'--resume {config.resume!r}: no checkpoints/ folder there')
+  elif config.run_dir is not None and os.path.isdir(config.run_dir):
+    _check(not os.listdir(config.run_dir),
+           f'--run-dir {config.run_dir!r} is not empty: pass --resume '
+           f'{config.run_dir} to continue that run, or choose a new directory')
+
+
+def log_sizes(run_dir: str) -> dict:
+  """Byte sizes of the run's append-only logs (member CSVs, lineage, CEM
+  means), stored in each checkpoint."""
+  names = [os.path.join('members', f) for f in sorted(
+      os.listdir(os.path.join(run_dir, 'members')))] if os.path.isdir(
+          os.path.join(run_dir, 'members')) else []
+  names += ['lineage.jsonl', 'mean_policy.csv']
+  return {name: os.path.getsize(os.path.join(run_dir, name)) for name in names
+          if os.path.exists(os.path.join(run_dir, name))}
+
+
+def truncate_logs(run_dir: str, sizes: dict) -> None:
+  """Cuts the logs back to their sizes at the checkpoint being resumed: what
+  a killed run wrote after it is redone by the resumed run, not kept twice."""
+  for name, size in sizes.items():
+    path = os.path.join(run_dir, name)
+    if os.path.exists(path) and os.path.getsize(path) > size:
+      with open(path, 'r+b') as f:
+        f.truncate(size)
+
+
+# Settings that fix the shapes of a checkpoint: a resume cannot change them.
+SHAPE_SETTINGS = ('env', 'agent', 'population_size', 'hidden_sizes')
+
+
+def check_resume(config: RunConfig, driver_name: str) -> None:
+  """Raises ``ConfigError`` if ``--resume`` would continue another kind of
+  run (another driver, env, agent, population or network size)."""
+  path = os.path.join(config.resume, 'config.json')
+  _check(os.path.exists(path), f'--resume {config.resume!r}: no config.json')
+  with open(path) as f:
+    saved = json.load(f)
+  _check(saved.get('driver') != 'pbt-rerun',
+         f'--resume {config.resume!r}: a re-run of one member\'s schedule '
+         'cannot be resumed; start the re-run again (--rerun-lineage)')
+  _check(saved.get('driver') == driver_name,
+         f'--resume {config.resume!r} is a {saved.get("driver")!r} run; '
+         f'continue it with experiments.{saved.get("driver")}')
+  for name in SHAPE_SETTINGS:
+    now, before = getattr(config, name), saved.get(name)
+    if isinstance(now, tuple):
+      before = tuple(before or ())
+    _check(now == before,
+           f'--{name.replace("_", "-")} {now} differs from the resumed run\'s '
+           f'{before}; a resume cannot change it')
 
 
 def make_env_spec(env_id: str):
@@ -299,6 +351,8 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
   them, not the initial ones), the counters, the RNG keys and the driver's
   state. The replay buffers are refilled (warm-up) rather than restored.
   """
+  if config.resume:
+    check_resume(config, driver.name)
   validate(config, driver.min_population)
   env_spec = make_env_spec(config.env)
   agent = make_agent(config, env_spec)
@@ -316,53 +370,62 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
     raise ConfigError(f'initial hyperparameters: {e}') from None
   k_init, k_driver = jax.random.split(k_init)
   state = driver.initialize(k_driver, learner.init(k_init, hparams), agent)
-  checkpointer = Checkpointer(run_dir)
-  counters = {'calls': 0, 'update_steps': 0, 'env_steps': 0, 'wall_time': 0.0}
-  if config.resume:
-    extra_template = {'hparams': hparams, 'rule_key': k_rule,
-                      'driver': driver.checkpoint_arrays()}
-    state, extra, meta = checkpointer.restore(state, extra_template)
-    state = jax.tree.map(jnp.asarray, state)
-    hparams = jax.tree.map(jnp.asarray, extra['hparams'])
-    k_rule = jnp.asarray(extra['rule_key'])
-    driver.restore(extra['driver'], meta['driver'])
-    counters = meta['counters']
-    log.info('resumed %s at call %d (%d env steps per member)', run_dir,
-             counters['calls'], counters['env_steps'])
-  else:
-    with open(os.path.join(run_dir, 'config.json'), 'w') as f:
-      json.dump({'driver': driver.name, **dataclasses.asdict(config)}, f,
-                indent=2, default=str)
-  log.info('run %s: %s', run_dir, json.dumps(dataclasses.asdict(config),
-                                             default=str))
+  # Everything opened from here on is closed on the way out, whatever fails.
+  with contextlib.ExitStack() as stack:
+    checkpointer = Checkpointer(run_dir)
+    stack.callback(checkpointer.close)
+    counters = {'calls': 0, 'update_steps': 0, 'env_steps': 0, 'wall_time': 0.0}
+    if config.resume:
+      extra_template = {'hparams': hparams, 'rule_key': k_rule,
+                        'driver': driver.checkpoint_arrays()}
+      state, extra, meta = checkpointer.restore(state, extra_template)
+      state = jax.tree.map(jnp.asarray, state)
+      hparams = jax.tree.map(jnp.asarray, extra['hparams'])
+      k_rule = jnp.asarray(extra['rule_key'])
+      driver.restore(extra['driver'], meta['driver'])
+      counters = meta['counters']
+      truncate_logs(run_dir, meta.get('log_sizes', {}))
+      log.info('resumed %s at call %d (%d env steps per member)', run_dir,
+               counters['calls'], counters['env_steps'])
+    else:
+      with open(os.path.join(run_dir, 'config.json'), 'w') as f:
+        json.dump({'driver': driver.name, **dataclasses.asdict(config)}, f,
+                  indent=2, default=str)
+    log.info('run %s: %s', run_dir, json.dumps(dataclasses.asdict(config),
+                                               default=str))
 
-  from fastpbrl.pipeline import Pipeline  # noqa: PLC0415 (starts processes)
+    from fastpbrl.pipeline import Pipeline  # noqa: PLC0415 (starts processes)
 
-  logger = RunLogger(run_dir, n, total_env_steps=config.env_steps * n,
-                     initial_env_steps=counters['env_steps'] * n,
-                     wall_time_offset=counters['wall_time'],
-                     progress=config.progress,
-                     eval_episodes=config.eval_episodes)
-  pipeline = Pipeline.create(config, agent, shared_replay=driver.shared_replay,
-                             seed=config.seed + counters['calls'])
-  loop = Loop(config=config, run_dir=run_dir, agent=agent, learner=learner,
-              pipeline=pipeline,
-              state=state, hparams=hparams, key=k_rule,
-              calls=counters['calls'], update_steps=counters['update_steps'],
-              env_steps=counters['env_steps'])
+    logger = RunLogger(run_dir, n, total_env_steps=config.env_steps * n,
+                       initial_env_steps=counters['env_steps'] * n,
+                       wall_time_offset=counters['wall_time'],
+                       progress=config.progress,
+                       eval_episodes=config.eval_episodes)
+    stack.callback(logger.close)
+    pipeline = Pipeline.create(config, agent, shared_replay=driver.shared_replay,
+                               seed=config.seed + counters['calls'])
+    stack.callback(pipeline.close)
+    loop = Loop(config=config, run_dir=run_dir, agent=agent, learner=learner,
+                pipeline=pipeline,
+                state=state, hparams=hparams, key=k_rule,
+                calls=counters['calls'], update_steps=counters['update_steps'],
+                env_steps=counters['env_steps'])
 
-  def save():
-    checkpointer.save(
-        loop.calls, loop.state,
-        {'hparams': loop.hparams, 'rule_key': loop.key,
-         'driver': driver.checkpoint_arrays()},
-        {'counters': {'calls': loop.calls, 'update_steps': loop.update_steps,
-                      'env_steps': loop.env_steps,
-                      'wall_time': logger.wall_time},
-         'driver': driver.checkpoint_meta()})
+    def save():
+      if checkpointer.latest_step() == loop.calls:
+        return  # already saved at this call (e.g. the last call, or resumed
+                # from a finished run): orbax refuses a step twice
+      checkpointer.save(
+          loop.calls, loop.state,
+          {'hparams': loop.hparams, 'rule_key': loop.key,
+           'driver': driver.checkpoint_arrays()},
+          {'counters': {'calls': loop.calls, 'update_steps': loop.update_steps,
+                        'env_steps': loop.env_steps,
+                        'wall_time': logger.wall_time},
+           'driver': driver.checkpoint_meta(),
+           'log_sizes': log_sizes(run_dir)})
 
-  steps_before = counters['env_steps']
-  try:
+    steps_before = counters['env_steps']
     pipeline.publish(learner.policy_params(loop.state),
                      driver.actor_hparams(loop.hparams))
     while not driver.finished(loop):
@@ -394,10 +457,6 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
       if config.checkpoint_every and loop.calls % config.checkpoint_every == 0:
         save()
     save()
-  finally:
-    pipeline.close()
-    logger.close()
-    checkpointer.close()
 
   rows = driver.hparam_rows(loop.hparams)
   table = summary_table(run_dir, rows, eval_episodes=config.eval_episodes)

@@ -66,3 +66,40 @@ def test_setup_logging_shows_fastpbrl_info_even_if_root_is_configured(capsys):
       log.removeHandler(handler)
     for handler in saved:
       log.addHandler(handler)
+
+
+def _pbt_error(argv, monkeypatch):
+  import fastpbrl.run as run_lib
+  monkeypatch.setattr(run_lib, 'RunLogger', _no_start)
+  with pytest.raises(SystemExit) as info:
+    pbt.main(argv + ['--no-progress'])
+  return str(info.value.code)
+
+
+def test_non_empty_run_dir_without_resume_is_refused(tmp_path, monkeypatch):
+  (tmp_path / 'members').mkdir()
+  message = _pbt_error(['--run-dir', str(tmp_path)], monkeypatch)
+  assert f'--run-dir {str(tmp_path)!r} is not empty: pass --resume' in message
+
+
+def test_resume_cannot_change_shapes_or_driver(tmp_path, monkeypatch):
+  import json
+  (tmp_path / 'checkpoints').mkdir()
+  config = {'driver': 'pbt', 'env': 'Pendulum-v1', 'agent': 'td3',
+            'population_size': 4, 'hidden_sizes': [256, 256]}
+  (tmp_path / 'config.json').write_text(json.dumps(config))
+  message = _pbt_error(['--resume', str(tmp_path), '--population-size', '8'],
+                       monkeypatch)
+  assert "--population-size 8 differs from the resumed run's 4" in message
+  (tmp_path / 'config.json').write_text(json.dumps({**config, 'driver': 'dvd'}))
+  message = _pbt_error(['--resume', str(tmp_path)], monkeypatch)
+  assert "is a 'dvd' run; continue it with experiments.dvd" in message
+
+
+def test_rerun_of_a_missing_member_names_the_flags(tmp_path, monkeypatch):
+  lineage = tmp_path / 'lineage.jsonl'
+  lineage.write_text('{"event": "init", "member": 0, "step": 0, '
+                     '"hparams": {}}\n')
+  message = _pbt_error(['--rerun-lineage', str(lineage), '--rerun-member', '5',
+                        '--run-dir', str(tmp_path / 'rerun')], monkeypatch)
+  assert '--rerun-member 5' in message and 'no init event for member 5' in message

@@ -48,11 +48,21 @@ def test_pbt_runs_exploits_and_resumes_with_its_perturbed_hparams(tmp_path):
     for name, value in values.items():
       assert first.hparams[member][name] == pytest.approx(value, rel=1e-6)
 
+  # What a run killed after its last checkpoint leaves behind: log lines
+  # the resumed run redoes. They must be cut, not kept twice.
+  with open(os.path.join(run_dir, 'lineage.jsonl'), 'a') as f:
+    f.write('{"event": "exploit", "member": 0, "step": 123456789}\n')
+  with open(os.path.join(run_dir, 'members', 'member_000.csv'), 'a') as f:
+    f.write('1.0,123456789,123456789,0,-1.0,200,False\n')
   # Resume: no further exploit (ready_after beyond the budget), so the
   # hyperparameters must stay exactly those the first run ended with.
   second = pbt.main(['--resume', run_dir, '--env-steps', '1600',
                      '--ready-after', '1000000', '--no-progress'])
   assert second.calls > first.calls
+  with open(os.path.join(run_dir, 'lineage.jsonl')) as f:
+    assert "123456789" not in f.read()
+  with open(os.path.join(run_dir, 'members', 'member_000.csv')) as f:
+    assert "123456789" not in f.read()
   # The budget counts the steps before the checkpoint: the resumed run
   # collects the missing 400 per member (plus a re-warm), not 1600 more.
   assert 1600 <= second.env_steps < 1600 + 200
