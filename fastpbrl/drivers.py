@@ -27,8 +27,8 @@ from fastpbrl.population import dvd as dvd_lib
 from fastpbrl.population import hypertrick as hypertrick_lib
 from fastpbrl.population import pbt as pbt_lib
 from fastpbrl.population import search_space as ss
-from fastpbrl.run import (Driver, Loop, RunConfig, _check, as_flag_error,
-                          hparam_rows)
+from fastpbrl.run import (ConfigError, Driver, Loop, RunConfig, _check,
+                          as_flag_error, hparam_rows)
 
 
 # ---------------------------------------------------------------------------
@@ -68,6 +68,43 @@ class PBTRunConfig(RunConfig):
   'defaults' (the agent's published defaults for every member)."""
 
 
+class FreshEpisodes:
+  """Host-side. Per member, the first policy version whose episodes count.
+
+  After a member's weights are replaced (PBT exploit, HyperTrick restart),
+  episodes that started under its old weights still arrive for a while;
+  they must not score the new weights. ``renew`` marks members replaced by
+  this call (their new weights go out with the next publish); ``keep``
+  filters episode records by the version they started under.
+  """
+
+  def __init__(self, population_size: int):
+    self.first_version = np.zeros((population_size,), np.int64)
+
+  def keep(self, record) -> bool:
+    return (record['start_policy_version']
+            >= self.first_version[int(record['member'])])
+
+  def renew(self, loop: Loop, members: np.ndarray) -> None:
+    self.first_version[members] = loop.pipeline.policy_version + 1
+
+  def restart(self) -> None:
+    """A resumed run's pipeline numbers versions from zero again."""
+    self.first_version[:] = 0
+
+
+def _check_evaluations_per(span_update_steps: float, config: RunConfig,
+                           span_flags: str) -> None:
+  """A rule that scores every span of update steps needs an evaluation
+  to start inside each span."""
+  span_env_steps = span_update_steps / config.update_to_data_ratio
+  _check(config.eval_every <= span_env_steps,
+         f'--eval-every {config.eval_every} is longer than one {span_flags} '
+         f'span ({span_env_steps:.0f} env steps per member): spans would end '
+         'without an evaluation to score them; lower --eval-every or lengthen '
+         'the span')
+
+
 class PBTDriver(Driver):
   """Independent members with per-member replay; PBT between calls."""
 
@@ -101,6 +138,7 @@ class PBTDriver(Driver):
     self.last_ready = np.zeros((config.population_size,), np.int64)
     self.exploits = 0
     self.lineage: Optional[pbt_lib.Lineage] = None
+    self.fresh = FreshEpisodes(config.population_size)
 
   def initial_hparams(self, key, agent, population_size):
     defaults = agent.default_hparams()
@@ -120,8 +158,12 @@ class PBTDriver(Driver):
   def after_call(self, loop: Loop) -> None:
     lineage = self._lineage(loop)
     for r in loop.episodes:
-      if r['evaluation']:
+      if r['evaluation'] and self.fresh.keep(r):
         objective = r['true_objective']
+        if self.config.true_objective and np.isnan(objective):
+          raise ConfigError(
+              f'--true-objective: {self.config.env} reported no '
+              "info['true_objective'] at the end of an episode")
         self.fitness.record(int(r['member']), float(r['episode_return']),
                             None if np.isnan(objective) else objective)
     # Members step in lockstep and a copy inherits its parent's step counter,
@@ -138,6 +180,7 @@ class PBTDriver(Driver):
     parent = np.asarray(result.parent)
     lineage.record(loop.update_steps, result, loop.hparams, fitness)
     self.fitness.on_exploit(parent, replaced)
+    self.fresh.renew(loop, replaced)
     self.last_ready = np.where(ready, steps, self.last_ready)
     if replaced.any() and self.pbt_config.copy_replay:
       loop.pipeline.copy_member_data(np.flatnonzero(replaced),
@@ -162,6 +205,7 @@ class PBTDriver(Driver):
     self.last_ready = np.asarray(arrays['last_ready'], np.int64)
     self.fitness.set_history(meta['fitness_history'])
     self.exploits = meta['exploits']
+    self.fresh.restart()
 
   def summary(self, loop: Loop) -> str:
     return (f'PBT: {self.exploits} exploit/explore replacements; lineage in '
@@ -241,8 +285,9 @@ class DvDRunConfig(RunConfig):
   """Schedule: lambda after --lambda-decay-steps."""
   lambda_decay_steps: int = 100_000
   """Schedule: update steps over which lambda goes from start to end."""
-  bandit_every: int = 20
-  """Bandit: learner calls per round (one lambda per round)."""
+  bandit_every: int = 100
+  """Bandit: learner calls per round (one lambda per round); a round must
+  hold an evaluation (see --eval-every)."""
   kernel_sigma: float = 1.0
   """Length scale of the RBF kernel on the members' actions."""
   embedding_states: int = 20
@@ -270,6 +315,11 @@ class DvDDriver(Driver):
            '--lambda-start and --lambda-end must be >= 0')
     _check(config.lambda_decay_steps >= 1, '--lambda-decay-steps must be >= 1')
     _check(config.bandit_every >= 1, '--bandit-every must be >= 1')
+    if config.lambda_mode == 'bandit':
+      _check_evaluations_per(
+          config.bandit_every * (config.steps_per_call or
+                                 td3.TD3Config.steps_per_call),
+          config, '--bandit-every x --steps-per-call')
     _check(config.kernel_sigma > 0,
            f'--kernel-sigma must be > 0, got {config.kernel_sigma}')
     _check(config.embedding_states >= 2,
@@ -316,12 +366,14 @@ class DvDDriver(Driver):
       self.calls_in_round += 1
       if self.calls_in_round < self.config.bandit_every:
         return
-      # End of a round: reward 1 if the population's best return improved.
-      best = max(self.previous_best, self.round_best)
+      self.calls_in_round = 0
+      if not np.isfinite(self.round_best):
+        return  # no evaluation ended in this round: keep the arm, no reward
+      # End of a round: reward 1 if the population's best evaluation return
+      # improved on the previous round's.
       self.bandit.update(self.arm, dvd_lib.improvement_reward(
           self.previous_best, self.round_best))
-      self.previous_best, self.round_best = best, -np.inf
-      self.calls_in_round = 0
+      self.previous_best, self.round_best = self.round_best, -np.inf
       self.arm, lam = self.bandit.select()
     if lam != self.lam:
       self.lam = lam
@@ -380,7 +432,9 @@ class HyperTrickRunConfig(RunConfig):
   num_phases: int = 4
   """Phases per configuration; a configuration reports at each phase's end."""
   phase_update_steps: int = 2_500
-  """Update steps per phase."""
+  """Update steps per phase; a phase must hold an evaluation (--eval-every)."""
+  eval_every: int = 1_000
+  """Env steps per member between evaluations (no-noise episodes)."""
   eviction_rate: float = 0.25
   """Target fraction of the configurations in a phase terminated at its end."""
   quantile: float = 0.5
@@ -398,6 +452,8 @@ class HyperTrickDriver(Driver):
                space: Optional[ss.SearchSpace] = None):
     super().__init__(config)
     _check(config.phase_update_steps >= 1, '--phase-update-steps must be >= 1')
+    _check_evaluations_per(config.phase_update_steps, config,
+                           '--phase-update-steps')
     _check(config.init_hparams in ('prior', 'defaults'),
            f'--init-hparams must be prior or defaults, got {config.init_hparams!r}')
     try:
@@ -414,6 +470,7 @@ class HyperTrickDriver(Driver):
     self.phase_start = np.zeros((n,), np.int64)
     self.phase_returns = [[] for _ in range(n)]
     self._reset = None
+    self.fresh = FreshEpisodes(n)
 
   def initial_hparams(self, key, agent, population_size):
     defaults = agent.default_hparams()
@@ -440,7 +497,7 @@ class HyperTrickDriver(Driver):
 
   def after_call(self, loop: Loop) -> None:
     for r in loop.episodes:
-      if r['evaluation']:
+      if r['evaluation'] and self.fresh.keep(r):
         self.phase_returns[int(r['member'])].append(float(r['episode_return']))
     due = [slot for slot in range(len(self.phase_start))
            if self.scheduler.slot_worker[slot] is not None
@@ -462,6 +519,7 @@ class HyperTrickDriver(Driver):
     if reset.any():
       loop.state, loop.hparams = self._reset_fn(loop)(
           loop.next_key(), loop.state, loop.hparams, reset)
+      self.fresh.renew(loop, reset)
       rows = hparam_rows(loop.hparams)
       for slot in np.flatnonzero(reset):
         self.scheduler.set_hparams(self.scheduler.slot_worker[slot], rows[slot])
@@ -486,6 +544,7 @@ class HyperTrickDriver(Driver):
     self.scheduler = pickle.loads(base64.b64decode(meta['scheduler']))  # noqa: S301 (our own checkpoint)
     self.rng.bit_generator.state = meta['rng']
     self.phase_returns = meta['phase_returns']
+    self.fresh.restart()
 
   def summary(self, loop: Loop) -> str:
     del loop
@@ -626,6 +685,9 @@ class CEMRLDriver(Driver):
         self.eval_version = loop.pipeline.policy_version + 1
       return
     loop.state = self._restore(loop.state, np.ones_like(self.rl_mask))
+    if self.eval_version is None:  # resumed in the eval phase
+      self.eval_version = loop.pipeline.policy_version + 1
+      return
     for r in loop.episodes:
       m = int(r['member'])
       if (np.isnan(self.fitness[m])
@@ -670,8 +732,10 @@ class CEMRLDriver(Driver):
     self.frozen = jax.tree.map(jnp.asarray, arrays['frozen'])
     self.phase, self.calls_in_phase = meta['phase'], meta['calls_in_phase']
     self.generation = meta['generation']
-    # Versions restart with the new pipeline: evaluate this generation anew.
-    self.eval_version = 0
+    # Versions restart with the new pipeline: evaluate this generation anew,
+    # from the first publish after the next call (the first episodes of a
+    # resumed run are random warm-up, version 0).
+    self.eval_version = None
     self.fitness = np.full_like(self.fitness, np.nan)
     self.mean_returns = [tuple(x) for x in meta['mean_returns']]
 

@@ -19,6 +19,10 @@ from experiments import dvd, hypertrick, pbt
     (dvd, ['--kernel-sigma', '0'], '--kernel-sigma must be > 0'),
     (hypertrick, ['--eviction-rate', '0.6'], '--eviction-rate must be in'),
     (hypertrick, ['--num-phases', '0'], '--num-phases must be >= 1'),
+    (hypertrick, ['--eval-every', '5000'],
+     '--eval-every 5000 is longer than one --phase-update-steps span'),
+    (dvd, ['--bandit-every', '10'],
+     '--eval-every 5000 is longer than one --bandit-every x --steps-per-call'),
 ])
 def test_bad_flag_exits_with_a_message_naming_it(module, argv, message,
                                                   tmp_path, monkeypatch):
@@ -103,3 +107,19 @@ def test_rerun_of_a_missing_member_names_the_flags(tmp_path, monkeypatch):
   message = _pbt_error(['--rerun-lineage', str(lineage), '--rerun-member', '5',
                         '--run-dir', str(tmp_path / 'rerun')], monkeypatch)
   assert '--rerun-member 5' in message and 'no init event for member 5' in message
+
+
+def test_fresh_episodes_drop_those_started_under_replaced_weights():
+  import types
+  import numpy as np
+  from fastpbrl.drivers import FreshEpisodes
+  fresh = FreshEpisodes(3)
+  rec = lambda m, v: {'member': m, 'start_policy_version': v}  # noqa: E731
+  assert fresh.keep(rec(0, 0)) and fresh.keep(rec(1, 0))
+  loop = types.SimpleNamespace(pipeline=types.SimpleNamespace(policy_version=7))
+  fresh.renew(loop, np.array([False, True, False]))
+  # Member 1's new weights go out as version 8: older episodes are dropped.
+  assert fresh.keep(rec(0, 5)) and not fresh.keep(rec(1, 7))
+  assert fresh.keep(rec(1, 8))
+  fresh.restart()
+  assert fresh.keep(rec(1, 0))
