@@ -387,10 +387,11 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
       truncate_logs(run_dir, meta.get('log_sizes', {}))
       log.info('resumed %s at call %d (%d env steps per member)', run_dir,
                counters['calls'], counters['env_steps'])
-    else:
-      with open(os.path.join(run_dir, 'config.json'), 'w') as f:
-        json.dump({'driver': driver.name, **dataclasses.asdict(config)}, f,
-                  indent=2, default=str)
+    # On a resume too, so that flags changed at the resume (a larger
+    # --env-steps) are what the next resume starts from.
+    with open(os.path.join(run_dir, 'config.json'), 'w') as f:
+      json.dump({'driver': driver.name, **dataclasses.asdict(config)}, f,
+                indent=2, default=str)
     log.info('run %s: %s', run_dir, json.dumps(dataclasses.asdict(config),
                                                default=str))
 
