@@ -147,6 +147,15 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
            f'{config.run_dir} to continue that run, or choose a new directory')
 
 
+def pipeline_seed(seed: int, calls: int) -> int:
+  """The pipeline's seed: the run's own, or for a run resumed after
+  ``calls`` learner calls, fresh streams derived from both (never another
+  run seed's streams, as ``seed + calls`` would be)."""
+  if calls == 0:
+    return seed
+  return int(np.random.SeedSequence([seed, calls]).generate_state(1)[0])
+
+
 def log_sizes(run_dir: str) -> dict:
   """Byte sizes of the run's append-only logs (member CSVs, lineage, CEM
   means), stored in each checkpoint."""
@@ -404,7 +413,8 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
                        eval_episodes=config.eval_episodes)
     stack.callback(logger.close)
     pipeline = Pipeline.create(config, agent, shared_replay=driver.shared_replay,
-                               seed=config.seed + counters['calls'])
+                               seed=pipeline_seed(config.seed,
+                                                  counters['calls']))
     stack.callback(pipeline.close)
     loop = Loop(config=config, run_dir=run_dir, agent=agent, learner=learner,
                 pipeline=pipeline,

@@ -14,19 +14,30 @@ on the total store order of x86-64, where stores become visible to other cores
 in program order and loads are not reordered with other loads, and on glibc's
 ``memcpy`` fencing the non-temporal stores it uses for large copies. Each
 index or sequence counter is one aligned 8-byte word, so it is read and
-written atomically.
+written atomically. On other CPUs (aarch64: Graviton, Grace) these protocols
+are not verified; importing this module there warns once.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import secrets
+import warnings
 from multiprocessing import shared_memory
 from typing import Mapping
 
 import numpy as np
 
 SEGMENT_PREFIX = 'fpbrl_'
+
+X86_64 = ('x86_64', 'amd64')
+if platform.machine().lower() not in X86_64:
+  warnings.warn(
+      f'fastpbrl: the shared-memory param store and transition channels rely '
+      f'on x86-64 memory ordering; on {platform.machine()} they are not '
+      'verified and a reader could see torn parameters or chunks',
+      RuntimeWarning, stacklevel=2)
 
 FieldSpec = tuple[tuple[int, ...], np.dtype]
 

@@ -123,3 +123,10 @@ def test_fresh_episodes_drop_those_started_under_replaced_weights():
   assert fresh.keep(rec(1, 8))
   fresh.restart()
   assert fresh.keep(rec(1, 0))
+
+
+def test_resumed_pipeline_seeds_are_not_other_runs_seeds():
+  from fastpbrl.run import pipeline_seed
+  assert pipeline_seed(3, 0) == 3  # a fresh run uses its own seed
+  resumed = {pipeline_seed(0, calls) for calls in range(1, 50)}
+  assert len(resumed) == 49 and not resumed & set(range(1000))
