@@ -71,7 +71,8 @@ class PBTRunConfig(RunConfig):
 class FreshEpisodes:
   """Host-side. Per member, the first policy version whose episodes count.
 
-  After a member's weights are replaced (PBT exploit, HyperTrick restart),
+  After a member's weights are replaced (PBT exploit, HyperTrick restart,
+  a new CEM-RL generation),
   episodes that started under its old weights still arrive for a while;
   they must not score the new weights. ``renew`` marks members replaced by
   this call (their new weights go out with the next publish); ``keep``
@@ -629,7 +630,8 @@ class CEMRLDriver(Driver):
     self.phase = 'train'
     self.calls_in_phase = 0
     self.generation = 0
-    self.eval_version = 0
+    self.fresh = FreshEpisodes(n)  # the eval phase scores fresh episodes
+    self.resumed = False
     self.fitness = np.full((n,), np.nan)
     self.mean_returns: list[tuple[int, int, float]] = []  # (gen, steps, return)
     self.cem_state = None
@@ -682,16 +684,18 @@ class CEMRLDriver(Driver):
         self.phase, self.calls_in_phase = 'eval', 0
         self.fitness[:] = np.nan
         # The snapshot goes out with the publish that follows this call.
-        self.eval_version = loop.pipeline.policy_version + 1
+        self.fresh.renew(loop, np.ones_like(self.rl_mask))
       return
     loop.state = self._restore(loop.state, np.ones_like(self.rl_mask))
-    if self.eval_version is None:  # resumed in the eval phase
-      self.eval_version = loop.pipeline.policy_version + 1
+    if self.resumed:
+      # Versions restart with a resumed run's pipeline, and its first
+      # episodes are random warm-up: score from the next publish on.
+      self.resumed = False
+      self.fresh.renew(loop, np.ones_like(self.rl_mask))
       return
     for r in loop.episodes:
       m = int(r['member'])
-      if (np.isnan(self.fitness[m])
-          and r['start_policy_version'] >= self.eval_version):
+      if np.isnan(self.fitness[m]) and self.fresh.keep(r):
         self.fitness[m] = float(r['episode_return'])
     if np.isnan(self.fitness).any():
       return
@@ -723,7 +727,7 @@ class CEMRLDriver(Driver):
 
   def checkpoint_meta(self) -> dict:
     return {'phase': self.phase, 'calls_in_phase': self.calls_in_phase,
-            'generation': self.generation, 'eval_version': self.eval_version,
+            'generation': self.generation,
             'fitness': [None if np.isnan(f) else float(f) for f in self.fitness],
             'mean_returns': self.mean_returns}
 
@@ -732,10 +736,7 @@ class CEMRLDriver(Driver):
     self.frozen = jax.tree.map(jnp.asarray, arrays['frozen'])
     self.phase, self.calls_in_phase = meta['phase'], meta['calls_in_phase']
     self.generation = meta['generation']
-    # Versions restart with the new pipeline: evaluate this generation anew,
-    # from the first publish after the next call (the first episodes of a
-    # resumed run are random warm-up, version 0).
-    self.eval_version = None
+    self.resumed = True  # evaluate this generation anew (see after_call)
     self.fitness = np.full_like(self.fitness, np.nan)
     self.mean_returns = [tuple(x) for x in meta['mean_returns']]
 
