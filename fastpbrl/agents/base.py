@@ -137,9 +137,25 @@ def periodic_flag(step: jax.Array, fraction: jax.Array) -> jax.Array:
   ``delay``-th step, and a fraction that is not one over an integer still
   gives that rate on average. The paper's PBT search space treats TD3's delay
   as such a fraction in ``[0.2, 1]``.
+
+  Integer arithmetic, right at any step count: ``f`` is taken in fixed point,
+  ``q = ceil(f * 2**24)`` (exact for every float32 ``f >= 0.5``, at most
+  ``2**-24`` above ``f`` otherwise; rounding up keeps ``f = 1/d`` firing on
+  step ``d - 1`` for ``d < 4096``), and the flag is the carry out of the low
+  24 bits, ``(t q mod 2**24) + q >= 2**24``, i.e. ``floor((t+1)q / 2**24) >
+  floor(tq / 2**24)``. The product is taken in wrapping uint32 arithmetic,
+  which is exact modulo ``2**32`` and hence modulo ``2**24``. (A float32
+  ``floor`` of ``t f`` loses the pattern past ``2**24`` steps and gives no
+  flag at all past ``2**25``.)
   """
-  step = step.astype(jnp.float32)
-  return jnp.floor((step + 1.0) * fraction) > jnp.floor(step * fraction)
+  one = 1 << _FLAG_BITS
+  q = jnp.ceil(jnp.clip(jnp.asarray(fraction, jnp.float32), 0.0, 1.0)
+                * one).astype(jnp.uint32)
+  low = (jnp.asarray(step).astype(jnp.uint32) * q) & jnp.uint32(one - 1)
+  return low + q >= jnp.uint32(one)
+
+
+_FLAG_BITS = 24  # fixed-point bits of periodic_flag's fraction
 
 
 POPULATION_AXIS = 'population'

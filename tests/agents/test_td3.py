@@ -109,6 +109,25 @@ def test_periodic_flag_is_every_dth_step():
   assert int(jnp.sum(periodic_flag(jnp.arange(1000), 0.3))) == 300
 
 
+def test_periodic_flag_keeps_its_pattern_past_2_to_the_25_steps():
+  # float32 arithmetic gave no flag at all from 2**25 on (t f rounds to the
+  # same value for t and t + 1); the pattern must hold at any int32 step.
+  for start in (2**24 - 7, 2**25 + 3, 2**30 + 1, 2**31 - 100):
+    steps = jnp.arange(start, start + 24, dtype=jnp.int32)
+    t = np.arange(start, start + 24, dtype=np.int64)
+    np.testing.assert_array_equal(periodic_flag(steps, 0.5), t % 2 == 1)
+    np.testing.assert_array_equal(periodic_flag(steps, 0.25), t % 4 == 3)
+    np.testing.assert_array_equal(periodic_flag(steps, 1.0), np.ones(24, bool))
+    # Any fraction: the exact rational floor of the fixed-point fraction.
+    for f in (1 / 3, 0.3, 0.2, 0.77):
+      q = int(np.ceil(np.float32(f) * 2**24))
+      expected = (t + 1) * q // 2**24 > t * q // 2**24
+      np.testing.assert_array_equal(periodic_flag(steps, f), expected)
+  # The rate over a long window past 2**25 is the fraction.
+  steps = jnp.arange(2**25, 2**25 + 100_000, dtype=jnp.int32)
+  assert int(jnp.sum(periodic_flag(steps, 0.3))) in (30_000, 30_001)
+
+
 def test_shared_critic_gradient_is_population_mean(agent):
   nets = td3.make_networks(agent.env_spec, SMALL)
   n = 3
