@@ -14,8 +14,24 @@ from the prior; a categorical one moves to an adjacent value, as in Ray Tune's
 hashable frozen dataclass meant to be a static argument, and every value stays
 a traced array, so nothing recompiles when values change.
 
+Departures from "multiply by 0.8 or 1.2, then clip" (Jaderberg et al.;
+Ray Tune clips the same way), each because clipping collapses a population
+onto its bounds:
+
+* a perturbed value that leaves the bounds is *reflected* back into them
+  (in log space for ``LogUniform``), not clipped: with clipping, every member
+  of a field whose range is narrow relative to its value (a discount in
+  ``[0.9, 1]``: ``0.95 x 1.2`` and ``0.95 x 0.8`` are both outside) lands
+  exactly on a bound and stays on one of two points for good;
+* a discount is searched in horizon space, ``Discount(low, high)``:
+  ``1 - gamma`` is log-uniform and the explore factor multiplies ``1 -
+  gamma`` (an effective horizon ``1 / (1 - gamma)``), with ``high < 1``.
+  The paper's ``U(0.9, 1)`` puts members at gamma = 1, where Q targets
+  bootstrapped through time-limit truncations do not contract.
+
 Default spaces (``default_search_space``) follow Flajolet et al. 2022,
-appendix B.1, for TD3 and SAC; the DQN space is ours (the paper tunes none).
+appendix B.1, for TD3 and SAC, with the discount in horizon space over
+``[0.9, 0.999]`` (above); the DQN space is ours (the paper tunes none).
 """
 
 from __future__ import annotations
@@ -59,6 +75,24 @@ class Uniform:
 
 
 @dataclasses.dataclass(frozen=True)
+class Discount:
+  """A discount factor searched in horizon space: ``1 - gamma`` is
+  ``LogUniform(1 - high, 1 - low)``, and PBT's explore factor multiplies
+  ``1 - gamma``. Needs ``0 <= low < high < 1``."""
+
+  low: float
+  high: float
+
+  def check(self, name: str) -> None:
+    _check_bounds(name, self, 'Discount')
+    if not 0.0 <= self.low < self.high < 1.0:
+      raise ValueError(
+          f'search space field {name!r}: Discount needs 0 <= low < high < 1 '
+          f'(1 - gamma is searched in log space), got low={self.low}, '
+          f'high={self.high}')
+
+
+@dataclasses.dataclass(frozen=True)
 class Categorical:
   """A uniform choice among ordered ``values``; perturbation moves to a
   neighbour in the given order."""
@@ -80,7 +114,7 @@ class Categorical:
                        f'be distinct, got {self.values}')
 
 
-Distribution = Union[LogUniform, Uniform, Categorical]
+Distribution = Union[LogUniform, Uniform, Discount, Categorical]
 
 
 def _check_bounds(name: str, dist, kind: str) -> None:
@@ -121,10 +155,10 @@ class SearchSpace:
     if duplicated:
       raise ValueError(f'search space fields {duplicated} appear more than once')
     for name, dist in items:
-      if not isinstance(dist, (LogUniform, Uniform, Categorical)):
+      if not isinstance(dist, (LogUniform, Uniform, Discount, Categorical)):
         raise ValueError(
-            f'search space field {name!r}: expected LogUniform, Uniform or '
-            f'Categorical, got {dist!r}')
+            f'search space field {name!r}: expected LogUniform, Uniform, '
+            f'Discount or Categorical, got {dist!r}')
       dist.check(name)
     if self.constraint is not None and not callable(self.constraint):
       raise ValueError(f'search space constraint must be callable, got '
@@ -156,11 +190,44 @@ def validate(space: SearchSpace, hparams: HParams) -> None:
         f'{type(hparams).__name__}; known fields: {list(known)}')
 
 
+def _log_bounds(dist: Distribution) -> tuple[float, float]:
+  """Bounds, in log space, of the quantity a log-scale field samples and
+  perturbs: the value itself (``LogUniform``) or ``1 - gamma``
+  (``Discount``)."""
+  if isinstance(dist, Discount):
+    return math.log(1.0 - dist.high), math.log(1.0 - dist.low)
+  return math.log(dist.low), math.log(dist.high)
+
+
+def _from_log(dist: Distribution, y: jax.Array) -> jax.Array:
+  """Inverse of the log-space coordinate of ``_log_bounds``."""
+  x = jnp.exp(y)
+  if isinstance(dist, Discount):
+    x = 1.0 - x
+  return jnp.clip(x, dist.low, dist.high)
+
+
+def _to_log(dist: Distribution, x: jax.Array) -> jax.Array:
+  x = x.astype(jnp.float32)
+  if isinstance(dist, Discount):
+    x = 1.0 - x
+  # A value outside the support (a default, say) is taken from its bound.
+  lo, hi = _log_bounds(dist)
+  return jnp.clip(jnp.log(jnp.maximum(x, 1e-30)), lo, hi)
+
+
+def _reflect(y: jax.Array, low: float, high: float) -> jax.Array:
+  """Folds ``y`` back into ``[low, high]`` at the bounds (a mirror), so that
+  repeated perturbation keeps a spread instead of piling onto a bound."""
+  width = high - low
+  z = jnp.mod(y - low, 2.0 * width)
+  return low + jnp.where(z > width, 2.0 * width - z, z)
+
+
 def _sample_field(key: PRNGKey, dist: Distribution, n: int) -> jax.Array:
-  if isinstance(dist, LogUniform):
-    u = jax.random.uniform(key, (n,), minval=math.log(dist.low),
-                           maxval=math.log(dist.high))
-    return jnp.clip(jnp.exp(u), dist.low, dist.high)
+  if isinstance(dist, (LogUniform, Discount)):
+    lo, hi = _log_bounds(dist)
+    return _from_log(dist, jax.random.uniform(key, (n,), minval=lo, maxval=hi))
   if isinstance(dist, Uniform):
     return jax.random.uniform(key, (n,), minval=dist.low, maxval=dist.high)
   values = jnp.asarray(dist.values, jnp.float32)
@@ -223,7 +290,11 @@ def _perturb_field(key: PRNGKey, dist: Distribution, x: jax.Array,
     return values[moved]
   factor = jnp.asarray(factors, jnp.float32)[
       jax.random.randint(key, (n,), 0, len(factors))]
-  return jnp.clip(x.astype(jnp.float32) * factor, dist.low, dist.high)
+  if isinstance(dist, (LogUniform, Discount)):
+    lo, hi = _log_bounds(dist)
+    return _from_log(dist, _reflect(_to_log(dist, x) + jnp.log(factor), lo, hi))
+  moved = _reflect(x.astype(jnp.float32) * factor, dist.low, dist.high)
+  return jnp.clip(moved, dist.low, dist.high)
 
 
 def check_perturb_args(factors: Sequence[float],
@@ -248,7 +319,8 @@ def perturb(key: PRNGKey, space: SearchSpace, hparams: HParams,
   For each member and each field of the space, independently: with
   probability ``resample_probability`` the value is redrawn from the prior;
   otherwise a continuous value is multiplied by a factor drawn uniformly from
-  ``factors`` and clipped into the distribution's bounds, and a categorical
+  ``factors`` (``1 - gamma`` for a ``Discount``) and reflected back into the
+  distribution's bounds if it left them, and a categorical
   value moves to a uniformly chosen adjacent value (the only neighbour at an
   end). Then the space's constraint, if any, is applied. Fields outside the
   space are returned unchanged.
@@ -302,6 +374,8 @@ def within_bounds(space: SearchSpace, hparams: HParams) -> jax.Array:
 # ---------------------------------------------------------------------------
 
 _LR = LogUniform(3e-5, 3e-3)  # "roughly centred around the default 3e-4"
+# The paper's U(0.9, 1) in horizon space, without gamma = 1 (module doc).
+_DISCOUNT = Discount(0.9, 0.999)
 
 _DEFAULT_SPACES = {
     'td3': {
@@ -309,9 +383,13 @@ _DEFAULT_SPACES = {
         'critic_lr': _LR,
         # Fraction of steps with a policy update (TD3's d = 1 / fraction).
         'policy_delay': Uniform(0.2, 1.0),
+        # "the noise parameters (sampling uniform values between 0 and 1)":
+        # exploration noise, target smoothing noise and its clip, as the
+        # paper's code searches all three.
         'exploration_noise': Uniform(0.0, 1.0),
         'target_noise': Uniform(0.0, 1.0),
-        'discount': Uniform(0.9, 1.0),
+        'noise_clip': Uniform(0.0, 1.0),
+        'discount': _DISCOUNT,
     },
     'sac': {
         'policy_lr': _LR,
@@ -323,14 +401,14 @@ _DEFAULT_SPACES = {
         # log-uniform prior puts as much mass below 1 as above it, which is
         # what a multiplicative scale around the default 1 calls for.
         'reward_scale': LogUniform(0.1, 10.0),
-        'discount': Uniform(0.9, 1.0),
+        'discount': _DISCOUNT,
     },
     # Not in the paper (it does not tune DQN): bounds around the Nature-DQN
     # defaults (RMSProp 2.5e-4, acting epsilon 0.01-0.1, gamma 0.99).
     'dqn': {
         'lr': LogUniform(1e-5, 1e-3),
         'epsilon': Uniform(0.001, 0.1),
-        'discount': Uniform(0.9, 0.999),
+        'discount': _DISCOUNT,
     },
 }
 

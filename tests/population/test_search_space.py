@@ -21,7 +21,7 @@ def test_sample_within_bounds_and_untouched_fields():
     assert x.shape == (N,) and x.dtype == np.float32
     assert x.min() >= np.float32(dist.low) and x.max() <= np.float32(dist.high)
   # Fields outside the space keep the template's values.
-  for name in ('tau', 'noise_clip', 'reward_scale'):
+  for name in ('tau', 'reward_scale'):
     np.testing.assert_array_equal(getattr(hp, name),
                                   np.full(N, getattr(template, name)))
   assert bool(jnp.all(ss.within_bounds(space, hp)))
@@ -59,25 +59,92 @@ def test_categorical_sample_and_adjacent_moves():
   assert np.all(i_new[i_old == len(values) - 1] == len(values) - 2)
 
 
-def test_perturb_multiplies_by_factors_then_clips():
+def _reflect(x, low, high):
+  """Reference mirror at the bounds, written out case by case."""
+  x = np.asarray(x, np.float64)
+  return np.where(x > high, 2 * high - x, np.where(x < low, 2 * low - x, x))
+
+
+def test_perturb_multiplies_by_factors_then_reflects():
   space = ss.SearchSpace({'policy_lr': ss.LogUniform(3e-5, 3e-3),
-                          'discount': ss.Uniform(0.9, 1.0)})
+                          'exploration_noise': ss.Uniform(0.0, 1.0)})
   hp = ss.sample(jax.random.PRNGKey(4), space, td3.default_hparams(), N)
   out = ss.perturb(jax.random.PRNGKey(5), space, hp, factors=(0.8, 1.2),
                    resample_probability=0.0)
   x, y = np.asarray(hp.policy_lr), np.asarray(out.policy_lr)
-  down = np.clip(x * np.float32(0.8), 3e-5, 3e-3)
-  up = np.clip(x * np.float32(1.2), 3e-5, 3e-3)
-  is_down = np.isclose(y, down, rtol=1e-6)
-  is_up = np.isclose(y, up, rtol=1e-6)
+  lo, hi = np.log(3e-5), np.log(3e-3)
+  down = np.exp(_reflect(np.log(x) + np.log(0.8), lo, hi))
+  up = np.exp(_reflect(np.log(x) + np.log(1.2), lo, hi))
+  is_down = np.isclose(y, down, rtol=1e-4)
+  is_up = np.isclose(y, up, rtol=1e-4)
   assert np.all(is_down | is_up)
   assert 0.45 < np.mean(is_up & ~is_down) / np.mean(is_up ^ is_down) < 0.55
-  d = np.asarray(out.discount)
-  assert d.min() >= 0.9 and d.max() <= 1.0
-  assert np.mean(d == np.float32(1.0)) > 0.1  # clipped values exist
+  # Uniform: linear mirror at the bounds; values that left [0, 1] exist and
+  # came back inside, none sits on the bound.
+  e, f = np.asarray(hp.exploration_noise), np.asarray(out.exploration_noise)
+  ok = (np.isclose(f, _reflect(e * 0.8, 0, 1), atol=1e-6)
+        | np.isclose(f, _reflect(e * 1.2, 0, 1), atol=1e-6))
+  assert np.all(ok)
+  assert np.any(e * 1.2 > 1.0)
+  assert f.min() >= 0.0 and f.max() < 1.0
   # Fields outside the space are untouched.
   np.testing.assert_array_equal(out.tau, hp.tau)
   np.testing.assert_array_equal(out.critic_lr, hp.critic_lr)
+
+
+def test_reflection_by_hand():
+  space = ss.SearchSpace({'policy_lr': ss.LogUniform(1.0, 10.0),
+                          'exploration_noise': ss.Uniform(0.5, 1.0)})
+  hp = td3.default_hparams()._replace(policy_lr=jnp.float32(9.0),
+                                      exploration_noise=jnp.float32(0.9))
+  hp = jax.tree.map(lambda x: jnp.broadcast_to(x, (1,)), hp)
+  out = ss.perturb(jax.random.PRNGKey(0), space, hp, factors=(1.2,),
+                   resample_probability=0.0)
+  # log 10.8 mirrored at log 10: 10 / 1.08; 1.08 mirrored at 1.0: 0.92.
+  np.testing.assert_allclose(out.policy_lr, [10.0 / 1.08], rtol=1e-5)
+  np.testing.assert_allclose(out.exploration_noise, [0.92], rtol=1e-5)
+
+
+def test_discount_is_searched_in_horizon_space():
+  space = ss.SearchSpace({'discount': ss.Discount(0.9, 0.999)})
+  hp = ss.sample(jax.random.PRNGKey(0), space, td3.default_hparams(), N)
+  g = np.asarray(hp.discount, np.float64)
+  assert g.min() >= 0.9 and g.max() <= 0.999 and np.all(g < 1.0)
+  # 1 - gamma is log-uniform over [1e-3, 0.1]: its log is uniform.
+  u = (np.log(1 - g) - np.log(1e-3)) / (np.log(0.1) - np.log(1e-3))
+  assert abs(np.mean(u) - 0.5) < 0.03 and abs(np.mean(u < 0.25) - 0.25) < 0.03
+  out = ss.perturb(jax.random.PRNGKey(1), space, hp, factors=(0.8, 1.2),
+                   resample_probability=0.0)
+  h = 1 - np.asarray(out.discount, np.float64)
+  inside = (1 - g > 1e-3 / 0.8) & (1 - g < 0.1 / 1.2)  # no reflection
+  ratio = h[inside] / (1 - g[inside])
+  assert np.all(np.isclose(ratio, 0.8, rtol=1e-3) | np.isclose(ratio, 1.2,
+                                                               rtol=1e-3))
+  with pytest.raises(ValueError, match="'discount'.*high < 1"):
+    ss.SearchSpace({'discount': ss.Discount(0.9, 1.0)})
+
+
+@pytest.mark.parametrize('agent', ['td3', 'sac', 'dqn'])
+@pytest.mark.parametrize('resample_probability', [0.0, 0.25])
+def test_repeated_explore_keeps_a_spread(agent, resample_probability):
+  # PBT explores the same members again and again: no continuous field may
+  # collapse onto its bounds (clipping put every discount of U(0.9, 1) on
+  # 0.9 or 1.0 after one round).
+  module = pytest.importorskip(f'fastpbrl.agents.{agent}')
+  space = ss.default_search_space(agent)
+  hp = ss.sample(jax.random.PRNGKey(0), space, module.default_hparams(), 1000)
+  explore = jax.jit(lambda k, h: ss.perturb(
+      k, space, h, resample_probability=resample_probability))
+  for i in range(20):
+    hp = explore(jax.random.PRNGKey(100 + i), hp)
+  for name, dist in space.distributions:
+    if isinstance(dist, ss.Categorical):
+      continue
+    x = np.asarray(getattr(hp, name))
+    at_bound = np.mean((x == np.float32(dist.low)) | (x == np.float32(dist.high)))
+    assert at_bound < 0.01, (name, at_bound)
+    assert len(np.unique(x)) > 500, (name, len(np.unique(x)))
+    assert np.all(x >= np.float32(dist.low)) and np.all(x <= np.float32(dist.high))
 
 
 def test_resample_probability():
@@ -85,8 +152,9 @@ def test_resample_probability():
   hp = ss.sample(jax.random.PRNGKey(6), space, td3.default_hparams(), N)
   out = ss.perturb(jax.random.PRNGKey(7), space, hp, resample_probability=0.25)
   x, y = np.asarray(hp.policy_lr), np.asarray(out.policy_lr)
-  perturbed = (np.isclose(y, np.clip(x * np.float32(0.8), 3e-5, 3e-3))
-               | np.isclose(y, np.clip(x * np.float32(1.2), 3e-5, 3e-3)))
+  lo, hi = np.log(3e-5), np.log(3e-3)
+  perturbed = (np.isclose(y, np.exp(_reflect(np.log(x * 0.8), lo, hi)), rtol=1e-4)
+               | np.isclose(y, np.exp(_reflect(np.log(x * 1.2), lo, hi)), rtol=1e-4))
   assert abs(np.mean(~perturbed) - 0.25) < 0.03
   out1 = ss.perturb(jax.random.PRNGKey(7), space, hp, resample_probability=1.0)
   assert np.all(np.asarray(ss.within_bounds(space, out1)))
@@ -113,7 +181,7 @@ def test_constraint_applied_after_sample_and_perturb():
     ({'discount': ss.Uniform(0.9, float('inf'))}, "'discount'.*finite"),
     ({'epsilon': ss.Categorical(())}, "'epsilon'.*at least one"),
     ({'epsilon': ss.Categorical((0.1, 0.1))}, "'epsilon'.*distinct"),
-    ({'tau': (0.0, 1.0)}, "'tau'.*LogUniform, Uniform or Categorical"),
+    ({'tau': (0.0, 1.0)}, "'tau'.*LogUniform, Uniform, Discount or Categorical"),
 ])
 def test_invalid_distributions_name_the_field(dists, message):
   with pytest.raises(ValueError, match=message):
@@ -136,15 +204,17 @@ def test_default_spaces_match_the_paper():
   t = dict(ss.default_search_space('td3').distributions)
   assert t['policy_lr'] == ss.LogUniform(3e-5, 3e-3) == t['critic_lr']
   assert t['policy_delay'] == ss.Uniform(0.2, 1.0)
-  assert t['exploration_noise'] == ss.Uniform(0.0, 1.0) == t['target_noise']
-  assert t['discount'] == ss.Uniform(0.9, 1.0)
+  assert (t['exploration_noise'] == ss.Uniform(0.0, 1.0) == t['target_noise']
+          == t['noise_clip'])
+  # The paper's U(0.9, 1), in horizon space and without gamma = 1.
+  assert t['discount'] == ss.Discount(0.9, 0.999)
   s = dict(ss.default_search_space('sac').distributions)
   assert set(s) == {'policy_lr', 'critic_lr', 'alpha_lr',
                     'target_entropy_scale', 'reward_scale', 'discount'}
   assert s['target_entropy_scale'] == ss.Uniform(0.2, 2.0)
   d = dict(ss.default_search_space('dqn').distributions)
   assert set(d) == {'lr', 'epsilon', 'discount'}
-  assert d['discount'] == ss.Uniform(0.9, 0.999)
+  assert d['discount'] == ss.Discount(0.9, 0.999) == s['discount']
   # Hashable, so usable as a static jit argument.
   hash(ss.default_search_space('sac'))
 
