@@ -63,9 +63,11 @@ class PBTRunConfig(RunConfig):
   """Fitness = mean of a member's last this-many evaluation returns."""
   true_objective: bool = False
   """Use the 'true_objective' the env reports in info at episode end as fitness."""
-  init_hparams: str = 'prior'
-  """Initial hyperparameters: 'prior' (sampled from the search space) or
-  'defaults' (the agent's published defaults for every member)."""
+  init_hparams: str = 'near-defaults'
+  """Initial hyperparameters: 'near-defaults' (member 0 at the agent's
+  published defaults, the others within a factor 1.25 of them), 'prior'
+  (sampled from the whole search space, as the 2022 paper does) or
+  'defaults' (every member at the defaults)."""
 
 
 class FreshEpisodes:
@@ -115,8 +117,8 @@ class PBTDriver(Driver):
   def __init__(self, config: PBTRunConfig,
                space: Optional[ss.SearchSpace] = None):
     super().__init__(config)
-    _check(config.init_hparams in ('prior', 'defaults'),
-           f'--init-hparams must be prior or defaults, got '
+    _check(config.init_hparams in ('near-defaults', 'prior', 'defaults'),
+           f'--init-hparams must be near-defaults, prior or defaults, got '
            f'{config.init_hparams!r}')
     _check(config.fitness_window >= 1,
            f'--fitness-window must be >= 1, got {config.fitness_window}')
@@ -146,6 +148,8 @@ class PBTDriver(Driver):
     ss.validate(self.space, defaults)  # a bad search space fails here
     if self.config.init_hparams == 'defaults':
       return super().initial_hparams(key, agent, population_size)
+    if self.config.init_hparams == 'near-defaults':
+      return ss.sample_near(key, self.space, defaults, population_size)
     return ss.sample(key, self.space, defaults, population_size)
 
   def _lineage(self, loop: Loop) -> pbt_lib.Lineage:

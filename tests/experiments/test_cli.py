@@ -13,7 +13,7 @@ from experiments import dvd, hypertrick, pbt
     (pbt, ['--exploit', 'roulette'], '--exploit must be one of'),
     (pbt, ['--env', 'NoSuchEnv-v0'], "--env 'NoSuchEnv-v0' cannot be made"),
     (pbt, ['--warmup-steps', '50000'], '--warmup-steps .* must be below'),
-    (pbt, ['--init-hparams', 'zeros'], '--init-hparams must be prior or defaults'),
+    (pbt, ['--init-hparams', 'zeros'], '--init-hparams must be near-defaults, prior or defaults'),
     (pbt, ['--agent', 'dqn'], 'DQN needs a Discrete action space'),
     (dvd, ['--agent', 'sac'], '--agent must be td3'),
     (dvd, ['--kernel-sigma', '0'], '--kernel-sigma must be > 0'),

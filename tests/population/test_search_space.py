@@ -229,3 +229,54 @@ def test_default_spaces_fit_the_agents(agent):
   assert np.asarray(ss.within_bounds(space, hp)).all()
   out = ss.perturb(jax.random.PRNGKey(1), space, hp)
   assert np.asarray(ss.within_bounds(space, out)).all()
+
+
+@pytest.mark.parametrize('agent', ['td3', 'sac', 'dqn'])
+def test_sample_near_defaults(agent):
+  module = pytest.importorskip(f'fastpbrl.agents.{agent}')
+  space = ss.default_search_space(agent)
+  defaults = module.default_hparams()
+  hp = ss.sample_near(jax.random.PRNGKey(3), space, defaults, 1000)
+  assert np.asarray(ss.within_bounds(space, hp)).all()
+  for name in defaults._fields:
+    x, d = np.asarray(getattr(hp, name), np.float64), float(getattr(defaults, name))
+    assert x[0] == np.float32(d), name  # member 0 at the defaults
+    if name not in space.fields:
+      assert np.all(x == np.float32(d)), name
+      continue
+    dist = space[name]
+    if isinstance(dist, ss.Categorical):
+      continue
+    lo, hi = dist.low, dist.high
+    if isinstance(dist, ss.Discount):
+      x, d, lo, hi = 1 - x, 1 - d, 1 - dist.high, 1 - dist.low
+    if not (lo <= d * 0.8 and d * 1.25 <= hi):
+      continue  # a default near a bound: mirrored (tested elsewhere)
+    ratio = x[1:] / d
+    # Within a factor 1.25, spread over that range.
+    assert ratio.min() >= 0.8 - 1e-4 and ratio.max() <= 1.25 + 1e-4, name
+    assert ratio.min() < 0.85 and ratio.max() > 1.18, name
+  with pytest.raises(ValueError, match='spread'):
+    ss.sample_near(jax.random.PRNGKey(0), space, defaults, 4, spread=1.0)
+
+
+def test_pbt_starts_near_the_defaults_by_default():
+  from fastpbrl import agents, drivers, run  # noqa: PLC0415
+  del agents
+  config = drivers.PBTRunConfig(env='Pendulum-v1', population_size=8)
+  assert config.init_hparams == 'near-defaults'
+  driver = drivers.PBTDriver(config)
+  agent = run.make_agent(config, run.make_env_spec(config.env))
+  hp = driver.initial_hparams(jax.random.PRNGKey(0), agent, 8)
+  defaults = td3.default_hparams()
+  for name in defaults._fields:
+    x = np.asarray(getattr(hp, name), np.float64)
+    assert x[0] == np.float32(getattr(defaults, name))
+  # No member far from the defaults: exploration noise and target noise
+  # within 1.25x of 0.1 and 0.2, discount's 1 - gamma within 1.25x of 0.01.
+  assert np.all(np.asarray(hp.exploration_noise) <= 0.125 + 1e-6)
+  assert np.all(np.asarray(hp.target_noise) <= 0.25 + 1e-6)
+  assert np.all(np.abs(1 - np.asarray(hp.discount, np.float64)) <= 0.0125 + 1e-6)
+  prior = drivers.PBTDriver(drivers.PBTRunConfig(init_hparams='prior'))
+  hp = prior.initial_hparams(jax.random.PRNGKey(0), agent, 8)
+  assert np.asarray(hp.exploration_noise).max() > 0.3  # the paper's prior
