@@ -18,7 +18,10 @@ observation returned by ``step`` before the environment is reset.
 Evaluation: every ``eval_interval`` training env steps of a member, its
 separate evaluation environment plays ``eval_episodes`` episodes without
 exploration noise, stepped in lockstep with training (the same vectorized
-call returns both actions), so collection never pauses. Evaluation
+call returns both actions), so collection never pauses. All episodes of one
+evaluation play ONE policy version, the member's newest at the
+evaluation's start, frozen while training goes on with newer ones; their
+records carry that version as ``start_policy_version``. Evaluation
 transitions are not sent to the replay. Both kinds of episode are reported
 with their return and length.
 
@@ -172,6 +175,7 @@ class Actor:
     self._eval_returns = [0.0] * m
     self._eval_lengths = [0] * m
     self._eval_start_version = [0] * m
+    self._eval_params = None  # [M] policies frozen at evaluation starts
     if self._eval_interval:
       self._next_eval = (self._steps // self._eval_interval + 1) * (
           self._eval_interval)
@@ -184,6 +188,7 @@ class Actor:
         for s in self._seeds])
     self._policy, self._policy_and_eval = _make_policy_fns(
         self._agent, prng_impl)
+    self._freeze_rows = jax.jit(_select_rows)
 
   # ----------------------------------------------------------------- state
 
@@ -249,7 +254,16 @@ class Actor:
     if self._eval_envs is None:
       self._eval_envs = [self._env_fn() for _ in self._envs]
       self._eval_seeded = [False] * len(self._envs)
+    # Freeze the evaluated members' newest policies for the whole evaluation.
+    self._refresh_params()
+    self._wait_for_params()
+    if self._eval_params is None:
+      self._eval_params = self._params
+    else:
+      self._eval_params = self._freeze_rows(due, self._params,
+                                            self._eval_params)
     for j in np.flatnonzero(due):
+      self._eval_start_version[j] = self._version
       self._eval_left[j] = self._eval_episodes
       # The first reset of each evaluation env takes its seed; later ones
       # continue the env's own generator.
@@ -312,8 +326,8 @@ class Actor:
         step_ids = self._steps.astype(np.uint32)
         if eval_active:
           actions, eval_actions = self._policy_and_eval(
-              self._params, self._hparams, self._obs, self._eval_obs,
-              self._key_data, step_ids)
+              self._params, self._eval_params, self._hparams, self._obs,
+              self._eval_obs, self._key_data, step_ids)
           eval_actions = self._to_env(np.asarray(eval_actions))
         else:
           actions = self._policy(self._params, self._hparams, self._obs,
@@ -355,8 +369,6 @@ class Actor:
     out['meta'][:] = (t_steps, n_ep, self._version, 0)
 
   def _eval_step(self, j: int, action, out, n_ep: int) -> int:
-    if self._eval_lengths[j] == 0:
-      self._eval_start_version[j] = self._version
     o2, r, term, trunc, info = self._eval_envs[j].step(action)
     self._eval_returns[j] += float(r)
     self._eval_lengths[j] += 1
@@ -366,7 +378,8 @@ class Actor:
       out['episode_length'][n_ep] = self._eval_lengths[j]
       out['episode_evaluation'][n_ep] = 1
       out['episode_env_steps'][n_ep] = self._steps[j] + 1
-      out['episode_policy_version'][n_ep] = self._version
+      # The frozen version played the whole episode.
+      out['episode_policy_version'][n_ep] = self._eval_start_version[j]
       out['episode_start_version'][n_ep] = self._eval_start_version[j]
       out['episode_objective'][n_ep] = _true_objective(info)
       n_ep += 1
@@ -376,6 +389,13 @@ class Actor:
         o2 = self._eval_envs[j].reset()[0]
     self._eval_obs[j] = o2
     return n_ep
+
+
+def _select_rows(rows, new, old):
+  """``new``'s rows where ``rows`` (bool ``[M]``) is set, ``old``'s elsewhere."""
+  return jax.tree.map(
+      lambda a, b: jax.numpy.where(
+          rows.reshape(rows.shape + (1,) * (a.ndim - 1)), a, b), new, old)
 
 
 def _true_objective(info: dict) -> float:
@@ -389,7 +409,8 @@ def _make_policy_fns(agent, prng_impl: str):
 
   ``policy(params[M], hparams[M], obs[M], key_data[M], steps[M])`` returns
   exploratory actions ``[M, ...]``; ``policy_and_eval`` also takes the
-  evaluation observations and returns (exploratory, noise-free) actions.
+  frozen evaluation policies and the evaluation observations and returns
+  (exploratory, noise-free) actions.
   This jit is the outermost call of the actor, as the learner's is of the
   learner.
   """
@@ -402,10 +423,11 @@ def _make_policy_fns(agent, prng_impl: str):
     return agent.act(params, obs[None], key_of(key_data, step), hparams,
                      True)[0]
 
-  def one_with_eval(params, hparams, obs, eval_obs, key_data, step):
+  def one_with_eval(params, eval_params, hparams, obs, eval_obs, key_data,
+                    step):
     key = key_of(key_data, step)
     return (agent.act(params, obs[None], key, hparams, True)[0],
-            agent.act(params, eval_obs[None], key, hparams, False)[0])
+            agent.act(eval_params, eval_obs[None], key, hparams, False)[0])
 
   return jax.jit(jax.vmap(one)), jax.jit(jax.vmap(one_with_eval))
 

@@ -249,6 +249,48 @@ def test_evaluation_episodes_use_the_noise_free_policy(store4):
   actor.close()
 
 
+def test_an_evaluation_plays_one_frozen_policy_version():
+  spec, agent, tree, agent_fn = td3_setup(2, seed=1)
+  params, hparams = tree
+  other = (jax.tree.map(lambda x: -x, params), hparams)
+  with ParamStore.create(tree) as store:
+    store.write(tree)
+    actor = Actor(members=[0, 1], env_fn=make_step_env, agent_fn=agent_fn,
+                  store=store, seed=0, warmup_steps=0, eval_interval=4,
+                  eval_episodes=2)
+    out = new_chunk(spec, 2, 6)  # the evaluation starts at step 4
+    assert actor.fill(out)
+    version_a = actor.policy_version
+    store.write(other)  # new weights in the middle of the evaluation
+    out2 = new_chunk(spec, 2, 14)
+    assert actor.fill(out2)
+    assert actor.policy_version > version_a
+    version_b = actor.policy_version
+    n = int(out2['meta'][1])
+    evals = [k for k in range(n) if out2['episode_evaluation'][k]]
+    # Both episodes of the first evaluation (steps 4..11) carry version A;
+    # the second evaluation (from step 12) version B.
+    starts = [(int(out2['episode_member'][k]),
+               int(out2['episode_start_version'][k]),
+               int(out2['episode_policy_version'][k])) for k in evals]
+    for m in (0, 1):
+      mine = [v for mm, *v in starts if mm == m]
+      assert mine[:2] == [[version_a, version_a]] * 2
+      assert all(v == [version_b, version_b] for v in mine[2:])
+    for j in range(2):
+      history = actor._eval_envs[j].unwrapped.history
+      # 8 steps of evaluation 1 (episodes of 3 and 5 steps), then 2.
+      first, second = history[:8], history[8:]
+      for weights, steps in ((params, first), (other[0], second)):
+        p_m = jax.tree.map(lambda x: x[j], weights)
+        h_m = jax.tree.map(lambda x: x[j], hparams)
+        for obs, env_action in steps:
+          greedy = np.asarray(agent.act(p_m, obs[None], jax.random.key(0), h_m,
+                                        False))[0]
+          np.testing.assert_allclose(env_action, 2.0 * greedy, atol=1e-5)
+    actor.close()
+
+
 def test_discrete_actions():
   spec = make_env_spec(make_step_env(discrete=True))
   config = DQNConfig(mlp_hidden_sizes=(8,))
