@@ -32,6 +32,20 @@ from fastpbrl.run import (ConfigError, Driver, Loop, RunConfig, _check,
 
 
 # ---------------------------------------------------------------------------
+# Many seeds
+# ---------------------------------------------------------------------------
+
+
+class SeedsDriver(Driver):
+  """N independent members at the agent's published defaults, each with its
+  own initial parameters, env and exploration streams and replay: N seeds
+  of one agent trained at once, and the baseline every rule is measured
+  against."""
+
+  name = 'seeds'
+
+
+# ---------------------------------------------------------------------------
 # PBT
 # ---------------------------------------------------------------------------
 
@@ -42,7 +56,11 @@ class PBTRunConfig(RunConfig):
 
   ready_after: int = 2_500
   """Update steps a member trains between exploit/explore decisions
-  (the 2022 paper: 100,000 on HalfCheetah)."""
+  (the 2022 paper: 100,000 on HalfCheetah); each span must hold the start
+  of an evaluation (see --eval-every)."""
+  eval_every: int = 2_500
+  """Env steps per member between evaluations (noise-free episodes of one
+  frozen policy version); PBT's fitness is their mean."""
   exploit: str = 'truncation'
   """Exploit strategy: truncation or tournament (binary tournament)."""
   fraction: float = 0.3
@@ -134,6 +152,14 @@ class PBTDriver(Driver):
           no_mutation_before=config.no_mutation_before)
     except ValueError as e:
       raise as_flag_error(e, config) from None
+    total_updates = config.env_steps * config.update_to_data_ratio
+    _check(config.ready_after + config.no_mutation_before <= total_updates,
+           f'--ready-after {config.ready_after} (after --no-mutation-before '
+           f'{config.no_mutation_before}) is beyond the budget of about '
+           f'{total_updates:.0f} update steps per member (--env-steps x '
+           '--update-to-data-ratio): PBT would never exploit; lower it or '
+           'raise --env-steps')
+    _check_evaluations_per(config.ready_after, config, '--ready-after')
     self.space = space or ss.default_search_space(config.agent)
     self.exploit = pbt_lib.CompiledExploitExplore(self.pbt_config, self.space)
     self.fitness = pbt_lib.FitnessTracker(

@@ -61,6 +61,9 @@ class RunLogger:
                      unit='step', dynamic_ncols=True, disable=not progress)
     self._last_steps = initial_env_steps
     self._eval_episodes = eval_episodes
+    # Per member, the episodes of the evaluation under way: an evaluation is
+    # written to the CSV only once all its episodes are in, so that the CSV
+    # holds whole evaluations (see ``evaluation_points``).
     self._eval_group = [[] for _ in range(population_size)]
     self.best_return = -math.inf  # best evaluation mean so far
 
@@ -72,28 +75,56 @@ class RunLogger:
                update_steps: int) -> None:
     """Appends finished episodes (``EpisodeRecord``s or dicts with member,
     episode_return, episode_length, evaluation and optionally the member's
-    own env_steps) to the members' CSVs and TensorBoard."""
+    own env_steps and start_policy_version) to the members' CSVs and
+    TensorBoard.
+
+    Evaluation episodes are held back until their evaluation is complete
+    (``eval_episodes`` episodes of one policy version) and then written
+    together; an evaluation cut short (its actor restarted, or the run's
+    budget ended first) is dropped when an episode of another version
+    arrives, or by ``drop_partial_evaluations``.
+    """
     wall = self.wall_time
     for r in records:
       member = int(r['member'])
-      steps = int(r['env_steps']) if 'env_steps' in _keys(r) else env_steps
+      keys = _keys(r)
+      steps = int(r['env_steps']) if 'env_steps' in keys else env_steps
       row = {'wall_time': round(wall, 3), 'env_steps': steps,
              'update_steps': update_steps, 'member': member,
              'episode_return': float(r['episode_return']),
              'episode_length': int(r['episode_length']),
              'evaluation': bool(r['evaluation'])}
-      self._writers[member].writerow(row)
-      tag = 'eval_return' if row['evaluation'] else 'train_return'
-      self._tb.add_scalar(f'member_{member:03d}/{tag}', row['episode_return'],
-                          steps)
-      if row['evaluation']:
-        group = self._eval_group[member]
-        group.append(row['episode_return'])
-        if len(group) == self._eval_episodes:
-          self.best_return = max(self.best_return, sum(group) / len(group))
-          group.clear()
+      if not row['evaluation']:
+        self._write(row)
+        continue
+      version = (int(r['start_policy_version'])
+                 if 'start_policy_version' in keys else None)
+      group = self._eval_group[member]
+      if group and group[0][1] != version:
+        group.clear()  # the evaluation under way was cut short
+      group.append((row, version))
+      if len(group) == self._eval_episodes:
+        for done, _ in group:
+          self._write(done)
+        mean = sum(done['episode_return'] for done, _ in group) / len(group)
+        self.best_return = max(self.best_return, mean)
+        self._tb.add_scalar(f'member_{member:03d}/eval_mean_return', mean,
+                            group[-1][0]['env_steps'])
+        group.clear()
     for f in self._files:
       f.flush()
+
+  def drop_partial_evaluations(self) -> None:
+    """Forgets evaluations under way (before the final evaluation)."""
+    for group in self._eval_group:
+      group.clear()
+
+  def _write(self, row: dict) -> None:
+    member = row['member']
+    self._writers[member].writerow(row)
+    tag = 'eval_return' if row['evaluation'] else 'train_return'
+    self._tb.add_scalar(f'member_{member:03d}/{tag}', row['episode_return'],
+                        row['env_steps'])
 
   def scalars(self, values: Mapping[str, float], env_steps: int) -> None:
     for name, value in values.items():
@@ -133,8 +164,8 @@ def evaluation_points(rows: Sequence[Mapping], eval_episodes: int = 1
   """One member's evaluations as ``(env_steps, wall_time, mean return)``.
 
   An evaluation is ``eval_episodes`` consecutive evaluation episodes (the
-  actor plays them back to back); its point sits where the last one ended.
-  An evaluation cut short by the end of the run is left out.
+  logger writes only whole evaluations); its point sits where the last one
+  ended.
   """
   evals = [r for r in rows if r['evaluation'] == 'True']
   points = []

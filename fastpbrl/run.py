@@ -70,7 +70,9 @@ class RunConfig:
   replay_capacity: int = 1_000_000
   """Transitions per replay buffer."""
   eval_every: int = 5_000
-  """Env steps per member between evaluations (no-noise episodes)."""
+  """Env steps per member between evaluations (noise-free episodes of one
+  frozen policy version); every run also evaluates each member's final
+  policy at the end of its budget."""
   eval_episodes: int = 5
   """Episodes per evaluation; their mean is one point of the return curve."""
   checkpoint_every: int = 100
@@ -339,12 +341,15 @@ def hparam_rows(hparams) -> list[dict]:
 @dataclasses.dataclass
 class RunResult:
   run_dir: str
-  best_return: float
+  best_return: float  # best evaluation mean of any member during the run
   env_steps: int
   update_steps: int
   calls: int
   hparams: list  # final per-member hyperparameters (dicts)
   wall_time: float
+  # Per member: mean return of --eval-episodes noise-free episodes of its
+  # final policy, played after the budget (``final_evaluation``).
+  final_returns: list = dataclasses.field(default_factory=list)
 
 
 def default_run_dir(script: str, env: str) -> str:
@@ -468,6 +473,8 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
       if config.checkpoint_every and loop.calls % config.checkpoint_every == 0:
         save()
     save()
+    pipeline.close()  # frees the cores for the final evaluation
+    final_returns = final_evaluation(loop, driver, logger)
 
   rows = driver.hparam_rows(loop.hparams)
   table = summary_table(run_dir, rows, eval_episodes=config.eval_episodes)
@@ -482,4 +489,40 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
   best = logger.best_return
   return RunResult(run_dir=run_dir, best_return=best, env_steps=loop.env_steps,
                    update_steps=loop.update_steps, calls=loop.calls,
-                   hparams=rows, wall_time=logger.wall_time)
+                   hparams=rows, wall_time=logger.wall_time,
+                   final_returns=final_returns)
+
+
+def final_evaluation(loop: Loop, driver: Driver, logger) -> list[float]:
+  """Evaluates every member's final policy (``--eval-episodes`` noise-free
+  episodes each, seeded from the run seed), logs the episodes as one whole
+  evaluation per member at the budget's env steps, and returns the means.
+
+  The periodic evaluations run in the actors alongside training and end
+  wherever the budget cuts them; this one always exists, so a run whose
+  budget holds no ``--eval-every`` boundary still reports a result.
+  """
+  import functools  # noqa: PLC0415
+
+  from fastpbrl.actors import EpisodeRecord  # noqa: PLC0415
+  from fastpbrl.evaluation import evaluate_population  # noqa: PLC0415
+  from fastpbrl.pipeline import _make_gym_env  # noqa: PLC0415
+
+  config = loop.config
+  returns, lengths = evaluate_population(
+      loop.agent, functools.partial(_make_gym_env, config.env),
+      loop.learner.policy_params(loop.state),
+      driver.actor_hparams(loop.hparams), config.eval_episodes, config.seed)
+  logger.drop_partial_evaluations()
+  logger.episodes(
+      [EpisodeRecord(member=m, episode_return=float(returns[m, k]),
+                     episode_length=int(lengths[m, k]), evaluation=True,
+                     env_steps=loop.env_steps, policy_version=-1,
+                     start_policy_version=-1)
+       for m in range(returns.shape[0]) for k in range(returns.shape[1])],
+      loop.env_steps, loop.update_steps)
+  means = [float(x) for x in returns.mean(axis=1)]
+  log.info('final evaluation (%d episodes per member at %d env steps): %s',
+           config.eval_episodes, loop.env_steps,
+           ', '.join(f'{x:.1f}' for x in means))
+  return means

@@ -42,3 +42,26 @@ def test_logger_files_summary_and_plot(tmp_path):
   assert '"lr": 0.0003' in lines[2]
   path = plot_returns(run_dir, eval_episodes=2)
   assert os.path.getsize(path) > 1000
+
+
+def test_logger_writes_whole_evaluations_only(tmp_path):
+  from fastpbrl.actors import EpisodeRecord
+  run_dir = str(tmp_path)
+  logger = RunLogger(run_dir, 1, total_env_steps=100, progress=False,
+                     eval_episodes=2)
+  def ev(ret, version):
+    return EpisodeRecord(0, ret, 10, True, 10, version, version)
+  # An evaluation of version 3 cut short (its actor restarted), a whole one
+  # of version 5, a train episode in between, then one under way at the end.
+  logger.episodes([ev(-100.0, 3), ev(-10.0, 5),
+                   EpisodeRecord(0, -70.0, 10, False, 10, 5, 5), ev(-20.0, 5),
+                   ev(-1.0, 6)], env_steps=10, update_steps=10)
+  logger.drop_partial_evaluations()
+  logger.episodes([ev(-4.0, -1), ev(-6.0, -1)], env_steps=20, update_steps=20)
+  logger.close()
+  rows = read_member_csvs(run_dir)[0]
+  assert [(r['evaluation'], float(r['episode_return'])) for r in rows] == [
+      ('False', -70.0), ('True', -10.0), ('True', -20.0), ('True', -4.0),
+      ('True', -6.0)]
+  assert [p[2] for p in evaluation_points(rows, 2)] == [-15.0, -5.0]
+  assert logger.best_return == -5.0

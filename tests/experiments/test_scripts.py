@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from experiments import cemrl, dvd, hypertrick, pbt
+from experiments import cemrl, dvd, hypertrick, pbt, seeds
 from fastpbrl.logging import read_member_csvs
 from fastpbrl.population import pbt as pbt_lib
 
@@ -35,7 +35,7 @@ def _assert_run_outputs(run_dir, population_size):
 
 def test_pbt_runs_exploits_and_resumes_with_its_perturbed_hparams(tmp_path):
   run_dir = str(tmp_path / 'pbt')
-  first = pbt.main(TINY + ['--population-size', '4', '--ready-after', '100',
+  first = pbt.main(TINY + ['--population-size', '4', '--ready-after', '200',
                            '--fraction', '0.5', '--run-dir', run_dir])
   _assert_run_outputs(run_dir, 4)
   events = pbt_lib.read_lineage(os.path.join(run_dir, 'lineage.jsonl'))
@@ -55,10 +55,10 @@ def test_pbt_runs_exploits_and_resumes_with_its_perturbed_hparams(tmp_path):
     f.write('{"event": "exploit", "member": 0, "step": 123456789}\n')
   with open(os.path.join(run_dir, 'members', 'member_000.csv'), 'a') as f:
     f.write('1.0,123456789,123456789,0,-1.0,200,False\n')
-  # Resume: no further exploit (ready_after beyond the budget), so the
-  # hyperparameters must stay exactly those the first run ended with.
+  # Resume: no further exploit (no source can beat a member by 1e9), so
+  # the hyperparameters must stay exactly those the first run ended with.
   second = pbt.main(['--resume', run_dir, '--env-steps', '1600',
-                     '--ready-after', '1000000', '--no-progress'])
+                     '--min-gap-absolute', '1e9', '--no-progress'])
   assert second.calls > first.calls
   with open(os.path.join(run_dir, 'lineage.jsonl')) as f:
     assert "123456789" not in f.read()
@@ -83,7 +83,7 @@ def test_pbt_runs_exploits_and_resumes_with_its_perturbed_hparams(tmp_path):
 
 def test_pbt_rerun_of_one_members_schedule(tmp_path):
   run_dir = str(tmp_path / 'pbt')
-  pbt.main(TINY + ['--population-size', '2', '--ready-after', '100',
+  pbt.main(TINY + ['--population-size', '2', '--ready-after', '200',
                    '--fraction', '0.5', '--run-dir', run_dir])
   steps = pbt_lib.schedule(os.path.join(run_dir, 'lineage.jsonl'), 1)
   rerun = pbt.main(TINY + ['--rerun-lineage',
@@ -122,3 +122,25 @@ def test_hypertrick_script(tmp_path):
   with open(os.path.join(run_dir, 'summary.txt')) as f:
     text = f.read()
   assert 'HyperTrick:' in text and 'best: configuration' in text
+
+
+def test_seeds_run_without_an_eval_boundary_ends_with_a_final_evaluation(
+    tmp_path):
+  # The budget (1200) holds no --eval-every boundary: the final evaluation
+  # still scores every member, and the summary holds no NaN.
+  run_dir = str(tmp_path / 'seeds')
+  argv = [a if a != '200' or i != TINY.index('--eval-every') + 1 else '100000'
+          for i, a in enumerate(TINY)]
+  result = seeds.main(argv + ['--population-size', '2', '--eval-episodes', '2',
+                              '--run-dir', run_dir])
+  _assert_run_outputs(run_dir, 2)
+  assert len(result.final_returns) == 2
+  assert all(np.isfinite(r) for r in result.final_returns)
+  for member, rows in enumerate(read_member_csvs(run_dir)):
+    evals = [r for r in rows if r['evaluation'] == 'True']
+    assert len(evals) == 2  # one evaluation of 2 episodes, at the end
+    assert all(int(r['env_steps']) == result.env_steps for r in evals)
+    mean = np.mean([float(r['episode_return']) for r in evals])
+    assert mean == pytest.approx(result.final_returns[member])
+  with open(os.path.join(run_dir, 'summary.txt')) as f:
+    assert 'nan' not in f.read()
