@@ -530,9 +530,11 @@ class HyperTrickDriver(Driver):
     for r in loop.episodes:
       if r['evaluation'] and self.fresh.keep(r):
         self.phase_returns[int(r['member'])].append(float(r['episode_return']))
+    # A phase counts the slot's own update steps: a restarted slot takes
+    # none while it warms up.
     due = [slot for slot in range(len(self.phase_start))
            if self.scheduler.slot_worker[slot] is not None
-           and loop.update_steps - self.phase_start[slot]
+           and loop.member_update_steps[slot] - self.phase_start[slot]
            >= self.config.phase_update_steps]
     if not due:
       return
@@ -543,13 +545,16 @@ class HyperTrickDriver(Driver):
       returns = self.phase_returns[slot][-10:]
       metric = float(np.mean(returns)) if returns else -np.inf
       report = self.scheduler.report(int(slot), metric)
-      self.phase_start[slot] = loop.update_steps
+      self.phase_start[slot] = loop.member_update_steps[slot]
       self.phase_returns[slot] = []
       if report.new_worker is not None:
         reset[slot] = True
     if reset.any():
       loop.state, loop.hparams = self._reset_fn(loop)(
           loop.next_key(), loop.state, loop.hparams, reset)
+      # A new experiment from phase one: an empty replay and its own
+      # warm-up (the evicted configuration's data is not reused).
+      loop.pipeline.restart_members(np.flatnonzero(reset))
       self.fresh.renew(loop, reset)
       rows = hparam_rows(loop.hparams)
       for slot in np.flatnonzero(reset):

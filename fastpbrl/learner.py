@@ -97,10 +97,34 @@ class PopulationLearner(_CompiledPopulationStep):
     num_steps = num_steps or agent.config.steps_per_call
     if num_steps < 1:
       raise ValueError(f'num_steps must be >= 1, got {num_steps}')
-    super().__init__(jax.vmap(multi_step(agent.update, num_steps),
-                              axis_name=POPULATION_AXIS), num_steps)
+    population_step = jax.vmap(multi_step(agent.update, num_steps),
+                               axis_name=POPULATION_AXIS)
+
+    def masked_step(state, hparams, batch_and_active):
+      # Members flagged inactive (a restarted experiment still warming up)
+      # keep their state: their update on this batch is discarded.
+      batch, active = batch_and_active
+      new_state, metrics = population_step(state, hparams, batch)
+      new_state = jax.tree.map(
+          lambda new, old: jnp.where(
+              active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old),
+          new_state, state)
+      return new_state, metrics
+
+    super().__init__(masked_step, num_steps)
     self._init = jax.jit(jax.vmap(agent.init))
     self._policy_params = jax.jit(jax.vmap(agent.policy_params))
+
+  def update(self, state, hparams, batch: Transition, active=None):
+    """As ``_CompiledPopulationStep.update``; ``active`` (``[N]`` bool,
+    default all) marks the members whose update is kept, the others keep
+    their state. Traced, so any mask runs the same compiled program."""
+    n = _population_size(hparams, 'hparams')
+    active = (jnp.ones((n,), bool) if active is None
+              else jnp.asarray(active, bool))
+    if active.shape != (n,):
+      raise ValueError(f'active must be [{n}] bools, got shape {active.shape}')
+    return super().update(state, hparams, (batch, active))
 
   def init(self, key: PRNGKey, hparams) -> Any:
     """A fresh population, one member per row of ``hparams``."""

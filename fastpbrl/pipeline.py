@@ -212,6 +212,16 @@ class Pipeline:
                        f'population axis on every leaf; got sizes {sizes}')
     self.num_members = n = sizes.pop()
     config.validate(n)
+    # Restarts (``restart_members``): requested per member, published to the
+    # actors beside the parameters; the count the replay's data belongs to;
+    # transitions of that restart inserted so far.
+    self._restart_requests = np.zeros(n, np.int64)
+    self._data_restart = np.zeros(n, np.int64)
+    self._fresh = np.zeros(n, np.int64)
+    self._batch_active: collections.deque = collections.deque()
+    self.last_active = np.ones(n, bool)  # of the batch next_batch returned
+    tree = (*tree, self._restart_requests.copy() if has_values else
+            jax.ShapeDtypeStruct((n,), np.int64))
     self._lock = threading.Lock()
     self._episodes: collections.deque = collections.deque(
         maxlen=config.max_episode_records)
@@ -312,7 +322,34 @@ class Pipeline:
     """Reader-thread sink: one chunk into the replay and the counters."""
     del actor_id
     steps, num_episodes = int(chunk['meta'][0]), int(chunk['meta'][1])
-    self.replay.insert(members, chunk, steps)
+    counts, starts = chunk['restart_count'], chunk['restart_at']
+    with self._lock:
+      renewed = counts > self._data_restart[members]
+      for j in np.flatnonzero(renewed):
+        # The member's first data of a new restart: an empty replay, and
+        # only the rows from the restart on.
+        m = int(members[j])
+        self.replay.clear([m])
+        self._data_restart[m] = counts[j]
+        self._fresh[m] = 0
+      # Data of an older restart than the replay's (still in flight when
+      # the replay was emptied) is dropped.
+      current = counts == self._data_restart[members]
+    keep = current & ~renewed
+    if keep.all():
+      self.replay.insert(members, chunk, steps)
+    elif keep.any():
+      self.replay.insert(members[keep], {k: v[keep] for k, v in chunk.items()
+                                         if np.ndim(v) >= 2}, steps)
+    for j in np.flatnonzero(renewed & current):
+      first = int(starts[j])
+      self.replay.insert(members[j:j + 1],
+                         {k: v[j:j + 1, first:steps] for k, v in chunk.items()
+                          if np.ndim(v) >= 2}, steps - first)
+    with self._lock:
+      self._fresh[members[keep]] += steps
+      for j in np.flatnonzero(renewed & current):
+        self._fresh[members[j]] += steps - int(starts[j])
     # Counted only once the data is in the replay, so the limiter never
     # lets the learner sample ahead of it.
     self._limiter.add_env_steps(members, steps)
@@ -339,9 +376,27 @@ class Pipeline:
           self._dropped_episodes += overflow
         self._episodes.extend(records)
 
+  def _active(self) -> np.ndarray:
+    """``[N]``: members whose replay holds their current restart's data,
+    past its warm-up (always, for members never restarted)."""
+    with self._lock:
+      return ((self._restart_requests == 0)
+              | ((self._data_restart == self._restart_requests)
+                 & (self._fresh >= self.config.warmup_steps)))
+
   def _sample(self) -> Transition:
-    return self.replay.sample(self._rng, self.config.num_steps,
-                              self.config.batch_size)
+    active = self._active()
+    if active.all():
+      batch = self.replay.sample(self._rng, self.config.num_steps,
+                                 self.config.batch_size)
+    else:
+      batch = self.replay.sample(self._rng, self.config.num_steps,
+                                 self.config.batch_size, inactive=~active)
+    # One mask per sampled batch, in the prefetch queue's order, with the
+    # restart requests it was sampled under (see next_batch).
+    with self._lock:
+      self._batch_active.append((active, self._restart_requests.copy()))
+    return batch
 
   def _check(self) -> None:
     if self._closed:
@@ -370,9 +425,16 @@ class Pipeline:
     while True:
       self._check()
       try:
-        return self._prefetcher.get(timeout=0.25)
+        batch = self._prefetcher.get(timeout=0.25)
       except TimeoutError:
         pass
+      else:
+        with self._lock:
+          active, requests = self._batch_active.popleft()
+          # A batch sampled before a member's restart holds the old
+          # experiment's data: the restarted member must not learn from it.
+          self.last_active = active & (requests == self._restart_requests)
+        return batch
       now = time.monotonic()
       if timeout is not None and now - start >= timeout:
         raise TimeoutError(
@@ -390,7 +452,31 @@ class Pipeline:
     call to finish) and returns the new version number.
     """
     self._check()
-    return self._store.write(jax.device_get((policy_params, actor_hparams)))
+    with self._lock:
+      restarts = self._restart_requests.copy()
+    return self._store.write(
+        (*jax.device_get((policy_params, actor_hparams)), restarts))
+
+  def restart_members(self, members: Sequence[int] | np.ndarray) -> None:
+    """Starts ``members`` over as new experiments (HyperTrick's restarted
+    slots): with the next :meth:`publish`, their actors begin a fresh
+    episode and a warm-up of ``warmup_steps`` random-action steps; their
+    replay is emptied when the first transitions of the restart arrive
+    (anything older still in flight is dropped); and until they have
+    ``warmup_steps`` new transitions, ``last_active`` is False for them, so
+    the learner discards their updates.
+
+    Needs the per-member replay layout.
+    """
+    if not isinstance(self.replay, PerMemberReplay):
+      raise ValueError('restart_members needs layout="per_member"; the '
+                       f'{self.config.layout} layout has no per-member data')
+    members = np.asarray(members, np.int64).reshape(-1)
+    if members.size and (members.min() < 0 or members.max() >= self.num_members):
+      raise ValueError(f'members must be in [0, {self.num_members}); got '
+                       f'{members.tolist()}')
+    with self._lock:
+      self._restart_requests[members] += 1
 
   def drain_episodes(self) -> list[EpisodeRecord]:
     """Every episode completed since the last drain, oldest first."""

@@ -252,7 +252,10 @@ class Loop:
   hparams: Any  # stacked hyperparameters (device)
   key: jax.Array  # the run's rule key; split it, never reuse it
   calls: int = 0  # learner calls done
-  update_steps: int = 0  # update steps per member done
+  update_steps: int = 0  # update steps per member done (the population's)
+  # [N] update steps each member kept: less than update_steps for members
+  # restarted as new experiments (``Pipeline.restart_members``).
+  member_update_steps: Any = None
   env_steps: int = 0  # env steps per member collected (least over members)
   episodes: list = dataclasses.field(default_factory=list)  # this call's
 
@@ -350,6 +353,7 @@ class RunResult:
   # Per member: mean return of --eval-episodes noise-free episodes of its
   # final policy, played after the budget (``final_evaluation``).
   final_returns: list = dataclasses.field(default_factory=list)
+  rule_scalars: dict = dataclasses.field(default_factory=dict)  # at the end
 
 
 def default_run_dir(script: str, env: str) -> str:
@@ -425,7 +429,10 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
                 pipeline=pipeline,
                 state=state, hparams=hparams, key=k_rule,
                 calls=counters['calls'], update_steps=counters['update_steps'],
-                env_steps=counters['env_steps'])
+                env_steps=counters['env_steps'],
+                member_update_steps=np.asarray(counters.get(
+                    'member_update_steps', [counters['update_steps']] * n),
+                                               np.int64))
 
     def save():
       if checkpointer.latest_step() == loop.calls:
@@ -436,6 +443,8 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
           {'hparams': loop.hparams, 'rule_key': loop.key,
            'driver': driver.checkpoint_arrays()},
           {'counters': {'calls': loop.calls, 'update_steps': loop.update_steps,
+                        'member_update_steps':
+                            loop.member_update_steps.tolist(),
                         'env_steps': loop.env_steps,
                         'wall_time': logger.wall_time},
            'driver': driver.checkpoint_meta(),
@@ -446,7 +455,12 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
                      driver.actor_hparams(loop.hparams))
     while not driver.finished(loop):
       batch = pipeline.next_batch()
-      loop.state, metrics = learner.update(loop.state, loop.hparams, batch)
+      if driver.shared_critic:
+        loop.state, metrics = learner.update(loop.state, loop.hparams, batch)
+      else:  # members restarted and still warming up keep their state
+        loop.state, metrics = learner.update(loop.state, loop.hparams, batch,
+                                             pipeline.last_active)
+        loop.member_update_steps += learner.num_steps * pipeline.last_active
       loop.calls += 1
       loop.update_steps += learner.num_steps
       # A resumed run's pipeline counts from zero: steps before the
@@ -490,7 +504,8 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
   return RunResult(run_dir=run_dir, best_return=best, env_steps=loop.env_steps,
                    update_steps=loop.update_steps, calls=loop.calls,
                    hparams=rows, wall_time=logger.wall_time,
-                   final_returns=final_returns)
+                   final_returns=final_returns,
+                   rule_scalars=driver.scalars())
 
 
 def final_evaluation(loop: Loop, driver: Driver, logger) -> list[float]:

@@ -369,3 +369,53 @@ def test_actors_exit_when_the_learner_process_dies(tmp_path):
   assert wait_until(lambda: all(gone(pid) for pid in actor_pids), 10)
   # With the last process gone, the resource tracker unlinks the segments.
   assert wait_until(lambda: our_segments(proc.pid) == [], 10)
+
+
+def pendulum():
+  return gym.make('Pendulum-v1')
+
+
+@pytest.mark.slow
+def test_restarted_member_starts_with_an_empty_replay_and_its_own_warmup():
+  # HyperTrick's restarted slot is a new experiment: its replay is emptied
+  # (nothing of the evicted configuration's data is sampled again), it warms
+  # up anew, and the learner discards its updates until then.
+  n, warmup = 2, 100
+  learner, state, hparams, agent_fn = td3_population(pendulum, n)
+  config = PipelineConfig(num_steps=10, batch_size=16, warmup_steps=warmup,
+                          num_actor_processes=1, replay_capacity=10_000,
+                          chunk_steps=16)
+  with Pipeline(pendulum, agent_fn, learner.policy_params(state), hparams,
+                config, seed=2) as pipeline:
+    for _ in range(30):
+      batch = pipeline.next_batch(timeout=120)
+      assert pipeline.last_active.all()
+      state, _ = learner.update(state, hparams, batch, pipeline.last_active)
+      pipeline.publish(learner.policy_params(state), hparams)
+    before = pipeline.replay.inserted().copy()
+    assert (pipeline.replay.sizes() >= 300).all()
+    pipeline.restart_members([1])
+    pipeline.publish(learner.policy_params(state), hparams)
+    inactive_calls, deadline = 0, time.monotonic() + 300
+    frozen = jax.tree.map(lambda x: np.asarray(x[1]), state)
+    while True:
+      assert time.monotonic() < deadline, 'member 1 never became active'
+      batch = pipeline.next_batch(timeout=120)
+      active = pipeline.last_active.copy()
+      state, _ = learner.update(state, hparams, batch, active)
+      pipeline.publish(learner.policy_params(state), hparams)
+      if active[1]:
+        break
+      inactive_calls += 1
+      assert active[0]
+      # The restarted member's update is discarded while it warms up.
+      jax.tree.map(lambda a, b: np.testing.assert_array_equal(
+          np.asarray(a[1]), b), state, frozen)
+    sizes = pipeline.replay.sizes()
+    inserted = pipeline.replay.inserted()
+    fresh = int(pipeline._fresh[1])  # transitions since the restart
+  assert inactive_calls >= 1
+  # Member 1's ring holds exactly the data collected since its restart: at
+  # least its warm-up, none of the ~300+ transitions it had before.
+  assert warmup <= sizes[1] == fresh < inserted[1] - before[1] + 1
+  assert sizes[0] > sizes[1] + 200

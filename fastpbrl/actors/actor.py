@@ -163,6 +163,12 @@ class Actor:
         env_steps, np.int64).copy()
     warmup = np.broadcast_to(np.asarray(warmup_steps, np.int64), (m,))
     self._warmup = warmup.copy()
+    self._warmup_length = warmup.copy()  # a restarted member warms up anew
+    # Restarts (``Pipeline.restart_members``): the count each member's data
+    # belongs to, and the chunk step from which it does.
+    self._restart_count = None
+    self._restart_at = np.zeros(m, np.int64)
+    self._t = 0  # step within the chunk being filled
     self._returns = [0.0] * m
     self._lengths = [0] * m
     self._start_version = [0] * m
@@ -216,9 +222,29 @@ class Actor:
     got = self._store.read(self._rows)
     if got is None:
       return
-    self._version, (params, hparams) = got
+    self._version, tree = got
+    params, hparams = tree[0], tree[1]
     self._params = jax.device_put(params)
     self._hparams = jax.device_put(hparams)
+    if len(tree) > 2:  # per-member restart counters (pipeline layout)
+      self._adopt_restarts(np.asarray(tree[2], np.int64))
+
+  def _adopt_restarts(self, counts: np.ndarray) -> None:
+    """A member whose restart counter went up starts a new experiment: a
+    fresh episode, its own warm-up of random actions, and its data from this
+    step on marked as the new restart's (the pipeline empties its replay
+    before inserting it)."""
+    if self._restart_count is None:
+      # First read (also of a restarted actor process): take the counters
+      # as they are; data from the chunk's start belongs to them.
+      self._restart_count = counts.copy()
+      return
+    for j in np.flatnonzero(counts != self._restart_count):
+      self._restart_count[j] = counts[j]
+      self._restart_at[j] = self._t
+      self._warmup[j] = self._steps[j] + self._warmup_length[j]
+      self._returns[j], self._lengths[j] = 0.0, 0
+      self._obs[j] = self._envs[j].reset()[0]
 
   def _wait_for_params(self) -> None:
     while self._params is None:
@@ -311,7 +337,11 @@ class Actor:
     returns, lengths = self._returns, self._lengths
     evaluating = self._eval_interval > 0
     n_ep = 0
+    self._restart_at[:] = 0
     for t in range(t_steps):
+      self._t = t
+      # Every step, so that a restart reaches a member that is warming up.
+      self._refresh_params()
       if evaluating:
         self._start_evaluations()
       eval_active = evaluating and bool(self._eval_left.any())
@@ -367,6 +397,9 @@ class Actor:
       self._steps += 1
     out['env_steps'][:] = self._steps
     out['meta'][:] = (t_steps, n_ep, self._version, 0)
+    out['restart_count'][:] = (0 if self._restart_count is None
+                               else self._restart_count)
+    out['restart_at'][:] = self._restart_at
 
   def _eval_step(self, j: int, action, out, n_ep: int) -> int:
     o2, r, term, trunc, info = self._eval_envs[j].step(action)

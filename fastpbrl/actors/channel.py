@@ -67,9 +67,12 @@ def chunk_layout(transition_fields: Mapping[str, shm.FieldSpec],
   Returns:
     A layout with every transition field as ``[M, T, *shape]``, ``env_steps``
     ``[M]`` (each member's training env steps after the chunk), ``meta``
-    ``[4]`` (steps in the chunk, episodes recorded, policy version, unused)
-    and per-episode arrays ``episode_*`` of room ``2 * M * T`` (a member ends
-    at most one training and one evaluation episode per step).
+    ``[4]`` (steps in the chunk, episodes recorded, policy version, unused),
+    ``restart_count`` and ``restart_at`` ``[M]`` (the restart of each member
+    its data belongs to, from step ``restart_at`` of the chunk on: see
+    ``Pipeline.restart_members``) and per-episode arrays ``episode_*`` of
+    room ``2 * M * T`` (a member ends at most one training and one
+    evaluation episode per step).
   """
   if num_members < 1:
     raise ValueError(f'num_members must be >= 1, got {num_members}')
@@ -82,6 +85,8 @@ def chunk_layout(transition_fields: Mapping[str, shm.FieldSpec],
   fields.update({
       'env_steps': ((m,), np.int64),
       'meta': ((4,), np.int64),
+      'restart_count': ((m,), np.int64),
+      'restart_at': ((m,), np.int64),
       'episode_member': ((e,), np.int64),
       'episode_return': ((e,), np.float64),
       'episode_length': ((e,), np.int64),

@@ -254,11 +254,28 @@ class PerMemberReplay(Replay):
                                        self.capacity)
       self._inserted[members] += num_steps
 
-  def sample(self, rng, num_steps, batch_size) -> Transition:
+  def clear(self, members: Sequence[int] | np.ndarray) -> None:
+    """Empties the rings of ``members`` (a restarted experiment's replay).
+    Their ``inserted`` counts stay: they count env steps collected."""
+    members = np.asarray(members, np.int64).reshape(-1)
+    if members.size and (members.min() < 0 or members.max() >= self.num_members):
+      raise ValueError(f'members must be in [0, {self.num_members}); got '
+                       f'{members.tolist()}')
+    with self._lock:
+      self._pos[members] = 0
+      self._size[members] = 0
+
+  def sample(self, rng, num_steps, batch_size, inactive=None) -> Transition:
+    """As ``Replay.sample``; members flagged in ``inactive`` (``[N]`` bool),
+    whose updates the learner discards, may have empty rings: their rows
+    are then arbitrary."""
     self._check_sample_args(num_steps, batch_size)
     n = self.num_members
     with self._lock:
       sizes = self._size.copy()
+      if inactive is not None:
+        sizes = np.where(np.asarray(inactive, bool), np.maximum(sizes, 1),
+                         sizes)
       if (sizes == 0).any():
         raise ValueError(f'members {np.flatnonzero(sizes == 0).tolist()} '
                          'have no transitions to sample yet')

@@ -209,8 +209,10 @@ def test_restart_resumes_the_schedule_with_fresh_seeds(store4):
   restarted.fill(b)
   assert b['env_steps'].tolist() == [14]
   assert a['observation'][0, 0, 2] != b['observation'][0, 0, 2]
-  # Past its warm-up: the restarted actor uses the policy (version 1).
-  assert b['meta'][2] == 1 and a['meta'][2] == 0
+  # Past its warm-up: the restarted actor uses the policy (version 1); the
+  # first one, warming up, took random actions whatever version it read.
+  assert b['meta'][2] == 1
+  assert not np.array_equal(a['action'], b['action'])
   first.close()
   restarted.close()
 
@@ -288,6 +290,44 @@ def test_an_evaluation_plays_one_frozen_policy_version():
           greedy = np.asarray(agent.act(p_m, obs[None], jax.random.key(0), h_m,
                                         False))[0]
           np.testing.assert_allclose(env_action, 2.0 * greedy, atol=1e-5)
+    actor.close()
+
+
+def test_a_restart_starts_a_new_episode_and_warm_up_for_that_member():
+  spec, agent, tree, agent_fn = td3_setup(2, seed=2)
+  params, hparams = tree
+  restarts = np.zeros(2, np.int64)
+  with ParamStore.create((params, hparams, restarts)) as store:
+    store.write((params, hparams, restarts))
+    actor = Actor(members=[0, 1], env_fn=make_step_env, agent_fn=agent_fn,
+                  store=store, seed=4, warmup_steps=2)
+    out = new_chunk(spec, 2, 6)
+    assert actor.fill(out)
+    assert out['restart_count'].tolist() == [0, 0]
+    assert out['restart_at'].tolist() == [0, 0]
+    store.write((params, hparams, np.array([0, 1], np.int64)))
+    out = new_chunk(spec, 2, 6)
+    assert actor.fill(out)
+    # Member 1's data belongs to restart 1 from the chunk's first step: a
+    # fresh episode (step 0 of a new episode) and two random actions.
+    assert out['restart_count'].tolist() == [0, 1]
+    assert out['restart_at'].tolist() == [0, 0]
+    assert out['observation'][1, 0, 1] == 0  # step in episode
+    assert out['observation'][1, 0, 0] == 2  # a new (third) episode
+    key = jax.random.key(member_seeds(4, 1).key)
+    p1 = jax.tree.map(lambda x: x[1], params)
+    h1 = jax.tree.map(lambda x: x[1], hparams)
+    for t in range(6):
+      expected = np.asarray(agent.act(
+          p1, out['observation'][1, t][None],
+          jax.random.fold_in(key, 6 + t), h1, True))[0]
+      assert np.allclose(out['action'][1, t], expected, atol=1e-5) == (t >= 2)
+    # Member 0 went on with its policy and its episode.
+    assert out['observation'][0, 0, 0] == 1
+    out = new_chunk(spec, 2, 3)
+    assert actor.fill(out)
+    assert out['restart_count'].tolist() == [0, 1]
+    assert out['restart_at'].tolist() == [0, 0]
     actor.close()
 
 

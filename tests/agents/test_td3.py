@@ -241,3 +241,22 @@ def test_policy_step_stays_a_real_cond_under_the_population_vmap(agent):
   np.testing.assert_array_equal(
       jax.vmap(any_member, axis_name=POPULATION_AXIS)(flags), [True] * 3)
   np.testing.assert_array_equal(jax.vmap(any_member)(flags), flags)
+
+
+def test_inactive_members_keep_their_state_with_one_compilation(agent):
+  learner = PopulationLearner(agent)
+  hparams = population_hparams(agent, 3)
+  batch = random_batch(agent.env_spec, (3, SMALL.steps_per_call, 16))
+  start = learner.init(jax.random.PRNGKey(0), hparams)
+  copy = lambda s: jax.tree.map(jnp.copy, s)  # the learner donates its input
+  full, _ = learner.update(copy(start), hparams, batch)
+  masked, _ = learner.update(copy(start), hparams, batch,
+                             np.array([True, False, True]))
+  for f, m, s in zip(jax.tree.leaves(full), jax.tree.leaves(masked),
+                     jax.tree.leaves(start)):
+    np.testing.assert_array_equal(m[1], s[1])  # discarded
+    np.testing.assert_array_equal(m[0], f[0])
+    np.testing.assert_array_equal(m[2], f[2])
+  assert learner.compilations == 1
+  with pytest.raises(ValueError, match=r'active must be \[3\]'):
+    learner.update(copy(start), hparams, batch, np.ones(2, bool))

@@ -158,3 +158,52 @@ def test_reset_members(td3_agent, td3_population):
   # The two reset slots do not share a fresh init.
   assert not np.allclose(jax.tree.leaves(new_state.policy)[-1][1],
                          jax.tree.leaves(new_state.policy)[-1][4])
+
+
+def test_driver_restarts_evicted_slots_as_new_experiments():
+  # The evicted slot's replay must start empty with its own warm-up: the
+  # driver asks the pipeline for that (Pipeline.restart_members, whose
+  # effect on the replay tests/test_pipeline.py checks), and its phases count
+  # the slot's own update steps, which stop while it warms up.
+  from fastpbrl import drivers  # noqa: PLC0415
+  from fastpbrl.actors import EpisodeRecord  # noqa: PLC0415
+  from fastpbrl.learner import PopulationLearner  # noqa: PLC0415
+  from fastpbrl.run import Loop  # noqa: PLC0415
+  from tests.population.conftest import tiny_td3  # noqa: PLC0415
+
+  class FakePipeline:
+    policy_version = 7
+    restarted = []
+
+    def restart_members(self, members):
+      self.restarted.append(list(members))
+
+  config = drivers.HyperTrickRunConfig(
+      population_size=2, num_workers=6, num_phases=2, phase_update_steps=100,
+      eval_every=50, eviction_rate=0.25)
+  driver = drivers.HyperTrickDriver(config)
+  agent = tiny_td3()
+  hparams = driver.initial_hparams(jax.random.PRNGKey(0), agent, 2)
+  learner = PopulationLearner(agent)
+  loop = Loop(config=config, run_dir='', agent=agent, learner=learner,
+              pipeline=FakePipeline(), state=learner.init(
+                  jax.random.PRNGKey(1), hparams),
+              hparams=hparams, key=jax.random.PRNGKey(2),
+              member_update_steps=np.zeros(2, np.int64))
+  restarted_total = 0
+  for call in range(1, 40):
+    loop.update_steps = call * 50
+    loop.member_update_steps += 50
+    # Member 0 always scores higher than member 1.
+    loop.episodes = [EpisodeRecord(m, 100.0 - 50 * m + call, 10, True, 0, 8, 8)
+                     for m in range(2)]
+    before = len(FakePipeline.restarted)
+    driver.after_call(loop)
+    for members in FakePipeline.restarted[before:]:
+      restarted_total += len(members)
+      for m in members:  # its phase starts at its current update count
+        assert driver.phase_start[m] == loop.member_update_steps[m]
+    if driver.scheduler.done:
+      break
+  assert restarted_total >= 1
+  assert restarted_total == driver.scheduler.launched - 2

@@ -242,3 +242,28 @@ def test_inserts_racing_samples_never_yield_torn_transitions(layout):
   finally:
     stop.set()
     thread.join()
+
+
+def test_clear_empties_a_members_ring_and_inactive_members_may_be_empty():
+  from fastpbrl.replay.buffers import PerMemberReplay
+  fields = {'observation': ((2,), np.float32), 'action': ((1,), np.float32),
+            'reward': ((), np.float32), 'next_observation': ((2,), np.float32),
+            'terminated': ((), np.float32), 'truncated': ((), np.float32)}
+  replay = PerMemberReplay(fields, 3, capacity=10)
+  chunk = {k: np.full((3, 4, *shape), 1.0, dtype)
+           for k, (shape, dtype) in fields.items()}
+  replay.insert([0, 1, 2], chunk)
+  replay.clear([1])
+  assert replay.sizes().tolist() == [4, 0, 4]
+  assert replay.inserted().tolist() == [4, 4, 4]  # env steps still count
+  rng = np.random.default_rng(0)
+  with pytest.raises(ValueError, match=r'members \[1\]'):
+    replay.sample(rng, 2, 3)
+  batch = replay.sample(rng, 2, 3, inactive=np.array([False, True, False]))
+  assert batch.observation.shape == (3, 2, 3, 2)
+  chunk2 = {k: np.full((1, 2, *shape), 7.0, dtype)
+            for k, (shape, dtype) in fields.items()}
+  replay.insert([1], chunk2)
+  assert replay.sizes().tolist() == [4, 2, 4]
+  batch = replay.sample(rng, 5, 8)
+  assert (np.asarray(batch.reward)[1] == 7.0).all()  # only the new data

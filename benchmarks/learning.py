@@ -1,0 +1,451 @@
+"""Learning benchmark: each population rule against N default seeds.
+
+For every task of the suite, every method and every benchmark seed, one run
+at a fixed env-step budget per member; then a table (per task and method:
+the best member's final evaluation and the population's mean final
+evaluation, mean and spread over seeds, wall time) and a plot of the best
+member's evaluation return against env steps per member.
+
+Methods:
+
+* ``seeds-td3``, ``seeds-sac``: the baseline, ``--population-size``
+  independent members at the agent's published defaults
+  (``experiments.seeds``): what N default runs give at once;
+* ``pbt-td3``, ``pbt-sac``: PBT over the same number of members;
+* ``cemrl``: CEM-RL (its score is the CEM mean policy's return, reported in
+  its own column; the members' finals are reported like the others');
+* ``dvd``, ``dvd-no-diversity``: DvD-TD3 and the same shared-critic TD3
+  with the diversity weight fixed at 0 (the diversity figure compares them);
+* ``hypertrick``: HyperTrick's search over the same slots;
+* ``sb3-td3``, ``sb3-sac`` (``.[torch]`` extra, which installs
+  Stable-Baselines3): the single-agent reference, one SB3 agent per member
+  slot with the same seeds, budget, warm-up, network sizes and evaluation
+  episodes as the baseline, so "best of N SB3 seeds" is comparable to "best
+  of N of our seeds".
+
+Every result lands in ``--out`` as one JSON per run
+(``runs/<task>/<method>/seed<k>.json``), so an interrupted benchmark
+continues where it stopped (existing results are kept unless ``--redo``);
+``report`` rebuilds the table and plot from them.
+
+Usage::
+
+  python -m benchmarks.learning                          # the whole suite
+  python -m benchmarks.learning --tasks Pendulum-v1 --methods seeds-td3 pbt-td3 --seeds 0 1
+  python -m benchmarks.learning --report-only
+
+Host-side code: subprocesses, files, the table and the plot. Each run is a
+fresh process (``python -m benchmarks.learning --one ...``), so one run's
+actors, memory and JIT caches never touch the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A task of the suite and the budgets it is run at."""
+
+  env_steps: int  # per member
+  warmup_steps: int  # random-action steps per member first
+  eval_every: int  # env steps per member between evaluations
+  ready_after: int  # PBT: update steps between decisions
+  phase_update_steps: int  # HyperTrick: update steps per phase
+
+
+TASKS = {
+    'Pendulum-v1': Task(20_000, 1_000, 2_000, 2_500, 5_000),
+    'InvertedPendulum-v5': Task(10_000, 1_000, 1_000, 1_250, 2_500),
+    'Hopper-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),
+    'HalfCheetah-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),
+}
+
+METHODS = {
+    # name: (experiment module, extra flags)
+    'seeds-td3': ('seeds', ['--agent', 'td3']),
+    'pbt-td3': ('pbt', ['--agent', 'td3']),
+    'seeds-sac': ('seeds', ['--agent', 'sac']),
+    'pbt-sac': ('pbt', ['--agent', 'sac']),
+    'cemrl': ('cemrl', []),
+    'dvd': ('dvd', []),
+    'dvd-no-diversity': ('dvd', ['--lambda-mode', 'schedule',
+                                 '--lambda-start', '0', '--lambda-end', '0']),
+    'hypertrick': ('hypertrick', []),
+    'sb3-td3': ('sb3', ['td3']),
+    'sb3-sac': ('sb3', ['sac']),
+}
+
+DEFAULT_OUT = os.path.join('benchmarks', 'results', 'learning')
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--tasks', nargs='+', default=list(TASKS),
+                      help=f'tasks of the suite, from {list(TASKS)}')
+  parser.add_argument('--methods', nargs='+', default=list(METHODS),
+                      help=f'methods, from {list(METHODS)}')
+  parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2],
+                      help='benchmark seeds (each a whole population run)')
+  parser.add_argument('--population-size', type=int, default=4,
+                      help='members per run (CEM-RL needs an even number)')
+  parser.add_argument('--eval-episodes', type=int, default=5)
+  parser.add_argument('--env-steps', type=int, default=None,
+                      help="override every task's budget per member")
+  parser.add_argument('--out', default=DEFAULT_OUT)
+  parser.add_argument('--redo', action='store_true',
+                      help='run again even where a result exists')
+  parser.add_argument('--report-only', action='store_true')
+  parser.add_argument('--one', nargs=3, metavar=('TASK', 'METHOD', 'SEED'),
+                      help=argparse.SUPPRESS)  # one run, in a subprocess
+  args = parser.parse_args(argv)
+  for name in args.tasks:
+    if name not in TASKS:
+      parser.error(f'--tasks: unknown task {name!r}; choose from {list(TASKS)}')
+  for name in args.methods:
+    if name not in METHODS:
+      parser.error(f'--methods: unknown method {name!r}; choose from '
+                   f'{list(METHODS)}')
+  if args.population_size < 2:
+    parser.error(f'--population-size must be >= 2, got {args.population_size}')
+  if args.eval_episodes < 1:
+    parser.error(f'--eval-episodes must be >= 1, got {args.eval_episodes}')
+  if args.env_steps is not None and args.env_steps < 2:
+    parser.error(f'--env-steps must be >= 2, got {args.env_steps}')
+  return args
+
+
+def task_budget(args, task_name: str) -> Task:
+  task = TASKS[task_name]
+  if args.env_steps is None:
+    return task
+  scale = args.env_steps / task.env_steps
+  return Task(args.env_steps, max(1, int(task.warmup_steps * scale)),
+              max(1, int(task.eval_every * scale)),
+              max(1, int(task.ready_after * scale)),
+              max(1, int(task.phase_update_steps * scale)))
+
+
+def result_path(out: str, task: str, method: str, seed: int) -> str:
+  return os.path.join(out, 'runs', task, method, f'seed{seed}.json')
+
+
+# --------------------------------------------------------------------------
+# One run
+# --------------------------------------------------------------------------
+
+
+def _curve(run_dir: str, eval_episodes: int, eval_every: int) -> list:
+  """``[(env_steps, best member's evaluation mean, population mean)]`` with
+  evaluations binned to the ``eval_every`` grid (the final one at the
+  budget)."""
+  from fastpbrl.logging import evaluation_points, read_member_csvs  # noqa: PLC0415
+
+  bins: dict[int, list[float]] = {}
+  for rows in read_member_csvs(run_dir):
+    seen = {}
+    for steps, _, value in evaluation_points(rows, eval_episodes):
+      seen[int(round(steps / eval_every) * eval_every)] = value
+    for steps, value in seen.items():
+      bins.setdefault(steps, []).append(value)
+  return [(s, max(v), float(np.mean(v))) for s, v in sorted(bins.items())]
+
+
+def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
+  import importlib  # noqa: PLC0415
+
+  task = task_budget(args, task_name)
+  module_name, extra = METHODS[method]
+  module = importlib.import_module(f'experiments.{module_name}')
+  run_dir = tempfile.mkdtemp(prefix=f'fpbrl-bench-{method}-')
+  argv = ['--env', task_name, '--seed', str(seed),
+          '--population-size', str(args.population_size),
+          '--env-steps', str(task.env_steps),
+          '--warmup-steps', str(task.warmup_steps),
+          '--eval-every', str(task.eval_every),
+          '--eval-episodes', str(args.eval_episodes),
+          '--checkpoint-every', '0', '--no-progress',
+          '--run-dir', os.path.join(run_dir, 'run')] + extra
+  if module_name == 'pbt':
+    argv += ['--ready-after', str(task.ready_after)]
+  if module_name == 'hypertrick':
+    argv += ['--phase-update-steps', str(task.phase_update_steps),
+             '--num-phases', '4', '--num-workers',
+             str(2 * args.population_size)]
+  if module_name == 'dvd' and '--lambda-mode' not in extra:
+    argv += ['--bandit-every', str(max(1, task.eval_every // 50))]
+  start = time.monotonic()
+  result = module.main(argv)
+  wall = time.monotonic() - start
+  out = {
+      'final_returns': result.final_returns,
+      'wall_time_s': wall,
+      'env_steps': result.env_steps,
+      'update_steps': result.update_steps,
+      'hparams': result.hparams,
+      'curve': _curve(os.path.join(run_dir, 'run'), args.eval_episodes,
+                      task.eval_every),
+      'command': f'python -m experiments.{module_name} ' + ' '.join(argv),
+      'rule_scalars': getattr(result, 'rule_scalars', {}) or {},
+  }
+  mean_csv = os.path.join(run_dir, 'run', 'mean_policy.csv')
+  if os.path.exists(mean_csv):
+    with open(mean_csv) as f:
+      rows = f.read().splitlines()[1:]
+    if rows:
+      out['cem_mean_policy_return'] = float(rows[-1].split(',')[-1])
+  return out
+
+
+def run_sb3(args, task_name: str, algo: str, seed: int) -> dict:
+  """``--population-size`` Stable-Baselines3 agents, one after the other,
+  each with the Fujimoto et al. / Haarnoja et al. defaults that our agents
+  use (256x256, Adam 3e-4, batch 256, tau 0.005, gamma 0.99, one update
+  per env step, TD3 exploration noise 0.1), our warm-up length, and the
+  same evaluation (noise-free, ``--eval-episodes`` episodes)."""
+  try:
+    import gymnasium as gym  # noqa: PLC0415
+    import stable_baselines3 as sb3  # noqa: PLC0415
+    from stable_baselines3.common.noise import NormalActionNoise  # noqa: PLC0415
+  except ImportError as e:
+    raise SystemExit(f'{algo}: Stable-Baselines3 is not installed ({e}); '
+                     "install the torch extra: pip install -e '.[torch]'") from None
+  import torch  # noqa: PLC0415
+
+  from fastpbrl.evaluation import evaluation_seeds  # noqa: PLC0415
+
+  torch.set_num_threads(1)
+  task = task_budget(args, task_name)
+  finals, curves, start = [], [], time.monotonic()
+  for member in range(args.population_size):
+    member_seed = seed * 1000 + member
+    env = gym.make(task_name)
+    kwargs = dict(learning_rate=3e-4, buffer_size=1_000_000,
+                  learning_starts=task.warmup_steps, batch_size=256,
+                  tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1,
+                  policy_kwargs={'net_arch': [256, 256]}, seed=member_seed,
+                  verbose=0, device='cpu')
+    if algo == 'td3':
+      dim = env.action_space.shape[0]
+      model = sb3.TD3('MlpPolicy', env, action_noise=NormalActionNoise(
+          np.zeros(dim), 0.1 * np.ones(dim)), **kwargs)
+    else:
+      model = sb3.SAC('MlpPolicy', env, **kwargs)
+    eval_env = gym.make(task_name)
+
+    def evaluate():
+      returns = []
+      for reset_seed in evaluation_seeds(seed, member, args.eval_episodes):
+        obs, _ = eval_env.reset(seed=reset_seed)
+        total, done = 0.0, False
+        while not done:
+          action, _ = model.predict(obs, deterministic=True)
+          obs, r, term, trunc, _ = eval_env.step(action)
+          total += float(r)
+          done = term or trunc
+        returns.append(total)
+      return float(np.mean(returns))
+
+    curve, done_steps = [], 0
+    while done_steps < task.env_steps:
+      chunk = min(task.eval_every, task.env_steps - done_steps)
+      model.learn(total_timesteps=chunk, reset_num_timesteps=False)
+      done_steps += chunk
+      curve.append((done_steps, evaluate()))
+    finals.append(curve[-1][1])
+    curves.append(curve)
+    env.close()
+    eval_env.close()
+  grid = sorted({s for c in curves for s, _ in c})
+  merged = []
+  for s in grid:
+    values = [v for c in curves for t, v in c if t == s]
+    merged.append((s, max(values), float(np.mean(values))))
+  return {'final_returns': finals, 'wall_time_s': time.monotonic() - start,
+          'env_steps': task.env_steps, 'curve': merged,
+          'sb3_version': sb3.__version__, 'torch_version': torch.__version__,
+          'command': f'stable_baselines3.{algo.upper()} x '
+                     f'{args.population_size}, see benchmarks/learning.py'}
+
+
+def run_one(args, task_name: str, method: str, seed: int) -> None:
+  path = result_path(args.out, task_name, method, seed)
+  module_name, extra = METHODS[method]
+  if module_name == 'sb3':
+    out = run_sb3(args, task_name, extra[0], seed)
+  else:
+    out = run_fastpbrl(args, task_name, method, seed)
+  out.update(task=task_name, method=method, seed=seed,
+             population_size=args.population_size,
+             eval_episodes=args.eval_episodes,
+             budget=dataclasses.asdict(task_budget(args, task_name)),
+             machine=machine(), date=time.strftime('%Y-%m-%d'))
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(out, f, indent=1)
+  os.replace(tmp, path)  # atomic: a killed run leaves no half result
+
+
+def machine() -> str:
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          cpu = line.split(':', 1)[1].strip()
+          break
+  except OSError:
+    pass
+  return f'{cpu}, {os.cpu_count()} cores, {platform.system()}'
+
+
+# --------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------
+
+
+def _fmt(values: list) -> str:
+  values = [v for v in values if v is not None and math.isfinite(v)]
+  if not values:
+    return '-'
+  if len(values) == 1:
+    return f'{values[0]:.0f}'
+  return f'{np.mean(values):.0f} ± {np.std(values):.0f}'
+
+
+def load_results(out: str) -> list[dict]:
+  results = []
+  root = os.path.join(out, 'runs')
+  for dirpath, _, files in os.walk(root):
+    for name in sorted(files):
+      if name.endswith('.json'):
+        with open(os.path.join(dirpath, name)) as f:
+          results.append(json.load(f))
+  return results
+
+
+def report(out: str) -> str:
+  """Writes ``results.md``, ``results.csv`` and ``learning.png`` from the
+  run JSONs in ``out``; returns the markdown table."""
+  results = load_results(out)
+  if not results:
+    return 'no results yet'
+  by = {}
+  for r in results:
+    by.setdefault((r['task'], r['method']), []).append(r)
+  lines = ['| task | method | seeds | best member, final | population mean, '
+           'final | CEM mean policy | mean pairwise action distance | '
+           'wall time per run |', '|---|---|---:|---:|---:|---:|---:|---:|']
+  csv_rows = ['task,method,seed,best_final,mean_final,cem_mean_policy,'
+              'diversity,wall_time_s']
+  order = {m: i for i, m in enumerate(METHODS)}
+  tasks = [t for t in TASKS if any(k[0] == t for k in by)]
+  for task in tasks:
+    for method in sorted({k[1] for k in by if k[0] == task}, key=order.get):
+      runs = sorted(by[(task, method)], key=lambda r: r['seed'])
+      best = [max(r['final_returns']) for r in runs]
+      mean = [float(np.mean(r['final_returns'])) for r in runs]
+      cem = [r.get('cem_mean_policy_return') for r in runs]
+      div = [r.get('rule_scalars', {}).get('mean_pairwise_action_distance')
+             for r in runs]
+      wall = [r['wall_time_s'] for r in runs]
+      lines.append(
+          f'| {task} | {method} | {len(runs)} | {_fmt(best)} | {_fmt(mean)} | '
+          f'{_fmt(cem) if any(c is not None for c in cem) else ""} | '
+          + (f'{np.mean([d for d in div if d is not None]):.3f}'
+             if any(d is not None for d in div) else '')
+          + f' | {np.mean(wall) / 60:.1f} min |')
+      for r, b, m, c, d in zip(runs, best, mean, cem, div):
+        csv_rows.append(f'{task},{method},{r["seed"]},{b},{m},'
+                        f'{"" if c is None else c},{"" if d is None else d},'
+                        f'{r["wall_time_s"]:.1f}')
+  machines = sorted({r['machine'] for r in results})
+  dates = sorted({r['date'] for r in results})
+  header = (f'Population size {results[0]["population_size"]}; final = mean of '
+            f'{results[0]["eval_episodes"]} noise-free episodes of each '
+            f'member\'s final policy; "best member" is the best final of a '
+            f'run, then mean ± std over seeds. Machine: {"; ".join(machines)}. '
+            f'Dates: {", ".join(dates)}.\n\n')
+  table = header + '\n'.join(lines) + '\n'
+  with open(os.path.join(out, 'results.md'), 'w') as f:
+    f.write(table)
+  with open(os.path.join(out, 'results.csv'), 'w') as f:
+    f.write('\n'.join(csv_rows) + '\n')
+  _plot(out, by, tasks, order)
+  return table
+
+
+def _plot(out: str, by: dict, tasks: list, order: dict) -> None:
+  import matplotlib  # noqa: PLC0415
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4),
+                           squeeze=False)
+  for ax, task in zip(axes[0], tasks):
+    for method in sorted({k[1] for k in by if k[0] == task}, key=order.get):
+      runs = by[(task, method)]
+      steps = sorted({p[0] for r in runs for p in r['curve']})
+      ys = []
+      for s in steps:
+        vals = [p[1] for r in runs for p in r['curve'] if p[0] == s]
+        ys.append(np.mean(vals))
+      ax.plot(steps, ys, marker='.', lw=1.2, label=method)
+    ax.set_title(task)
+    ax.set_xlabel('env steps per member')
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel('best member\'s evaluation return (mean over seeds)')
+  axes[0][-1].legend(fontsize='small', loc='lower right')
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, 'learning.png'), dpi=100)
+  plt.close(fig)
+
+
+# --------------------------------------------------------------------------
+
+
+def main(argv: Optional[list] = None) -> None:
+  args = parse_args(argv)
+  if args.one:
+    task, method, seed = args.one
+    run_one(args, task, method, int(seed))
+    return
+  if not args.report_only:
+    for task in args.tasks:
+      for seed in args.seeds:
+        for method in args.methods:
+          path = result_path(args.out, task, method, seed)
+          if os.path.exists(path) and not args.redo:
+            print(f'{task} {method} seed {seed}: kept {path}', flush=True)
+            continue
+          print(f'{task} {method} seed {seed}: running', flush=True)
+          command = [sys.executable, '-m', 'benchmarks.learning', '--one',
+                     task, method, str(seed), '--out', args.out,
+                     '--population-size', str(args.population_size),
+                     '--eval-episodes', str(args.eval_episodes)]
+          if args.env_steps is not None:
+            command += ['--env-steps', str(args.env_steps)]
+          done = subprocess.run(command, check=False)
+          if done.returncode != 0:
+            print(f'{task} {method} seed {seed}: FAILED (exit '
+                  f'{done.returncode})', flush=True)
+  print(report(args.out))
+
+
+if __name__ == '__main__':
+  main()
