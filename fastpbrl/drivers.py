@@ -290,7 +290,11 @@ class DvDRunConfig(RunConfig):
   """Bandit: learner calls per round (one lambda per round); a round must
   hold an evaluation (see --eval-every)."""
   kernel_sigma: float = 1.0
-  """Length scale of the RBF kernel on the members' actions."""
+  """Length scale of the RBF kernel on the members' actions, in action units
+  (actions in [-1, 1]): the root-mean-square action gap at which two
+  members' kernel entry is exp(-1/2). The squared distance is divided by
+  --embedding-states x action dim, so the term is active for any action
+  dimension."""
   embedding_states: int = 20
   """States of the shared batch on which members' actions are compared."""
 

@@ -1,13 +1,56 @@
 """Diversity via Determinants (Parker-Holder et al. 2020, "Effective
-Diversity in Population Based Reinforcement Learning").
+Diversity in Population Based Reinforcement Learning", NeurIPS 2020).
 
-Each member ``i`` is embedded by its actions on a shared batch of states,
-``phi_i = flatten(pi_i(s_1..s_B))``; the population's diversity is the
-determinant of the kernel matrix ``K_ij = exp(-||phi_i - phi_j||^2 /
-(2 sigma^2))`` (squared-exponential kernel, eq. 5 and sec. 4.1). DvD-TD3
-adds ``lambda * diversity_loss`` with ``diversity_loss = -log det K`` to the
-sum of the members' policy losses, so minimising it maximises the volume
-spanned by the embeddings.
+**Embedding and kernel.** Member ``i`` is embedded by its actions
+on states drawn from the shared replay, the same states for every member:
+``phi_i = concat(pi_i(s_1), ..., pi_i(s_B))``, a vector of ``D = B * A``
+entries (the paper's action-based embedding; the authors' code calls it
+``'a_s'`` and uses 20 states). The population's diversity is the
+determinant of the kernel matrix ``K_ij = k(phi_i, phi_j)`` with a squared
+exponential kernel. DvD-TD3 adds ``lambda * diversity_loss``, with
+``diversity_loss = -log det K``, to the sum of the members' policy losses.
+
+**Kernel scale.** The textbook kernel ``exp(-||phi_i - phi_j||^2 / (2 l^2))``
+with a fixed ``l`` vanishes as ``D`` grows: the squared distance is a sum of
+``D`` per-entry gaps, 0.2 ``D`` or more between freshly initialised 256x256
+policies, so with ``l = 1`` and 20 states the largest off-diagonal entry of
+5 members is at most ~1e-4 for 6 actions and ~1e-13 for 17 (1e-21 and 0 on
+states of HalfCheetah-v5 and Humanoid-v5): ``K`` is the identity in float32,
+the gradient is (exactly) 0 and DvD silently becomes shared-critic TD3. We
+divide the squared distance by ``D``:
+
+    K_ij = exp(-msd_ij / (2 sigma^2)),  msd_ij = ||phi_i - phi_j||^2 / D,
+
+i.e. the squared exponential kernel with length scale ``l = sigma sqrt(D)``.
+``msd_ij`` is the mean squared gap between two members' actions, so
+``sigma`` is a length in action units (policies act in ``[-1, 1]``): two
+members whose actions differ by ``sigma`` (root mean square) have
+``K_ij = exp(-1/2)``, whatever the number of states or actions. This is
+also the authors' choice: their DvD-ES code builds ``K`` with scikit-learn's
+``rbf_kernel`` at its default ``gamma = 1 / n_features``, i.e.
+``exp(-||phi_i - phi_j||^2 / D)`` (``sigma = 1/sqrt(2)`` here). A per-entry
+gap is at most 2, so with the default ``sigma = 1`` every entry stays in
+``[exp(-2), 1]``: the term neither vanishes for distant members nor depends
+on the action dimension (at initialisation the off-diagonal entries are
+between ~0.4 and ~0.99 for 1, 6 or 17 actions, and the gradient of the term
+is within two orders of magnitude of the TD3 policy-loss gradient; see the
+tests). A median-heuristic length scale would also be active at
+initialisation, but it rescales with the population, so the loss would no
+longer tell a spread population from a huddled one of the same shape; we
+keep a fixed kernel.
+
+Departures from the paper:
+
+* ``log det K`` instead of the paper's ``det K``. When members act alike
+  ``K`` is near the all-ones matrix, ``det K`` is a product of ``N - 1``
+  small eigenvalues and its gradient vanishes with it; the gradient of
+  ``log det`` instead grows as members get closer (a log barrier on their
+  distances). The 2022 fastpbrl paper's DvD-TD3 (Flajolet et al.) also
+  minimises ``-log det K`` (with the unscaled kernel).
+* The authors' DvD-ES code standardises each embedding entry across the
+  population before the kernel; we do not, since under gradient descent it
+  would make the objective blind to the population's spread.
+* ``K + jitter I`` (below) keeps the loss and its gradient finite.
 
 Numerics: ``K`` is singular whenever two members act identically (all ones
 for a fresh copy), so ``log det`` uses the Cholesky factor of ``K + jitter
@@ -65,10 +108,25 @@ def pairwise_sq_dists(embeddings: jax.Array) -> jax.Array:
 
 
 def kernel_matrix(actions: jax.Array, sigma: float | jax.Array) -> jax.Array:
-  """``K_ij = exp(-||a_i - a_j||^2 / (2 sigma^2))`` from ``actions[N, B, A]``
-  (or any ``[N, ...]``: each member's actions are flattened)."""
+  """DvD's kernel matrix ``K_ij = exp(-||phi_i - phi_j||^2 / (2 sigma^2 D))``.
+
+  Args:
+    actions: ``[N, B, A]`` (or any ``[N, ...]``): member ``i``'s actions on
+      the shared states, flattened into its embedding ``phi_i`` of ``D``
+      entries.
+    sigma: length scale in action units, traced or static: the root mean
+      square gap between two members' actions at which ``K_ij =
+      exp(-1/2)``. Dividing the squared distance by ``D`` (a squared
+      exponential kernel of length scale ``sigma * sqrt(D)``) keeps ``K``
+      away from the identity for any number of states and actions; see the
+      module docstring.
+
+  Returns:
+    ``[N, N]`` float32, ones on the diagonal.
+  """
   phi = actions.reshape(actions.shape[0], -1).astype(jnp.float32)
-  return jnp.exp(-pairwise_sq_dists(phi) / (2.0 * jnp.square(sigma)))
+  mean_sq_dists = pairwise_sq_dists(phi) / phi.shape[1]
+  return jnp.exp(-mean_sq_dists / (2.0 * jnp.square(sigma)))
 
 
 def diversity_loss(actions: jax.Array, sigma: float | jax.Array, *,
@@ -77,9 +135,7 @@ def diversity_loss(actions: jax.Array, sigma: float | jax.Array, *,
 
   Args:
     actions: ``[N, B, A]`` member ``i``'s actions on the SAME ``B`` states.
-    sigma: kernel length scale (traced or static). The squared distance sums
-      over ``B * A`` entries, so a sigma of order ``sqrt(B * A)`` times a
-      typical per-action gap keeps the kernel away from 0 and 1.
+    sigma: kernel length scale in action units (``kernel_matrix``).
     jitter: added to the diagonal; bounds the loss by ``-N log(jitter)`` and
       keeps the Cholesky factorisation defined for identical members.
 
@@ -105,15 +161,16 @@ def make_policy_term(policy_apply: Callable[[Params, jax.Array], jax.Array],
     lam: diversity weight. A traced array when called inside a traced update
       (``with_diversity`` does this); a Python float is baked into the
       compiled program.
-    sigma: kernel length scale.
+    sigma: kernel length scale in action units (``kernel_matrix``).
     num_states: embed on the first ``num_states`` states only (default: the
-      whole batch).
+      whole batch). The paper's embedding uses 20.
     jitter: see ``diversity_loss``.
 
   Returns:
     ``extra(policies[N], observations[N, B, ...]) -> lam * diversity_loss``.
     Every member is embedded on the SAME states, ``observations[0]`` (member
-    0's batch), so the kernel compares actions state by state.
+    0's batch, drawn from the shared replay), so the kernel compares actions
+    state by state.
   """
 
   def extra(policies: Params, observations: jax.Array) -> jax.Array:

@@ -7,7 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from acme import specs
+
 from fastpbrl.agents import td3
+from fastpbrl.drivers import DvDRunConfig
 from fastpbrl.learner import SharedCriticLearner, population_hparams
 from fastpbrl.population import dvd
 from tests.population.conftest import pendulum_spec, random_batch, tiny_td3
@@ -18,10 +21,12 @@ JITTER = 1e-4
 
 def np_loss(actions: np.ndarray, sigma: float = SIGMA,
             jitter: float = JITTER) -> float:
-  """Direct float64 formula: -log det(K + jitter I)."""
+  """Direct float64 formula: -log det(K + jitter I), with the squared
+  distance divided by the embedding size D (the scaled kernel of issue 9;
+  this reference used to encode the unscaled one)."""
   phi = actions.reshape(actions.shape[0], -1).astype(np.float64)
-  n = len(phi)
-  k = np.array([[np.exp(-np.sum((phi[i] - phi[j]) ** 2) / (2 * sigma ** 2))
+  n, d = phi.shape
+  k = np.array([[np.exp(-np.sum((phi[i] - phi[j]) ** 2) / (2 * sigma ** 2 * d))
                  for j in range(n)] for i in range(n)])
   sign, logdet = np.linalg.slogdet(k + jitter * np.eye(n))
   assert sign > 0
@@ -30,13 +35,14 @@ def np_loss(actions: np.ndarray, sigma: float = SIGMA,
 
 def np_grad(actions: np.ndarray, sigma: float = SIGMA,
             jitter: float = JITTER) -> np.ndarray:
-  """Analytic gradient: dL/dphi_k = (2 / sigma^2) sum_j (M^-1 o K)_kj
+  """Analytic gradient: dL/dphi_k = (2 / (sigma^2 D)) sum_j (M^-1 o K)_kj
   (phi_k - phi_j), with M = K + jitter I (from dL = -tr(M^-1 dK))."""
   phi = actions.reshape(actions.shape[0], -1).astype(np.float64)
+  d = phi.shape[1]
   d2 = ((phi[:, None] - phi[None]) ** 2).sum(-1)
-  k = np.exp(-d2 / (2 * sigma ** 2))
+  k = np.exp(-d2 / (2 * sigma ** 2 * d))
   w = np.linalg.inv(k + jitter * np.eye(len(phi))) * k
-  g = 2 / sigma ** 2 * (w.sum(1)[:, None] * phi - w @ phi)
+  g = 2 / (sigma ** 2 * d) * (w.sum(1)[:, None] * phi - w @ phi)
   return g.reshape(actions.shape)
 
 
@@ -82,6 +88,75 @@ def test_identical_policies_are_finite():
   loss, g = jax.value_and_grad(dvd.diversity_loss)(near, SIGMA)
   assert np.isfinite(loss) and np.all(np.isfinite(g))
   assert float(dvd.diversity_loss(near - 1e-4 * g, SIGMA)) < float(loss)
+
+
+def test_kernel_does_not_depend_on_the_embedding_size():
+  """The squared distance is divided by D = states x actions: the same
+  behaviour on the states repeated 3 times (D x 3) gives the same kernel,
+  and actions that differ by exactly sigma everywhere give exp(-1/2)."""
+  rng = np.random.default_rng(4)
+  acts = rng.uniform(-1, 1, (3, 5, 2)).astype(np.float32)
+  np.testing.assert_allclose(dvd.kernel_matrix(np.tile(acts, (1, 3, 1)), 0.7),
+                             dvd.kernel_matrix(acts, 0.7), rtol=1e-5)
+  pair = np.stack([np.zeros((20, 17)), np.full((20, 17), 0.3)]).astype(
+      np.float32)
+  np.testing.assert_allclose(dvd.kernel_matrix(pair, 0.3)[0, 1],
+                             np.exp(-0.5), rtol=1e-5)
+
+
+def _spec(obs_dim: int, action_dim: int) -> specs.EnvironmentSpec:
+  return specs.EnvironmentSpec(
+      observations=specs.Array((obs_dim,), np.float32),
+      actions=specs.BoundedArray((action_dim,), np.float32, -1.0, 1.0),
+      rewards=specs.Array((), np.float32),
+      discounts=specs.BoundedArray((), np.float32, 0.0, 1.0))
+
+
+def _tree_norm(tree) -> float:
+  return float(jnp.sqrt(sum(jnp.sum(jnp.square(x))
+                            for x in jax.tree.leaves(tree))))
+
+
+# Observation sizes of Pendulum-v1, HalfCheetah-v5 and Humanoid-v5.
+@pytest.mark.parametrize('obs_dim, action_dim', [(3, 1), (17, 6), (348, 17)])
+def test_diversity_term_is_active_at_initialisation(obs_dim, action_dim):
+  """Issue 9: with the driver's defaults and freshly initialised 256x256
+  policies, the kernel is neither the identity (members look infinitely far
+  apart, gradient 0) nor all ones, and the diversity gradient is within two
+  orders of magnitude of the TD3 policy-loss gradient (random critic), for
+  1, 6 and 17 actions. The unscaled kernel failed this for 6 and 17
+  actions: largest entry ~1e-4 and ~1e-13, gradient ~1e-6 and exactly 0."""
+  defaults = DvDRunConfig()
+  nets = td3.make_networks(_spec(obs_dim, action_dim), td3.TD3Config())
+  critic = nets.critic.init(jax.random.PRNGKey(1), jnp.zeros((1, obs_dim)),
+                            jnp.zeros((1, action_dim)))
+  obs = jax.random.normal(jax.random.PRNGKey(2), (256, obs_dim))
+  states = obs[:defaults.embedding_states]
+
+  def population_policy_loss(policies):
+    return jnp.sum(jax.vmap(
+        lambda p: td3.policy_loss(nets, p, critic, obs))(policies))
+
+  def term(policies):
+    actions = jax.vmap(nets.policy.apply, (0, None))(policies, states)
+    return dvd.diversity_loss(actions, defaults.kernel_sigma)
+
+  @jax.jit
+  def measure(policies):
+    actions = jax.vmap(nets.policy.apply, (0, None))(policies, states)
+    return (dvd.kernel_matrix(actions, defaults.kernel_sigma),
+            jax.grad(term)(policies),
+            jax.grad(population_policy_loss)(policies))
+
+  for n in (2, 5):
+    policies = jax.vmap(lambda k: nets.policy.init(k, obs[:1]))(
+        jax.random.split(jax.random.PRNGKey(n), n))
+    k, g_div, g_policy = measure(policies)
+    off = np.asarray(k)[~np.eye(n, dtype=bool)]
+    assert off.min() > 1e-3, (n, off)
+    assert off.max() < 1 - 1e-3, (n, off)
+    ratio = _tree_norm(g_div) / _tree_norm(g_policy)
+    assert 1e-2 < ratio < 1e2, (n, ratio)
 
 
 def test_policy_term_uses_shared_states():
