@@ -289,6 +289,13 @@ class DvDRunConfig(RunConfig):
   bandit_every: int = 100
   """Bandit: learner calls per round (one lambda per round); a round must
   hold an evaluation (see --eval-every)."""
+  bandit_lookback: int = 5
+  """Bandit: a round's reward is 1 if its best evaluation return beats the
+  best of the previous this-many rounds, 0 if lower, 0.5 on a tie."""
+  bandit_window: int = 50
+  """Bandit: the posteriors count only the last this-many rewards (0: all)."""
+  bandit_burn_in: int = 5
+  """Bandit: the first this-many rounds pick lambda uniformly at random."""
   kernel_sigma: float = 1.0
   """Length scale of the RBF kernel on the members' actions, in action units
   (actions in [-1, 1]): the root-mean-square action gap at which two
@@ -320,6 +327,13 @@ class DvDDriver(Driver):
            '--lambda-start and --lambda-end must be >= 0')
     _check(config.lambda_decay_steps >= 1, '--lambda-decay-steps must be >= 1')
     _check(config.bandit_every >= 1, '--bandit-every must be >= 1')
+    _check(config.bandit_lookback >= 1,
+           f'--bandit-lookback must be >= 1, got {config.bandit_lookback}')
+    _check(config.bandit_window >= 0,
+           f'--bandit-window must be >= 0 (0: all rounds), got '
+           f'{config.bandit_window}')
+    _check(config.bandit_burn_in >= 0,
+           f'--bandit-burn-in must be >= 0, got {config.bandit_burn_in}')
     if config.lambda_mode == 'bandit':
       _check_evaluations_per(
           config.bandit_every * (config.steps_per_call or
@@ -333,11 +347,12 @@ class DvDDriver(Driver):
         ((0, config.lambda_start),
          (config.lambda_decay_steps, config.lambda_end)))
     self.bandit = dvd_lib.ThompsonBandit(
-        np.random.default_rng(config.seed), config.lambda_arms)
+        np.random.default_rng(config.seed), config.lambda_arms,
+        window=config.bandit_window or None, burn_in=config.bandit_burn_in)
     self.arm = None
     self.lam = config.lambda_start
-    self.round_best = -np.inf
-    self.previous_best = -np.inf
+    self.round_best = -np.inf  # best evaluation return in the current round
+    self.recent_bests = []  # best eval returns of the last lookback rounds
     self.calls_in_round = 0
 
   def shared_critic_update(self, agent):
@@ -368,21 +383,30 @@ class DvDDriver(Driver):
     if self.config.lambda_mode == 'schedule':
       lam = self.schedule(loop.update_steps)
     else:
-      self.calls_in_round += 1
-      if self.calls_in_round < self.config.bandit_every:
+      lam = self._end_of_round()
+      if lam is None:
         return
-      self.calls_in_round = 0
-      if not np.isfinite(self.round_best):
-        return  # no evaluation ended in this round: keep the arm, no reward
-      # End of a round: reward 1 if the population's best evaluation return
-      # improved on the previous round's.
-      self.bandit.update(self.arm, dvd_lib.improvement_reward(
-          self.previous_best, self.round_best))
-      self.previous_best, self.round_best = self.round_best, -np.inf
-      self.arm, lam = self.bandit.select()
     if lam != self.lam:
       self.lam = lam
       loop.hparams = dvd_lib.set_lambda(loop.hparams, lam)
+
+  def _end_of_round(self) -> Optional[float]:
+    """Bandit bookkeeping after one call; the next round's lambda when a
+    round ends, else None."""
+    self.calls_in_round += 1
+    if self.calls_in_round < self.config.bandit_every:
+      return None
+    self.calls_in_round = 0
+    if not np.isfinite(self.round_best):
+      return None  # no evaluation ended in this round: keep the arm, no reward
+    reward = dvd_lib.improvement_reward(self.recent_bests, self.round_best)
+    if reward is not None:  # None: the first round, nothing to compare with
+      self.bandit.update(self.arm, reward)
+    self.recent_bests = (self.recent_bests + [self.round_best])[
+        -self.config.bandit_lookback:]
+    self.round_best = -np.inf
+    self.arm, lam = self.bandit.select()
+    return lam
 
   def scalars(self) -> dict:
     return {'diversity_weight': self.lam}
@@ -390,21 +414,22 @@ class DvDDriver(Driver):
   def checkpoint_meta(self) -> dict:
     return {'arm': self.arm, 'lam': self.lam,
             'round_best': _json_number(self.round_best),
-            'previous_best': _json_number(self.previous_best),
+            'recent_bests': self.recent_bests,
             'calls_in_round': self.calls_in_round,
-            'bandit': {'alpha': self.bandit.alpha.tolist(),
-                       'beta': self.bandit.beta.tolist(),
-                       'rng': self.bandit.rng.bit_generator.state}}
+            'bandit': self.bandit.state()}
 
   def restore(self, arrays, meta) -> None:
     del arrays
+    if 'recent_bests' not in meta:
+      raise ConfigError(
+          'this DvD checkpoint predates the scaled kernel and the windowed '
+          'lambda bandit (its objective is not the one this code trains); '
+          'start a new run instead of --resume')
     self.arm, self.lam = meta['arm'], meta['lam']
     self.round_best = _from_json_number(meta['round_best'])
-    self.previous_best = _from_json_number(meta['previous_best'])
+    self.recent_bests = [float(r) for r in meta['recent_bests']]
     self.calls_in_round = meta['calls_in_round']
-    self.bandit.alpha = np.asarray(meta['bandit']['alpha'])
-    self.bandit.beta = np.asarray(meta['bandit']['beta'])
-    self.bandit.rng.bit_generator.state = meta['bandit']['rng']
+    self.bandit.load_state(meta['bandit'])
 
   def summary(self, loop: Loop) -> str:
     del loop

@@ -75,16 +75,29 @@ the learner's population-axis checks hold; the term uses the mean) and
 ``SharedCriticLearner`` compiles once for every lambda schedule or bandit
 choice.
 
-Host-side (not jittable, numpy only): ``PiecewiseLinear`` lambda schedules
-(Flajolet et al. 2022 use a schedule instead of the bandit) and
-``ThompsonBandit``, the paper's adaptive choice of lambda (a Thompson-
-sampling bandit over a few lambda values, {0, 0.5} for DvD-TD3; we take the
-reward to be 1 when the population's best return improved over the previous
-round, 0 otherwise, with Beta-Bernoulli posteriors).
+**Lambda bandit (host-side, numpy, not jittable).** The paper adapts lambda
+online with Thompson sampling over a few values, ``{0, 0.5}`` for DvD-TD3,
+with a binary reward: did the population's return improve?
+``ThompsonBandit`` and ``improvement_reward`` follow the authors'
+implementation (``bandits.py`` of their DvD-ES code) where the paper leaves
+details open: Beta(1, 1) priors; the first 5 choices uniformly at random;
+a round's reward is 1 if its return beats the best of the previous 5
+rounds, 0 if it is lower and 1/2 on a tie, and none before there is a
+previous round; the posteriors count only the last 50 rewards (the best
+lambda changes during training). Departures: the return of a round is the
+population's best evaluation return in it (the "best agent"; the authors'
+ES code feeds the population mean of one evaluation per iteration); a round
+is ``--bandit-every`` learner calls rather than one ES iteration; a round
+is compared with the 5 rounds just before it (the authors' code compares
+with the 2nd to 6th rounds before it, skipping the latest, which looks like
+an off-by-one) and as soon as one previous round exists (theirs waits for
+5). ``PiecewiseLinear`` is the alternative of Flajolet et al.
+2022: a schedule instead of the bandit.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -270,45 +283,114 @@ class PiecewiseLinear:
 class ThompsonBandit:
   """Host-side Beta-Bernoulli Thompson sampling over lambda values.
 
-  DvD's adaptive lambda: at each round pick ``lambda`` by sampling each
-  arm's Beta posterior and taking the largest; after the round the reward is
-  1 if the population's best return improved on the previous round's, else 0
-  (``improvement_reward``). Arms default to DvD-TD3's ``{0, 0.5}``.
+  DvD's adaptive lambda (Parker-Holder et al. 2020), with the details of the
+  authors' implementation: each arm's posterior is ``Beta(prior + rewards,
+  prior + (1 - rewards))`` over the last ``window`` rewards only (the best
+  lambda drifts during training, so old evidence is forgotten); the first
+  ``burn_in`` choices are uniform, later ones take the arm with the largest
+  draw from its posterior. Arms default to DvD-TD3's ``{0, 0.5}``.
   """
 
   def __init__(self, rng: np.random.Generator,
                arms: Sequence[float] = (0.0, 0.5),
-               prior: tuple[float, float] = (1.0, 1.0)):
+               prior: tuple[float, float] = (1.0, 1.0), *,
+               window: Optional[int] = 50, burn_in: int = 5):
+    """
+    Args:
+      rng: the host-side generator (seeded from the run's seed).
+      arms: the lambda values to choose from.
+      prior: Beta prior ``(alpha, beta)`` of every arm.
+      window: the posteriors count the last this-many rewards (over all
+        arms); ``None`` counts every reward.
+      burn_in: choices made uniformly at random before Thompson sampling.
+    """
     if len(arms) < 1:
       raise ValueError('ThompsonBandit needs at least one arm')
     if not (prior[0] > 0 and prior[1] > 0):
       raise ValueError(f'Beta prior parameters must be > 0, got {prior}')
+    if window is not None and window < 1:
+      raise ValueError(f'window must be >= 1 or None, got {window}')
+    if burn_in < 0:
+      raise ValueError(f'burn_in must be >= 0, got {burn_in}')
     self.rng = rng
     self.arms = tuple(float(a) for a in arms)
-    self.alpha = np.full((len(arms),), float(prior[0]))
-    self.beta = np.full((len(arms),), float(prior[1]))
+    self.prior = (float(prior[0]), float(prior[1]))
+    self.burn_in = int(burn_in)
+    self.history = collections.deque(maxlen=window)  # (arm, reward) pairs
+    self.selections = 0  # select() calls so far
+
+  @property
+  def alpha(self) -> np.ndarray:
+    """Posterior Beta ``alpha`` of each arm (prior + windowed rewards)."""
+    a = np.full((len(self.arms),), self.prior[0])
+    for arm, reward in self.history:
+      a[arm] += reward
+    return a
+
+  @property
+  def beta(self) -> np.ndarray:
+    """Posterior Beta ``beta`` of each arm (prior + windowed 1 - rewards)."""
+    b = np.full((len(self.arms),), self.prior[1])
+    for arm, reward in self.history:
+      b[arm] += 1.0 - reward
+    return b
 
   def select(self) -> tuple[int, float]:
-    """``(arm index, lambda)`` by one posterior draw per arm."""
-    draws = self.rng.beta(self.alpha, self.beta)
-    arm = int(np.argmax(draws))
+    """``(arm index, lambda)``: uniform during burn-in, else one posterior
+    draw per arm and the largest wins."""
+    if self.selections < self.burn_in:
+      arm = int(self.rng.integers(len(self.arms)))
+    else:
+      arm = int(np.argmax(self.rng.beta(self.alpha, self.beta)))
+    self.selections += 1
     return arm, self.arms[arm]
 
   def update(self, arm: int, reward: float) -> None:
-    """Bayesian update of ``arm`` with a reward in ``[0, 1]``."""
+    """Records ``reward`` in ``[0, 1]`` (1/2 for a tie) for ``arm``."""
+    if not 0 <= arm < len(self.arms):
+      raise ValueError(f'arm must be in [0, {len(self.arms)}), got {arm}')
     if not 0.0 <= reward <= 1.0:
       raise ValueError(f'reward must be in [0, 1], got {reward}')
-    self.alpha[arm] += reward
-    self.beta[arm] += 1.0 - reward
+    self.history.append((int(arm), float(reward)))
 
   def means(self) -> np.ndarray:
     """Posterior mean reward of each arm."""
-    return self.alpha / (self.alpha + self.beta)
+    a, b = self.alpha, self.beta
+    return a / (a + b)
+
+  def state(self) -> dict:
+    """JSON-serialisable state, for checkpoints (``load_state``)."""
+    return {'history': [list(h) for h in self.history],
+            'selections': self.selections,
+            'rng': self.rng.bit_generator.state}
+
+  def load_state(self, state: dict) -> None:
+    self.history.clear()
+    self.history.extend((int(a), float(r)) for a, r in state['history'])
+    self.selections = int(state['selections'])
+    self.rng.bit_generator.state = state['rng']
 
 
-def improvement_reward(previous_best: float, current_best: float) -> float:
-  """1.0 if the population's best return improved, else 0.0 (a first round,
-  with a non-finite previous best, counts as an improvement)."""
-  if not np.isfinite(previous_best):
+def improvement_reward(previous_returns: Sequence[float],
+                       current_return: float) -> Optional[float]:
+  """A bandit round's reward: did the population's return improve?
+
+  Args:
+    previous_returns: the returns of the rounds just before (the driver keeps
+      the last 5, as in the authors' code).
+    current_return: this round's return.
+
+  Returns:
+    1.0 if ``current_return`` beats the best of ``previous_returns``, 0.0 if
+    it is lower, 0.5 on a tie; ``None`` (no reward) when there is no
+    previous round to compare with.
+  """
+  previous = [float(r) for r in previous_returns if np.isfinite(r)]
+  if not previous:
+    return None
+  best = max(previous)
+  if current_return > best:
     return 1.0
-  return float(current_best > previous_best)
+  if current_return < best:
+    return 0.0
+  return 0.5

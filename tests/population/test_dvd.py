@@ -1,6 +1,8 @@
 """DvD: the determinant diversity loss, its shared-critic plug-in and the
 host-side lambda schedule and bandit."""
 
+import json
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -218,8 +220,9 @@ def test_piecewise_linear_schedule():
 
 
 def test_thompson_bandit_prefers_the_better_arm():
+  # Thompson sampling itself: no burn-in, no window (a stationary bandit).
   rng = np.random.default_rng(0)
-  bandit = dvd.ThompsonBandit(rng, arms=(0.0, 0.5))
+  bandit = dvd.ThompsonBandit(rng, arms=(0.0, 0.5), window=None, burn_in=0)
   success = {0: 0.2, 1: 0.7}
   pulls = np.zeros(2)
   for _ in range(400):
@@ -231,8 +234,71 @@ def test_thompson_bandit_prefers_the_better_arm():
   np.testing.assert_allclose(bandit.means()[1], 0.7, atol=0.08)
   # Beta counts: alpha - 1 + beta - 1 = pulls.
   np.testing.assert_allclose(bandit.alpha + bandit.beta - 2, pulls)
-  assert dvd.improvement_reward(10.0, 12.0) == 1.0
-  assert dvd.improvement_reward(10.0, 9.0) == 0.0
-  assert dvd.improvement_reward(-np.inf, 9.0) == 1.0
   with pytest.raises(ValueError, match='reward'):
     bandit.update(0, 2.0)
+  with pytest.raises(ValueError, match='arm'):
+    bandit.update(2, 1.0)
+
+
+def test_bandit_defaults_follow_the_authors_code():
+  """Arms {0, 0.5}, Beta(1, 1) priors, 5 uniform choices first, posteriors
+  over the last 50 rewards (``bandits.py`` of the authors' DvD-ES code)."""
+  bandit = dvd.ThompsonBandit(np.random.default_rng(0))
+  assert bandit.arms == (0.0, 0.5) and bandit.burn_in == 5
+  np.testing.assert_array_equal(bandit.alpha, [1.0, 1.0])
+  np.testing.assert_array_equal(bandit.beta, [1.0, 1.0])
+  # Window: 100 successes of arm 0, then 50 failures; only the failures
+  # remain in the posterior, so arm 0 now looks bad.
+  for reward in [1.0] * 100 + [0.0] * 50:
+    bandit.update(0, reward)
+  np.testing.assert_array_equal(bandit.alpha, [1.0, 1.0])
+  np.testing.assert_array_equal(bandit.beta, [51.0, 1.0])
+  unwindowed = dvd.ThompsonBandit(np.random.default_rng(0), window=None)
+  for reward in [1.0] * 100 + [0.0] * 50:
+    unwindowed.update(0, reward)
+  np.testing.assert_array_equal(unwindowed.alpha, [101.0, 1.0])
+  # Ties count half.
+  bandit.update(1, 0.5)
+  np.testing.assert_array_equal(bandit.alpha, [1.0, 1.5])
+
+
+def test_bandit_burn_in_picks_uniformly_whatever_the_evidence():
+  """During burn-in the arm is uniform even when the posterior is sure; after
+  it, Thompson sampling follows the posterior."""
+  first, later = [], []
+  for seed in range(200):
+    bandit = dvd.ThompsonBandit(np.random.default_rng(seed), burn_in=5,
+                                window=None)
+    for _ in range(40):
+      bandit.update(0, 1.0)
+      bandit.update(1, 0.0)
+    first += [bandit.select()[0] for _ in range(5)]
+    later.append(bandit.select()[0])
+  assert 0.4 < np.mean(first) < 0.6  # arm 1 about half the time
+  assert np.mean(later) < 0.02  # then (almost) never
+
+
+def test_bandit_state_round_trip_continues_identically():
+  a = dvd.ThompsonBandit(np.random.default_rng(3), burn_in=2)
+  for _ in range(4):
+    arm, _ = a.select()
+    a.update(arm, 1.0 if arm else 0.0)
+  state = json.loads(json.dumps(a.state()))  # what a checkpoint keeps
+  b = dvd.ThompsonBandit(np.random.default_rng(99), burn_in=2)
+  b.load_state(state)
+  assert [a.select() for _ in range(20)] == [b.select() for _ in range(20)]
+  np.testing.assert_array_equal(a.alpha, b.alpha)
+
+
+def test_improvement_reward_compares_with_the_best_recent_round():
+  # No previous round: nothing to compare with, no reward (a first round
+  # does not count as an improvement for whichever arm it played).
+  assert dvd.improvement_reward([], 9.0) is None
+  assert dvd.improvement_reward([-np.inf], 9.0) is None
+  assert dvd.improvement_reward([10.0], 12.0) == 1.0
+  assert dvd.improvement_reward([10.0], 9.0) == 0.0
+  # Above the last round but below the best of the recent ones: no
+  # improvement.
+  assert dvd.improvement_reward([1.0, 7.0, 3.0], 6.0) == 0.0
+  assert dvd.improvement_reward([1.0, 7.0, 3.0], 7.5) == 1.0
+  assert dvd.improvement_reward([1.0, 7.0, 3.0], 7.0) == 0.5
