@@ -268,10 +268,19 @@ class ScheduleDriver(Driver):
 # DvD
 # ---------------------------------------------------------------------------
 
+# Learner calls between two measurements of the logged diversity figure
+# (``run`` logs rule scalars every 10 calls).
+_DIVERSITY_EVERY = 10
+
 
 @dataclasses.dataclass
 class DvDRunConfig(RunConfig):
-  """DvD-TD3 (Parker-Holder et al. 2020): shared critic, diversity term."""
+  """DvD-TD3 (Parker-Holder et al. 2020): shared critic, diversity term.
+
+  A shared-critic TD3 baseline without the diversity term is the same run
+  with lambda held at 0: ``--lambda-mode schedule --lambda-start 0
+  --lambda-end 0``.
+  """
 
   lambda_mode: str = 'bandit'
   """How the diversity weight is set: bandit (Thompson sampling over
@@ -304,10 +313,37 @@ class DvDRunConfig(RunConfig):
   dimension."""
   embedding_states: int = 20
   """States of the shared batch on which members' actions are compared."""
+  diversity_states: int = 256
+  """States of the logged rule/mean_pairwise_action_distance: a fixed batch
+  visited by uniformly random actions from resets seeded by --seed."""
+
+
+def _probe_states(env_id: str, num_states: int, seed: int) -> np.ndarray:
+  """Host-side: ``[num_states, ...]`` observations of ``env_id`` visited by
+  uniformly random actions from resets seeded by ``seed`` (the same states
+  for the same env and seed, so runs with the same seed compare on them)."""
+  import gymnasium as gym  # noqa: PLC0415 (only env-making code needs it)
+
+  rng = np.random.default_rng(seed)
+  env = gym.make(env_id)
+  states = []
+  try:
+    obs, _ = env.reset(seed=seed)
+    space = env.action_space
+    while len(states) < num_states:
+      states.append(np.asarray(obs, np.float32))
+      obs, _, terminated, truncated, _ = env.step(
+          rng.uniform(space.low, space.high).astype(space.dtype))
+      if terminated or truncated:
+        obs, _ = env.reset(seed=int(rng.integers(2**31)))
+  finally:
+    env.close()
+  return np.stack(states)
 
 
 class DvDDriver(Driver):
-  """Shared critic and shared replay; lambda set between calls."""
+  """Shared critic and shared replay; lambda set between calls, and the
+  members' mean pairwise action distance measured every 10 calls."""
 
   name = 'dvd'
   shared_critic = True
@@ -343,6 +379,8 @@ class DvDDriver(Driver):
            f'--kernel-sigma must be > 0, got {config.kernel_sigma}')
     _check(config.embedding_states >= 2,
            f'--embedding-states must be >= 2, got {config.embedding_states}')
+    _check(config.diversity_states >= 1,
+           f'--diversity-states must be >= 1, got {config.diversity_states}')
     self.schedule = dvd_lib.PiecewiseLinear(
         ((0, config.lambda_start),
          (config.lambda_decay_steps, config.lambda_end)))
@@ -354,6 +392,8 @@ class DvDDriver(Driver):
     self.round_best = -np.inf  # best evaluation return in the current round
     self.recent_bests = []  # best eval returns of the last lookback rounds
     self.calls_in_round = 0
+    self.diversity = None  # last mean pairwise action distance
+    self._probe = None  # (states, jitted distance), set by initialize
 
   def shared_critic_update(self, agent):
     policy_apply = td3.make_networks(agent.env_spec, agent.config).policy.apply
@@ -367,6 +407,16 @@ class DvDDriver(Driver):
     return dvd_lib.dvd_hparams(
         super().initial_hparams(key, agent, population_size), self.lam)
 
+  def initialize(self, key, state, agent):
+    del key
+    policy_apply = td3.make_networks(agent.env_spec, agent.config).policy.apply
+    states = _probe_states(self.config.env, self.config.diversity_states,
+                           self.config.seed)
+    distance = jax.jit(lambda policies, s: dvd_lib.mean_pairwise_action_distance(
+        jax.vmap(policy_apply, in_axes=(0, None))(policies, s)))
+    self._probe = (jnp.asarray(states), distance)
+    return state
+
   def actor_hparams(self, hparams):
     return hparams.agent
 
@@ -377,6 +427,10 @@ class DvDDriver(Driver):
     return rows
 
   def after_call(self, loop: Loop) -> None:
+    if loop.calls % _DIVERSITY_EVERY == 0 and self._probe is not None:
+      states, distance = self._probe
+      self.diversity = float(distance(
+          loop.learner.policy_params(loop.state), states))
     for r in loop.episodes:
       if r['evaluation']:
         self.round_best = max(self.round_best, float(r['episode_return']))
@@ -409,7 +463,10 @@ class DvDDriver(Driver):
     return lam
 
   def scalars(self) -> dict:
-    return {'diversity_weight': self.lam}
+    out = {'diversity_weight': self.lam}
+    if self.diversity is not None:
+      out['mean_pairwise_action_distance'] = self.diversity
+    return out
 
   def checkpoint_meta(self) -> dict:
     return {'arm': self.arm, 'lam': self.lam,
@@ -436,8 +493,13 @@ class DvDDriver(Driver):
     if self.config.lambda_mode == 'bandit':
       means = ', '.join(f'{a}: {m:.2f}' for a, m in
                         zip(self.bandit.arms, self.bandit.means()))
-      return f'DvD bandit posterior mean reward per lambda: {means}'
-    return f'DvD final lambda: {self.lam}'
+      text = f'DvD bandit posterior mean reward per lambda: {means}'
+    else:
+      text = f'DvD final lambda: {self.lam}'
+    if self.diversity is not None:
+      text += (f'\nDvD mean pairwise action distance (last measured): '
+               f'{self.diversity:.4f}')
+    return text
 
 
 def _json_number(x: float):

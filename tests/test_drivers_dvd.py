@@ -1,5 +1,6 @@
 """The DvD driver between learner calls: the lambda bandit's rounds and
-rewards and the checkpointed bandit state (no pipeline: a stand-in loop)."""
+rewards, the lambda-0 baseline, the logged diversity figure and the
+checkpointed bandit state (no pipeline: a stand-in loop)."""
 
 import json
 import types
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 
 from fastpbrl.actors.actor import EpisodeRecord
-from fastpbrl.drivers import DvDDriver, DvDRunConfig
+from fastpbrl.agents import td3
+from fastpbrl.drivers import DvDDriver, DvDRunConfig, _probe_states
 from fastpbrl.run import ConfigError, make_agent, make_env_spec
 
 N = 3
@@ -18,7 +20,7 @@ N = 3
 def _config(**overrides) -> DvDRunConfig:
   base = dict(env='Pendulum-v1', population_size=N, hidden_sizes=(8, 8),
               batch_size=4, steps_per_call=10, eval_every=20,
-              bandit_every=2, bandit_lookback=2)
+              bandit_every=2, bandit_lookback=2, diversity_states=16)
   return DvDRunConfig(**{**base, **overrides})
 
 
@@ -71,6 +73,49 @@ def test_bandit_rounds_reward_improvement_over_recent_rounds():
   assert driver.arm == arm and len(driver.bandit.history) == 3
 
 
+def test_lambda_zero_baseline_never_applies_the_term():
+  driver, loop, _ = _start(_config(lambda_mode='schedule', lambda_start=0.0,
+                                   lambda_end=0.0))
+  for _ in range(5):
+    _call(driver, loop, [1.0])
+    np.testing.assert_array_equal(_lam(loop), 0.0)
+  assert driver.scalars()['diversity_weight'] == 0.0
+
+
+def test_logged_diversity_is_the_mean_pairwise_action_distance():
+  driver, loop, agent = _start(_config())
+  assert 'mean_pairwise_action_distance' not in driver.scalars()
+  for _ in range(9):
+    _call(driver, loop)
+  assert 'mean_pairwise_action_distance' not in driver.scalars()
+  _call(driver, loop)  # call 10: measured
+  got = driver.scalars()['mean_pairwise_action_distance']
+  # By hand: every member's actions on the probe states, all pairs.
+  states = _probe_states('Pendulum-v1', 16, seed=0)
+  nets = td3.make_networks(agent.env_spec, agent.config)
+  policies = loop.learner.policy_params(loop.state)
+  acts = [np.asarray(nets.policy.apply(
+      jax.tree.map(lambda x, i=i: x[i], policies), states)) for i in range(N)]
+  dists = [np.linalg.norm(acts[i] - acts[j], axis=-1).mean()
+           for i in range(N) for j in range(N) if i != j]
+  assert got == pytest.approx(np.mean(dists), rel=1e-5)
+  assert got > 0.0
+  # Identical members: distance 0.
+  loop.state = loop.state._replace(policy=jax.tree.map(
+      lambda x: np.broadcast_to(x[:1], x.shape), loop.state.policy))
+  for _ in range(10):
+    _call(driver, loop)
+  assert driver.scalars()['mean_pairwise_action_distance'] == pytest.approx(
+      0.0, abs=1e-6)
+
+
+def test_probe_states_are_fixed_by_env_and_seed():
+  a = _probe_states('Pendulum-v1', 300, seed=1)  # crosses an episode end
+  np.testing.assert_array_equal(a, _probe_states('Pendulum-v1', 300, seed=1))
+  assert a.shape == (300, 3) and a.dtype == np.float32
+  assert not np.array_equal(a, _probe_states('Pendulum-v1', 300, seed=2))
+
+
 def test_checkpointed_bandit_continues_identically():
   driver, loop, _ = _start(_config())
   for best in (3.0, 1.0, 4.0):
@@ -101,6 +146,7 @@ def test_checkpoint_from_before_the_scaled_kernel_is_refused():
     ('bandit_lookback', 0, '--bandit-lookback must be >= 1'),
     ('bandit_window', -1, '--bandit-window must be >= 0'),
     ('bandit_burn_in', -1, '--bandit-burn-in must be >= 0'),
+    ('diversity_states', 0, '--diversity-states must be >= 1'),
 ])
 def test_bad_bandit_flags_name_the_flag(flag, value, message):
   with pytest.raises(ConfigError, match=message):

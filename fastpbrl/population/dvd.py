@@ -93,6 +93,9 @@ with the 2nd to 6th rounds before it, skipping the latest, which looks like
 an off-by-one) and as soon as one previous round exists (theirs waits for
 5). ``PiecewiseLinear`` is the alternative of Flajolet et al.
 2022: a schedule instead of the bandit.
+
+Also here: ``mean_pairwise_action_distance``, the diversity figure that the
+DvD driver logs (and that a lambda-0 baseline can be compared on).
 """
 
 from __future__ import annotations
@@ -159,6 +162,23 @@ def diversity_loss(actions: jax.Array, sigma: float | jax.Array, *,
   n = k.shape[0]
   chol = jnp.linalg.cholesky(k + jitter * jnp.eye(n, dtype=k.dtype))
   return -2.0 * jnp.sum(jnp.log(jnp.diagonal(chol)))
+
+
+def mean_pairwise_action_distance(actions: jax.Array) -> jax.Array:
+  """Mean over member pairs ``i < j`` and states ``b`` of ``||a_i(s_b) -
+  a_j(s_b)||_2``, from ``actions[N, B, A]``: how far apart the members act,
+  in action units. Not part of the objective; the DvD driver logs it.
+  """
+  n = actions.shape[0]
+  if n < 2:
+    raise ValueError(f'mean_pairwise_action_distance needs >= 2 members, '
+                     f'got actions of shape {actions.shape}')
+  diff = actions[:, None] - actions[None, :]  # [N, N, B, A]
+  # Off-diagonal pairs only (the diagonal is 0; sqrt's gradient there is not
+  # needed, this is a metric).
+  dist = jnp.sqrt(jnp.sum(jnp.square(diff), axis=-1))  # [N, N, B]
+  off = 1.0 - jnp.eye(n, dtype=dist.dtype)
+  return jnp.sum(jnp.mean(dist, axis=-1) * off) / (n * (n - 1))
 
 
 def make_policy_term(policy_apply: Callable[[Params, jax.Array], jax.Array],

@@ -210,6 +210,21 @@ def test_with_diversity_traces_lambda_once():
   chex.assert_trees_all_close(out1.critic, out0.critic)
 
 
+def test_mean_pairwise_action_distance_by_hand():
+  # Members 0 and 1 differ by (3, 4) on state 0 and not on state 1: mean
+  # gap 2.5; member 2 sits 1 from member 0 on both states, so 1 from it and
+  # (sqrt(2^2 + 4^2) + 1) / 2 from member 1.
+  acts = np.array([[[0., 0.], [1., 1.]],
+                   [[3., 4.], [1., 1.]],
+                   [[1., 0.], [2., 1.]]], np.float32)
+  expected = (2.5 + 1.0 + (np.sqrt(20.0) + 1.0) / 2) / 3
+  np.testing.assert_allclose(dvd.mean_pairwise_action_distance(acts),
+                             expected, rtol=1e-6)
+  assert float(dvd.mean_pairwise_action_distance(acts[[0, 0, 0]])) == 0.0
+  with pytest.raises(ValueError, match='>= 2 members'):
+    dvd.mean_pairwise_action_distance(acts[:1])
+
+
 def test_piecewise_linear_schedule():
   sched = dvd.PiecewiseLinear(((0, 0.5), (100, 0.0), (200, 0.2)))
   assert sched(-5) == 0.5 and sched(0) == 0.5
