@@ -5,6 +5,11 @@ action kernel), on one machine.
     python -m experiments.dvd                    # small default: Pendulum-v1, 4 members
     python -m experiments.dvd --preset paper     # Humanoid-v5, 5 members, as in the 2022 paper
     python -m experiments.dvd --lambda-mode schedule --lambda-start 0.5
+    # Baseline: shared-critic TD3 without the term (lambda held at 0)
+    python -m experiments.dvd --lambda-mode schedule --lambda-start 0 --lambda-end 0
+
+Both log rule/mean_pairwise_action_distance (tensorboard), the members'
+mean action gap on a fixed batch of states, to compare their diversity.
 """
 
 from __future__ import annotations

@@ -298,10 +298,19 @@ class ScheduleDriver(Driver):
 # DvD
 # ---------------------------------------------------------------------------
 
+# Learner calls between two measurements of the logged diversity figure
+# (``run`` logs rule scalars every 10 calls).
+_DIVERSITY_EVERY = 10
+
 
 @dataclasses.dataclass
 class DvDRunConfig(RunConfig):
-  """DvD-TD3 (Parker-Holder et al. 2020): shared critic, diversity term."""
+  """DvD-TD3 (Parker-Holder et al. 2020): shared critic, diversity term.
+
+  A shared-critic TD3 baseline without the diversity term is the same run
+  with lambda held at 0: ``--lambda-mode schedule --lambda-start 0
+  --lambda-end 0``.
+  """
 
   lambda_mode: str = 'bandit'
   """How the diversity weight is set: bandit (Thompson sampling over
@@ -319,14 +328,52 @@ class DvDRunConfig(RunConfig):
   bandit_every: int = 100
   """Bandit: learner calls per round (one lambda per round); a round must
   hold an evaluation (see --eval-every)."""
+  bandit_lookback: int = 5
+  """Bandit: a round's reward is 1 if its best evaluation return beats the
+  best of the previous this-many rounds, 0 if lower, 0.5 on a tie."""
+  bandit_window: int = 50
+  """Bandit: the posteriors count only the last this-many rewards (0: all)."""
+  bandit_burn_in: int = 5
+  """Bandit: the first this-many rounds pick lambda uniformly at random."""
   kernel_sigma: float = 1.0
-  """Length scale of the RBF kernel on the members' actions."""
+  """Length scale of the RBF kernel on the members' actions, in action units
+  (actions in [-1, 1]): the root-mean-square action gap at which two
+  members' kernel entry is exp(-1/2). The squared distance is divided by
+  --embedding-states x action dim, so the term is active for any action
+  dimension."""
   embedding_states: int = 20
   """States of the shared batch on which members' actions are compared."""
+  diversity_states: int = 256
+  """States of the logged rule/mean_pairwise_action_distance: a fixed batch
+  visited by uniformly random actions from resets seeded by --seed."""
+
+
+def _probe_states(env_id: str, num_states: int, seed: int) -> np.ndarray:
+  """Host-side: ``[num_states, ...]`` observations of ``env_id`` visited by
+  uniformly random actions from resets seeded by ``seed`` (the same states
+  for the same env and seed, so runs with the same seed compare on them)."""
+  import gymnasium as gym  # noqa: PLC0415 (only env-making code needs it)
+
+  rng = np.random.default_rng(seed)
+  env = gym.make(env_id)
+  states = []
+  try:
+    obs, _ = env.reset(seed=seed)
+    space = env.action_space
+    while len(states) < num_states:
+      states.append(np.asarray(obs, np.float32))
+      obs, _, terminated, truncated, _ = env.step(
+          rng.uniform(space.low, space.high).astype(space.dtype))
+      if terminated or truncated:
+        obs, _ = env.reset(seed=int(rng.integers(2**31)))
+  finally:
+    env.close()
+  return np.stack(states)
 
 
 class DvDDriver(Driver):
-  """Shared critic and shared replay; lambda set between calls."""
+  """Shared critic and shared replay; lambda set between calls, and the
+  members' mean pairwise action distance measured every 10 calls."""
 
   name = 'dvd'
   shared_critic = True
@@ -346,6 +393,13 @@ class DvDDriver(Driver):
            '--lambda-start and --lambda-end must be >= 0')
     _check(config.lambda_decay_steps >= 1, '--lambda-decay-steps must be >= 1')
     _check(config.bandit_every >= 1, '--bandit-every must be >= 1')
+    _check(config.bandit_lookback >= 1,
+           f'--bandit-lookback must be >= 1, got {config.bandit_lookback}')
+    _check(config.bandit_window >= 0,
+           f'--bandit-window must be >= 0 (0: all rounds), got '
+           f'{config.bandit_window}')
+    _check(config.bandit_burn_in >= 0,
+           f'--bandit-burn-in must be >= 0, got {config.bandit_burn_in}')
     if config.lambda_mode == 'bandit':
       _check_evaluations_per(
           config.bandit_every * (config.steps_per_call or
@@ -355,16 +409,21 @@ class DvDDriver(Driver):
            f'--kernel-sigma must be > 0, got {config.kernel_sigma}')
     _check(config.embedding_states >= 2,
            f'--embedding-states must be >= 2, got {config.embedding_states}')
+    _check(config.diversity_states >= 1,
+           f'--diversity-states must be >= 1, got {config.diversity_states}')
     self.schedule = dvd_lib.PiecewiseLinear(
         ((0, config.lambda_start),
          (config.lambda_decay_steps, config.lambda_end)))
     self.bandit = dvd_lib.ThompsonBandit(
-        np.random.default_rng(config.seed), config.lambda_arms)
+        np.random.default_rng(config.seed), config.lambda_arms,
+        window=config.bandit_window or None, burn_in=config.bandit_burn_in)
     self.arm = None
     self.lam = config.lambda_start
-    self.round_best = -np.inf
-    self.previous_best = -np.inf
+    self.round_best = -np.inf  # best evaluation return in the current round
+    self.recent_bests = []  # best eval returns of the last lookback rounds
     self.calls_in_round = 0
+    self.diversity = None  # last mean pairwise action distance
+    self._probe = None  # (states, jitted distance), set by initialize
 
   def shared_critic_update(self, agent):
     policy_apply = td3.make_networks(agent.env_spec, agent.config).policy.apply
@@ -378,6 +437,16 @@ class DvDDriver(Driver):
     return dvd_lib.dvd_hparams(
         super().initial_hparams(key, agent, population_size), self.lam)
 
+  def initialize(self, key, state, agent):
+    del key
+    policy_apply = td3.make_networks(agent.env_spec, agent.config).policy.apply
+    states = _probe_states(self.config.env, self.config.diversity_states,
+                           self.config.seed)
+    distance = jax.jit(lambda policies, s: dvd_lib.mean_pairwise_action_distance(
+        jax.vmap(policy_apply, in_axes=(0, None))(policies, s)))
+    self._probe = (jnp.asarray(states), distance)
+    return state
+
   def actor_hparams(self, hparams):
     return hparams.agent
 
@@ -388,57 +457,79 @@ class DvDDriver(Driver):
     return rows
 
   def after_call(self, loop: Loop) -> None:
+    if loop.calls % _DIVERSITY_EVERY == 0 and self._probe is not None:
+      states, distance = self._probe
+      self.diversity = float(distance(
+          loop.learner.policy_params(loop.state), states))
     for r in loop.episodes:
       if r['evaluation']:
         self.round_best = max(self.round_best, float(r['episode_return']))
     if self.config.lambda_mode == 'schedule':
       lam = self.schedule(loop.update_steps)
     else:
-      self.calls_in_round += 1
-      if self.calls_in_round < self.config.bandit_every:
+      lam = self._end_of_round()
+      if lam is None:
         return
-      self.calls_in_round = 0
-      if not np.isfinite(self.round_best):
-        return  # no evaluation ended in this round: keep the arm, no reward
-      # End of a round: reward 1 if the population's best evaluation return
-      # improved on the previous round's.
-      self.bandit.update(self.arm, dvd_lib.improvement_reward(
-          self.previous_best, self.round_best))
-      self.previous_best, self.round_best = self.round_best, -np.inf
-      self.arm, lam = self.bandit.select()
     if lam != self.lam:
       self.lam = lam
       loop.hparams = dvd_lib.set_lambda(loop.hparams, lam)
 
+  def _end_of_round(self) -> Optional[float]:
+    """Bandit bookkeeping after one call; the next round's lambda when a
+    round ends, else None."""
+    self.calls_in_round += 1
+    if self.calls_in_round < self.config.bandit_every:
+      return None
+    self.calls_in_round = 0
+    if not np.isfinite(self.round_best):
+      return None  # no evaluation ended in this round: keep the arm, no reward
+    reward = dvd_lib.improvement_reward(self.recent_bests, self.round_best)
+    if reward is not None:  # None: the first round, nothing to compare with
+      self.bandit.update(self.arm, reward)
+    self.recent_bests = (self.recent_bests + [self.round_best])[
+        -self.config.bandit_lookback:]
+    self.round_best = -np.inf
+    self.arm, lam = self.bandit.select()
+    return lam
+
   def scalars(self) -> dict:
-    return {'diversity_weight': self.lam}
+    out = {'diversity_weight': self.lam}
+    if self.diversity is not None:
+      out['mean_pairwise_action_distance'] = self.diversity
+    return out
 
   def checkpoint_meta(self) -> dict:
     return {'arm': self.arm, 'lam': self.lam,
             'round_best': _json_number(self.round_best),
-            'previous_best': _json_number(self.previous_best),
+            'recent_bests': self.recent_bests,
             'calls_in_round': self.calls_in_round,
-            'bandit': {'alpha': self.bandit.alpha.tolist(),
-                       'beta': self.bandit.beta.tolist(),
-                       'rng': self.bandit.rng.bit_generator.state}}
+            'bandit': self.bandit.state()}
 
   def restore(self, arrays, meta) -> None:
     del arrays
+    if 'recent_bests' not in meta:
+      raise ConfigError(
+          'this DvD checkpoint predates the scaled kernel and the windowed '
+          'lambda bandit (its objective is not the one this code trains); '
+          'start a new run instead of --resume')
     self.arm, self.lam = meta['arm'], meta['lam']
     self.round_best = _from_json_number(meta['round_best'])
-    self.previous_best = _from_json_number(meta['previous_best'])
+    self.recent_bests = [float(r) for r in meta['recent_bests']]
     self.calls_in_round = meta['calls_in_round']
-    self.bandit.alpha = np.asarray(meta['bandit']['alpha'])
-    self.bandit.beta = np.asarray(meta['bandit']['beta'])
-    self.bandit.rng.bit_generator.state = meta['bandit']['rng']
+    self.bandit.load_state(meta['bandit'])
 
   def summary(self, loop: Loop) -> str:
     del loop
     if self.config.lambda_mode == 'bandit':
       means = ', '.join(f'{a}: {m:.2f}' for a, m in
                         zip(self.bandit.arms, self.bandit.means()))
-      return f'DvD bandit posterior mean reward per lambda: {means}'
-    return f'DvD final lambda: {self.lam}'
+      text = f'DvD bandit posterior mean reward per lambda: {means}'
+    else:
+      text = f'DvD final lambda: {self.lam}'
+    if self.diversity is not None:
+      text += (f'\nDvD mean pairwise action distance (last measured): '
+               f'{self.diversity:.4f}')
+    return text
 
 
 def _json_number(x: float):

@@ -1,13 +1,56 @@
 """Diversity via Determinants (Parker-Holder et al. 2020, "Effective
-Diversity in Population Based Reinforcement Learning").
+Diversity in Population Based Reinforcement Learning", NeurIPS 2020).
 
-Each member ``i`` is embedded by its actions on a shared batch of states,
-``phi_i = flatten(pi_i(s_1..s_B))``; the population's diversity is the
-determinant of the kernel matrix ``K_ij = exp(-||phi_i - phi_j||^2 /
-(2 sigma^2))`` (squared-exponential kernel, eq. 5 and sec. 4.1). DvD-TD3
-adds ``lambda * diversity_loss`` with ``diversity_loss = -log det K`` to the
-sum of the members' policy losses, so minimising it maximises the volume
-spanned by the embeddings.
+**Embedding and kernel.** Member ``i`` is embedded by its actions
+on states drawn from the shared replay, the same states for every member:
+``phi_i = concat(pi_i(s_1), ..., pi_i(s_B))``, a vector of ``D = B * A``
+entries (the paper's action-based embedding; the authors' code calls it
+``'a_s'`` and uses 20 states). The population's diversity is the
+determinant of the kernel matrix ``K_ij = k(phi_i, phi_j)`` with a squared
+exponential kernel. DvD-TD3 adds ``lambda * diversity_loss``, with
+``diversity_loss = -log det K``, to the sum of the members' policy losses.
+
+**Kernel scale.** The textbook kernel ``exp(-||phi_i - phi_j||^2 / (2 l^2))``
+with a fixed ``l`` vanishes as ``D`` grows: the squared distance is a sum of
+``D`` per-entry gaps, 0.2 ``D`` or more between freshly initialised 256x256
+policies, so with ``l = 1`` and 20 states the largest off-diagonal entry of
+5 members is at most ~1e-4 for 6 actions and ~1e-13 for 17 (1e-21 and 0 on
+states of HalfCheetah-v5 and Humanoid-v5): ``K`` is the identity in float32,
+the gradient is (exactly) 0 and DvD silently becomes shared-critic TD3. We
+divide the squared distance by ``D``:
+
+    K_ij = exp(-msd_ij / (2 sigma^2)),  msd_ij = ||phi_i - phi_j||^2 / D,
+
+i.e. the squared exponential kernel with length scale ``l = sigma sqrt(D)``.
+``msd_ij`` is the mean squared gap between two members' actions, so
+``sigma`` is a length in action units (policies act in ``[-1, 1]``): two
+members whose actions differ by ``sigma`` (root mean square) have
+``K_ij = exp(-1/2)``, whatever the number of states or actions. This is
+also the authors' choice: their DvD-ES code builds ``K`` with scikit-learn's
+``rbf_kernel`` at its default ``gamma = 1 / n_features``, i.e.
+``exp(-||phi_i - phi_j||^2 / D)`` (``sigma = 1/sqrt(2)`` here). A per-entry
+gap is at most 2, so with the default ``sigma = 1`` every entry stays in
+``[exp(-2), 1]``: the term neither vanishes for distant members nor depends
+on the action dimension (at initialisation the off-diagonal entries are
+between ~0.4 and ~0.99 for 1, 6 or 17 actions, and the gradient of the term
+is within two orders of magnitude of the TD3 policy-loss gradient; see the
+tests). A median-heuristic length scale would also be active at
+initialisation, but it rescales with the population, so the loss would no
+longer tell a spread population from a huddled one of the same shape; we
+keep a fixed kernel.
+
+Departures from the paper:
+
+* ``log det K`` instead of the paper's ``det K``. When members act alike
+  ``K`` is near the all-ones matrix, ``det K`` is a product of ``N - 1``
+  small eigenvalues and its gradient vanishes with it; the gradient of
+  ``log det`` instead grows as members get closer (a log barrier on their
+  distances). The 2022 fastpbrl paper's DvD-TD3 (Flajolet et al.) also
+  minimises ``-log det K`` (with the unscaled kernel).
+* The authors' DvD-ES code standardises each embedding entry across the
+  population before the kernel; we do not, since under gradient descent it
+  would make the objective blind to the population's spread.
+* ``K + jitter I`` (below) keeps the loss and its gradient finite.
 
 Numerics: ``K`` is singular whenever two members act identically (all ones
 for a fresh copy), so ``log det`` uses the Cholesky factor of ``K + jitter
@@ -32,16 +75,32 @@ the learner's population-axis checks hold; the term uses the mean) and
 ``SharedCriticLearner`` compiles once for every lambda schedule or bandit
 choice.
 
-Host-side (not jittable, numpy only): ``PiecewiseLinear`` lambda schedules
-(Flajolet et al. 2022 use a schedule instead of the bandit) and
-``ThompsonBandit``, the paper's adaptive choice of lambda (a Thompson-
-sampling bandit over a few lambda values, {0, 0.5} for DvD-TD3; we take the
-reward to be 1 when the population's best return improved over the previous
-round, 0 otherwise, with Beta-Bernoulli posteriors).
+**Lambda bandit (host-side, numpy, not jittable).** The paper adapts lambda
+online with Thompson sampling over a few values, ``{0, 0.5}`` for DvD-TD3,
+with a binary reward: did the population's return improve?
+``ThompsonBandit`` and ``improvement_reward`` follow the authors'
+implementation (``bandits.py`` of their DvD-ES code) where the paper leaves
+details open: Beta(1, 1) priors; the first 5 choices uniformly at random;
+a round's reward is 1 if its return beats the best of the previous 5
+rounds, 0 if it is lower and 1/2 on a tie, and none before there is a
+previous round; the posteriors count only the last 50 rewards (the best
+lambda changes during training). Departures: the return of a round is the
+population's best evaluation return in it (the "best agent"; the authors'
+ES code feeds the population mean of one evaluation per iteration); a round
+is ``--bandit-every`` learner calls rather than one ES iteration; a round
+is compared with the 5 rounds just before it (the authors' code compares
+with the 2nd to 6th rounds before it, skipping the latest, which looks like
+an off-by-one) and as soon as one previous round exists (theirs waits for
+5). ``PiecewiseLinear`` is the alternative of Flajolet et al.
+2022: a schedule instead of the bandit.
+
+Also here: ``mean_pairwise_action_distance``, the diversity figure that the
+DvD driver logs (and that a lambda-0 baseline can be compared on).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -65,10 +124,25 @@ def pairwise_sq_dists(embeddings: jax.Array) -> jax.Array:
 
 
 def kernel_matrix(actions: jax.Array, sigma: float | jax.Array) -> jax.Array:
-  """``K_ij = exp(-||a_i - a_j||^2 / (2 sigma^2))`` from ``actions[N, B, A]``
-  (or any ``[N, ...]``: each member's actions are flattened)."""
+  """DvD's kernel matrix ``K_ij = exp(-||phi_i - phi_j||^2 / (2 sigma^2 D))``.
+
+  Args:
+    actions: ``[N, B, A]`` (or any ``[N, ...]``): member ``i``'s actions on
+      the shared states, flattened into its embedding ``phi_i`` of ``D``
+      entries.
+    sigma: length scale in action units, traced or static: the root mean
+      square gap between two members' actions at which ``K_ij =
+      exp(-1/2)``. Dividing the squared distance by ``D`` (a squared
+      exponential kernel of length scale ``sigma * sqrt(D)``) keeps ``K``
+      away from the identity for any number of states and actions; see the
+      module docstring.
+
+  Returns:
+    ``[N, N]`` float32, ones on the diagonal.
+  """
   phi = actions.reshape(actions.shape[0], -1).astype(jnp.float32)
-  return jnp.exp(-pairwise_sq_dists(phi) / (2.0 * jnp.square(sigma)))
+  mean_sq_dists = pairwise_sq_dists(phi) / phi.shape[1]
+  return jnp.exp(-mean_sq_dists / (2.0 * jnp.square(sigma)))
 
 
 def diversity_loss(actions: jax.Array, sigma: float | jax.Array, *,
@@ -77,9 +151,7 @@ def diversity_loss(actions: jax.Array, sigma: float | jax.Array, *,
 
   Args:
     actions: ``[N, B, A]`` member ``i``'s actions on the SAME ``B`` states.
-    sigma: kernel length scale (traced or static). The squared distance sums
-      over ``B * A`` entries, so a sigma of order ``sqrt(B * A)`` times a
-      typical per-action gap keeps the kernel away from 0 and 1.
+    sigma: kernel length scale in action units (``kernel_matrix``).
     jitter: added to the diagonal; bounds the loss by ``-N log(jitter)`` and
       keeps the Cholesky factorisation defined for identical members.
 
@@ -90,6 +162,23 @@ def diversity_loss(actions: jax.Array, sigma: float | jax.Array, *,
   n = k.shape[0]
   chol = jnp.linalg.cholesky(k + jitter * jnp.eye(n, dtype=k.dtype))
   return -2.0 * jnp.sum(jnp.log(jnp.diagonal(chol)))
+
+
+def mean_pairwise_action_distance(actions: jax.Array) -> jax.Array:
+  """Mean over member pairs ``i < j`` and states ``b`` of ``||a_i(s_b) -
+  a_j(s_b)||_2``, from ``actions[N, B, A]``: how far apart the members act,
+  in action units. Not part of the objective; the DvD driver logs it.
+  """
+  n = actions.shape[0]
+  if n < 2:
+    raise ValueError(f'mean_pairwise_action_distance needs >= 2 members, '
+                     f'got actions of shape {actions.shape}')
+  diff = actions[:, None] - actions[None, :]  # [N, N, B, A]
+  # Off-diagonal pairs only (the diagonal is 0; sqrt's gradient there is not
+  # needed, this is a metric).
+  dist = jnp.sqrt(jnp.sum(jnp.square(diff), axis=-1))  # [N, N, B]
+  off = 1.0 - jnp.eye(n, dtype=dist.dtype)
+  return jnp.sum(jnp.mean(dist, axis=-1) * off) / (n * (n - 1))
 
 
 def make_policy_term(policy_apply: Callable[[Params, jax.Array], jax.Array],
@@ -105,15 +194,16 @@ def make_policy_term(policy_apply: Callable[[Params, jax.Array], jax.Array],
     lam: diversity weight. A traced array when called inside a traced update
       (``with_diversity`` does this); a Python float is baked into the
       compiled program.
-    sigma: kernel length scale.
+    sigma: kernel length scale in action units (``kernel_matrix``).
     num_states: embed on the first ``num_states`` states only (default: the
-      whole batch).
+      whole batch). The paper's embedding uses 20.
     jitter: see ``diversity_loss``.
 
   Returns:
     ``extra(policies[N], observations[N, B, ...]) -> lam * diversity_loss``.
     Every member is embedded on the SAME states, ``observations[0]`` (member
-    0's batch), so the kernel compares actions state by state.
+    0's batch, drawn from the shared replay), so the kernel compares actions
+    state by state.
   """
 
   def extra(policies: Params, observations: jax.Array) -> jax.Array:
@@ -213,45 +303,114 @@ class PiecewiseLinear:
 class ThompsonBandit:
   """Host-side Beta-Bernoulli Thompson sampling over lambda values.
 
-  DvD's adaptive lambda: at each round pick ``lambda`` by sampling each
-  arm's Beta posterior and taking the largest; after the round the reward is
-  1 if the population's best return improved on the previous round's, else 0
-  (``improvement_reward``). Arms default to DvD-TD3's ``{0, 0.5}``.
+  DvD's adaptive lambda (Parker-Holder et al. 2020), with the details of the
+  authors' implementation: each arm's posterior is ``Beta(prior + rewards,
+  prior + (1 - rewards))`` over the last ``window`` rewards only (the best
+  lambda drifts during training, so old evidence is forgotten); the first
+  ``burn_in`` choices are uniform, later ones take the arm with the largest
+  draw from its posterior. Arms default to DvD-TD3's ``{0, 0.5}``.
   """
 
   def __init__(self, rng: np.random.Generator,
                arms: Sequence[float] = (0.0, 0.5),
-               prior: tuple[float, float] = (1.0, 1.0)):
+               prior: tuple[float, float] = (1.0, 1.0), *,
+               window: Optional[int] = 50, burn_in: int = 5):
+    """
+    Args:
+      rng: the host-side generator (seeded from the run's seed).
+      arms: the lambda values to choose from.
+      prior: Beta prior ``(alpha, beta)`` of every arm.
+      window: the posteriors count the last this-many rewards (over all
+        arms); ``None`` counts every reward.
+      burn_in: choices made uniformly at random before Thompson sampling.
+    """
     if len(arms) < 1:
       raise ValueError('ThompsonBandit needs at least one arm')
     if not (prior[0] > 0 and prior[1] > 0):
       raise ValueError(f'Beta prior parameters must be > 0, got {prior}')
+    if window is not None and window < 1:
+      raise ValueError(f'window must be >= 1 or None, got {window}')
+    if burn_in < 0:
+      raise ValueError(f'burn_in must be >= 0, got {burn_in}')
     self.rng = rng
     self.arms = tuple(float(a) for a in arms)
-    self.alpha = np.full((len(arms),), float(prior[0]))
-    self.beta = np.full((len(arms),), float(prior[1]))
+    self.prior = (float(prior[0]), float(prior[1]))
+    self.burn_in = int(burn_in)
+    self.history = collections.deque(maxlen=window)  # (arm, reward) pairs
+    self.selections = 0  # select() calls so far
+
+  @property
+  def alpha(self) -> np.ndarray:
+    """Posterior Beta ``alpha`` of each arm (prior + windowed rewards)."""
+    a = np.full((len(self.arms),), self.prior[0])
+    for arm, reward in self.history:
+      a[arm] += reward
+    return a
+
+  @property
+  def beta(self) -> np.ndarray:
+    """Posterior Beta ``beta`` of each arm (prior + windowed 1 - rewards)."""
+    b = np.full((len(self.arms),), self.prior[1])
+    for arm, reward in self.history:
+      b[arm] += 1.0 - reward
+    return b
 
   def select(self) -> tuple[int, float]:
-    """``(arm index, lambda)`` by one posterior draw per arm."""
-    draws = self.rng.beta(self.alpha, self.beta)
-    arm = int(np.argmax(draws))
+    """``(arm index, lambda)``: uniform during burn-in, else one posterior
+    draw per arm and the largest wins."""
+    if self.selections < self.burn_in:
+      arm = int(self.rng.integers(len(self.arms)))
+    else:
+      arm = int(np.argmax(self.rng.beta(self.alpha, self.beta)))
+    self.selections += 1
     return arm, self.arms[arm]
 
   def update(self, arm: int, reward: float) -> None:
-    """Bayesian update of ``arm`` with a reward in ``[0, 1]``."""
+    """Records ``reward`` in ``[0, 1]`` (1/2 for a tie) for ``arm``."""
+    if not 0 <= arm < len(self.arms):
+      raise ValueError(f'arm must be in [0, {len(self.arms)}), got {arm}')
     if not 0.0 <= reward <= 1.0:
       raise ValueError(f'reward must be in [0, 1], got {reward}')
-    self.alpha[arm] += reward
-    self.beta[arm] += 1.0 - reward
+    self.history.append((int(arm), float(reward)))
 
   def means(self) -> np.ndarray:
     """Posterior mean reward of each arm."""
-    return self.alpha / (self.alpha + self.beta)
+    a, b = self.alpha, self.beta
+    return a / (a + b)
+
+  def state(self) -> dict:
+    """JSON-serialisable state, for checkpoints (``load_state``)."""
+    return {'history': [list(h) for h in self.history],
+            'selections': self.selections,
+            'rng': self.rng.bit_generator.state}
+
+  def load_state(self, state: dict) -> None:
+    self.history.clear()
+    self.history.extend((int(a), float(r)) for a, r in state['history'])
+    self.selections = int(state['selections'])
+    self.rng.bit_generator.state = state['rng']
 
 
-def improvement_reward(previous_best: float, current_best: float) -> float:
-  """1.0 if the population's best return improved, else 0.0 (a first round,
-  with a non-finite previous best, counts as an improvement)."""
-  if not np.isfinite(previous_best):
+def improvement_reward(previous_returns: Sequence[float],
+                       current_return: float) -> Optional[float]:
+  """A bandit round's reward: did the population's return improve?
+
+  Args:
+    previous_returns: the returns of the rounds just before (the driver keeps
+      the last 5, as in the authors' code).
+    current_return: this round's return.
+
+  Returns:
+    1.0 if ``current_return`` beats the best of ``previous_returns``, 0.0 if
+    it is lower, 0.5 on a tie; ``None`` (no reward) when there is no
+    previous round to compare with.
+  """
+  previous = [float(r) for r in previous_returns if np.isfinite(r)]
+  if not previous:
+    return None
+  best = max(previous)
+  if current_return > best:
     return 1.0
-  return float(current_best > previous_best)
+  if current_return < best:
+    return 0.0
+  return 0.5

@@ -1,13 +1,18 @@
 """DvD: the determinant diversity loss, its shared-critic plug-in and the
 host-side lambda schedule and bandit."""
 
+import json
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from acme import specs
+
 from fastpbrl.agents import td3
+from fastpbrl.drivers import DvDRunConfig
 from fastpbrl.learner import SharedCriticLearner, population_hparams
 from fastpbrl.population import dvd
 from tests.population.conftest import pendulum_spec, random_batch, tiny_td3
@@ -18,10 +23,12 @@ JITTER = 1e-4
 
 def np_loss(actions: np.ndarray, sigma: float = SIGMA,
             jitter: float = JITTER) -> float:
-  """Direct float64 formula: -log det(K + jitter I)."""
+  """Direct float64 formula: -log det(K + jitter I), with the squared
+  distance divided by the embedding size D (the scaled kernel of issue 9;
+  this reference used to encode the unscaled one)."""
   phi = actions.reshape(actions.shape[0], -1).astype(np.float64)
-  n = len(phi)
-  k = np.array([[np.exp(-np.sum((phi[i] - phi[j]) ** 2) / (2 * sigma ** 2))
+  n, d = phi.shape
+  k = np.array([[np.exp(-np.sum((phi[i] - phi[j]) ** 2) / (2 * sigma ** 2 * d))
                  for j in range(n)] for i in range(n)])
   sign, logdet = np.linalg.slogdet(k + jitter * np.eye(n))
   assert sign > 0
@@ -30,13 +37,14 @@ def np_loss(actions: np.ndarray, sigma: float = SIGMA,
 
 def np_grad(actions: np.ndarray, sigma: float = SIGMA,
             jitter: float = JITTER) -> np.ndarray:
-  """Analytic gradient: dL/dphi_k = (2 / sigma^2) sum_j (M^-1 o K)_kj
+  """Analytic gradient: dL/dphi_k = (2 / (sigma^2 D)) sum_j (M^-1 o K)_kj
   (phi_k - phi_j), with M = K + jitter I (from dL = -tr(M^-1 dK))."""
   phi = actions.reshape(actions.shape[0], -1).astype(np.float64)
+  d = phi.shape[1]
   d2 = ((phi[:, None] - phi[None]) ** 2).sum(-1)
-  k = np.exp(-d2 / (2 * sigma ** 2))
+  k = np.exp(-d2 / (2 * sigma ** 2 * d))
   w = np.linalg.inv(k + jitter * np.eye(len(phi))) * k
-  g = 2 / sigma ** 2 * (w.sum(1)[:, None] * phi - w @ phi)
+  g = 2 / (sigma ** 2 * d) * (w.sum(1)[:, None] * phi - w @ phi)
   return g.reshape(actions.shape)
 
 
@@ -82,6 +90,75 @@ def test_identical_policies_are_finite():
   loss, g = jax.value_and_grad(dvd.diversity_loss)(near, SIGMA)
   assert np.isfinite(loss) and np.all(np.isfinite(g))
   assert float(dvd.diversity_loss(near - 1e-4 * g, SIGMA)) < float(loss)
+
+
+def test_kernel_does_not_depend_on_the_embedding_size():
+  """The squared distance is divided by D = states x actions: the same
+  behaviour on the states repeated 3 times (D x 3) gives the same kernel,
+  and actions that differ by exactly sigma everywhere give exp(-1/2)."""
+  rng = np.random.default_rng(4)
+  acts = rng.uniform(-1, 1, (3, 5, 2)).astype(np.float32)
+  np.testing.assert_allclose(dvd.kernel_matrix(np.tile(acts, (1, 3, 1)), 0.7),
+                             dvd.kernel_matrix(acts, 0.7), rtol=1e-5)
+  pair = np.stack([np.zeros((20, 17)), np.full((20, 17), 0.3)]).astype(
+      np.float32)
+  np.testing.assert_allclose(dvd.kernel_matrix(pair, 0.3)[0, 1],
+                             np.exp(-0.5), rtol=1e-5)
+
+
+def _spec(obs_dim: int, action_dim: int) -> specs.EnvironmentSpec:
+  return specs.EnvironmentSpec(
+      observations=specs.Array((obs_dim,), np.float32),
+      actions=specs.BoundedArray((action_dim,), np.float32, -1.0, 1.0),
+      rewards=specs.Array((), np.float32),
+      discounts=specs.BoundedArray((), np.float32, 0.0, 1.0))
+
+
+def _tree_norm(tree) -> float:
+  return float(jnp.sqrt(sum(jnp.sum(jnp.square(x))
+                            for x in jax.tree.leaves(tree))))
+
+
+# Observation sizes of Pendulum-v1, HalfCheetah-v5 and Humanoid-v5.
+@pytest.mark.parametrize('obs_dim, action_dim', [(3, 1), (17, 6), (348, 17)])
+def test_diversity_term_is_active_at_initialisation(obs_dim, action_dim):
+  """Issue 9: with the driver's defaults and freshly initialised 256x256
+  policies, the kernel is neither the identity (members look infinitely far
+  apart, gradient 0) nor all ones, and the diversity gradient is within two
+  orders of magnitude of the TD3 policy-loss gradient (random critic), for
+  1, 6 and 17 actions. The unscaled kernel failed this for 6 and 17
+  actions: largest entry ~1e-4 and ~1e-13, gradient ~1e-6 and exactly 0."""
+  defaults = DvDRunConfig()
+  nets = td3.make_networks(_spec(obs_dim, action_dim), td3.TD3Config())
+  critic = nets.critic.init(jax.random.PRNGKey(1), jnp.zeros((1, obs_dim)),
+                            jnp.zeros((1, action_dim)))
+  obs = jax.random.normal(jax.random.PRNGKey(2), (256, obs_dim))
+  states = obs[:defaults.embedding_states]
+
+  def population_policy_loss(policies):
+    return jnp.sum(jax.vmap(
+        lambda p: td3.policy_loss(nets, p, critic, obs))(policies))
+
+  def term(policies):
+    actions = jax.vmap(nets.policy.apply, (0, None))(policies, states)
+    return dvd.diversity_loss(actions, defaults.kernel_sigma)
+
+  @jax.jit
+  def measure(policies):
+    actions = jax.vmap(nets.policy.apply, (0, None))(policies, states)
+    return (dvd.kernel_matrix(actions, defaults.kernel_sigma),
+            jax.grad(term)(policies),
+            jax.grad(population_policy_loss)(policies))
+
+  for n in (2, 5):
+    policies = jax.vmap(lambda k: nets.policy.init(k, obs[:1]))(
+        jax.random.split(jax.random.PRNGKey(n), n))
+    k, g_div, g_policy = measure(policies)
+    off = np.asarray(k)[~np.eye(n, dtype=bool)]
+    assert off.min() > 1e-3, (n, off)
+    assert off.max() < 1 - 1e-3, (n, off)
+    ratio = _tree_norm(g_div) / _tree_norm(g_policy)
+    assert 1e-2 < ratio < 1e2, (n, ratio)
 
 
 def test_policy_term_uses_shared_states():
@@ -133,6 +210,21 @@ def test_with_diversity_traces_lambda_once():
   chex.assert_trees_all_close(out1.critic, out0.critic)
 
 
+def test_mean_pairwise_action_distance_by_hand():
+  # Members 0 and 1 differ by (3, 4) on state 0 and not on state 1: mean
+  # gap 2.5; member 2 sits 1 from member 0 on both states, so 1 from it and
+  # (sqrt(2^2 + 4^2) + 1) / 2 from member 1.
+  acts = np.array([[[0., 0.], [1., 1.]],
+                   [[3., 4.], [1., 1.]],
+                   [[1., 0.], [2., 1.]]], np.float32)
+  expected = (2.5 + 1.0 + (np.sqrt(20.0) + 1.0) / 2) / 3
+  np.testing.assert_allclose(dvd.mean_pairwise_action_distance(acts),
+                             expected, rtol=1e-6)
+  assert float(dvd.mean_pairwise_action_distance(acts[[0, 0, 0]])) == 0.0
+  with pytest.raises(ValueError, match='>= 2 members'):
+    dvd.mean_pairwise_action_distance(acts[:1])
+
+
 def test_piecewise_linear_schedule():
   sched = dvd.PiecewiseLinear(((0, 0.5), (100, 0.0), (200, 0.2)))
   assert sched(-5) == 0.5 and sched(0) == 0.5
@@ -143,8 +235,9 @@ def test_piecewise_linear_schedule():
 
 
 def test_thompson_bandit_prefers_the_better_arm():
+  # Thompson sampling itself: no burn-in, no window (a stationary bandit).
   rng = np.random.default_rng(0)
-  bandit = dvd.ThompsonBandit(rng, arms=(0.0, 0.5))
+  bandit = dvd.ThompsonBandit(rng, arms=(0.0, 0.5), window=None, burn_in=0)
   success = {0: 0.2, 1: 0.7}
   pulls = np.zeros(2)
   for _ in range(400):
@@ -156,8 +249,71 @@ def test_thompson_bandit_prefers_the_better_arm():
   np.testing.assert_allclose(bandit.means()[1], 0.7, atol=0.08)
   # Beta counts: alpha - 1 + beta - 1 = pulls.
   np.testing.assert_allclose(bandit.alpha + bandit.beta - 2, pulls)
-  assert dvd.improvement_reward(10.0, 12.0) == 1.0
-  assert dvd.improvement_reward(10.0, 9.0) == 0.0
-  assert dvd.improvement_reward(-np.inf, 9.0) == 1.0
   with pytest.raises(ValueError, match='reward'):
     bandit.update(0, 2.0)
+  with pytest.raises(ValueError, match='arm'):
+    bandit.update(2, 1.0)
+
+
+def test_bandit_defaults_follow_the_authors_code():
+  """Arms {0, 0.5}, Beta(1, 1) priors, 5 uniform choices first, posteriors
+  over the last 50 rewards (``bandits.py`` of the authors' DvD-ES code)."""
+  bandit = dvd.ThompsonBandit(np.random.default_rng(0))
+  assert bandit.arms == (0.0, 0.5) and bandit.burn_in == 5
+  np.testing.assert_array_equal(bandit.alpha, [1.0, 1.0])
+  np.testing.assert_array_equal(bandit.beta, [1.0, 1.0])
+  # Window: 100 successes of arm 0, then 50 failures; only the failures
+  # remain in the posterior, so arm 0 now looks bad.
+  for reward in [1.0] * 100 + [0.0] * 50:
+    bandit.update(0, reward)
+  np.testing.assert_array_equal(bandit.alpha, [1.0, 1.0])
+  np.testing.assert_array_equal(bandit.beta, [51.0, 1.0])
+  unwindowed = dvd.ThompsonBandit(np.random.default_rng(0), window=None)
+  for reward in [1.0] * 100 + [0.0] * 50:
+    unwindowed.update(0, reward)
+  np.testing.assert_array_equal(unwindowed.alpha, [101.0, 1.0])
+  # Ties count half.
+  bandit.update(1, 0.5)
+  np.testing.assert_array_equal(bandit.alpha, [1.0, 1.5])
+
+
+def test_bandit_burn_in_picks_uniformly_whatever_the_evidence():
+  """During burn-in the arm is uniform even when the posterior is sure; after
+  it, Thompson sampling follows the posterior."""
+  first, later = [], []
+  for seed in range(200):
+    bandit = dvd.ThompsonBandit(np.random.default_rng(seed), burn_in=5,
+                                window=None)
+    for _ in range(40):
+      bandit.update(0, 1.0)
+      bandit.update(1, 0.0)
+    first += [bandit.select()[0] for _ in range(5)]
+    later.append(bandit.select()[0])
+  assert 0.4 < np.mean(first) < 0.6  # arm 1 about half the time
+  assert np.mean(later) < 0.02  # then (almost) never
+
+
+def test_bandit_state_round_trip_continues_identically():
+  a = dvd.ThompsonBandit(np.random.default_rng(3), burn_in=2)
+  for _ in range(4):
+    arm, _ = a.select()
+    a.update(arm, 1.0 if arm else 0.0)
+  state = json.loads(json.dumps(a.state()))  # what a checkpoint keeps
+  b = dvd.ThompsonBandit(np.random.default_rng(99), burn_in=2)
+  b.load_state(state)
+  assert [a.select() for _ in range(20)] == [b.select() for _ in range(20)]
+  np.testing.assert_array_equal(a.alpha, b.alpha)
+
+
+def test_improvement_reward_compares_with_the_best_recent_round():
+  # No previous round: nothing to compare with, no reward (a first round
+  # does not count as an improvement for whichever arm it played).
+  assert dvd.improvement_reward([], 9.0) is None
+  assert dvd.improvement_reward([-np.inf], 9.0) is None
+  assert dvd.improvement_reward([10.0], 12.0) == 1.0
+  assert dvd.improvement_reward([10.0], 9.0) == 0.0
+  # Above the last round but below the best of the recent ones: no
+  # improvement.
+  assert dvd.improvement_reward([1.0, 7.0, 3.0], 6.0) == 0.0
+  assert dvd.improvement_reward([1.0, 7.0, 3.0], 7.5) == 1.0
+  assert dvd.improvement_reward([1.0, 7.0, 3.0], 7.0) == 0.5
