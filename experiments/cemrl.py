@@ -2,7 +2,11 @@
 the population as in the 2022 paper (section 4.2).
 
     python -m experiments.cemrl                    # small default: Pendulum-v1, 6 members
-    python -m experiments.cemrl --preset paper     # HalfCheetah-v5, 10 members
+    python -m experiments.cemrl --preset paper     # HalfCheetah-v5, 10 members, 1M env steps
+
+The budget, --total-env-steps, counts the env steps of the whole population
+together, as CEM-RL states budgets (the paper: 1M on HalfCheetah, i.e.
+100,000 per member with 10 members). --warmup-steps stays per member.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from fastpbrl.drivers import CEMRLDriver, CEMRLRunConfig
 
 PRESETS = {
     'small': CEMRLRunConfig(),
+    # The paper's HalfCheetah run: 10 members, 1M env steps in all, and
+    # 10,000 warm-up steps in all (its start_steps).
     'paper': CEMRLRunConfig(env='HalfCheetah-v5', population_size=10,
-                            env_steps=1_000_000, warmup_steps=10_000,
-                            generation_calls=100, checkpoint_every=500),
+                            total_env_steps=1_000_000, warmup_steps=1_000,
+                            checkpoint_every=500),
 }
 
 

@@ -105,13 +105,19 @@ def test_dvd_script(tmp_path):
 
 def test_cemrl_script(tmp_path):
   run_dir = str(tmp_path / 'cemrl')
-  cemrl.main(TINY + ['--population-size', '2', '--generation-calls', '2',
+  # --total-env-steps is the population's budget: 2 x 1200 per member (TINY).
+  cemrl.main(TINY + ['--population-size', '2', '--total-env-steps', '2400',
                      '--run-dir', run_dir])
   with open(os.path.join(run_dir, 'mean_policy.csv')) as f:
-    rows = f.read().splitlines()
-  assert rows[0] == 'generation,env_steps,mean_policy_return'
+    rows = [r.split(',') for r in f.read().splitlines()]
+  assert rows[0] == ['generation', 'total_env_steps', 'actor_steps',
+                     'mean_policy_return']
   assert len(rows) >= 2, 'no CEM generation finished'
-  assert np.isfinite(float(rows[-1].split(',')[-1]))
+  assert np.isfinite(float(rows[-1][-1]))
+  # Algorithm 1: no RL in generation 1; then each RL actor trains as many
+  # steps as the previous generation's fitness episodes took (2 x 200 on
+  # Pendulum).
+  assert [int(r[2]) for r in rows[1:]] == [0] + [400] * (len(rows) - 2)
 
 
 def test_hypertrick_script(tmp_path):

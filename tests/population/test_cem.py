@@ -139,3 +139,92 @@ def test_flatten_roundtrip_and_load_policies():
                                           loaded.target_policy))
   with pytest.raises(ValueError, match='actor'):
     cem.load_policies(shared, new, unravel, fields=('actor',))
+
+
+# ---------------------------------------------------------------------------
+# The RL half's shared-critic update on a traced schedule
+# ---------------------------------------------------------------------------
+
+
+def _rl_population(n=4, num_rl=2, steps=5, train_until=0):
+  from fastpbrl.learner import SharedCriticLearner, population_hparams
+  from tests.population.conftest import tiny_td3
+  agent = tiny_td3(batch_size=4, steps_per_call=steps)
+  learner = SharedCriticLearner(
+      cem.with_rl_schedule(agent.shared_critic, num_rl), steps)
+  hparams = cem.rl_hparams(population_hparams(agent, n, policy_delay=1.0),
+                           train_until)
+  return agent, learner, hparams, learner.init(jax.random.PRNGKey(0), hparams)
+
+
+def test_rl_schedule_steps_exactly_up_to_its_bound():
+  from tests.population.conftest import random_batch
+  _, learner, hparams, state = _rl_population(train_until=7)
+  copy = lambda t: jax.tree.map(jnp.copy, t)
+  batch = lambda seed: random_batch(pendulum_spec(), (4, 5, 4), seed)
+  state, m1 = learner.update(state, hparams, batch(1))
+  state, m2 = learner.update(state, hparams, batch(2))
+  # 5 + 2 active steps: the second call stops at the bound mid-call.
+  assert int(state.step) == 7 and int(state.critic_opt[0].count) == 7
+  np.testing.assert_array_equal(
+      np.concatenate([m1['critic_updated'], m2['critic_updated']], 1),
+      np.broadcast_to([1.] * 7 + [0.] * 3, (4, 10)))
+  policy_steps = m1['policy_updated'].sum(1) + m2['policy_updated'].sum(1)
+  np.testing.assert_array_equal(policy_steps, [7, 7, 0, 0])
+  np.testing.assert_array_equal(state.policy_opt[0].count, [7, 7, 0, 0])
+  # At the bound a call changes nothing, keys and counters included.
+  before = copy(state)
+  state, m3 = learner.update(state, hparams, batch(3))
+  chex.assert_trees_all_equal(state, before)
+  assert not np.asarray(m3['critic_updated']).any()
+  # A new bound is a new traced value: no recompilation.
+  state, _ = learner.update(state, cem.set_train_until(hparams, 12), batch(4))
+  assert int(state.step) == 12
+  assert learner.compilations == 1
+
+
+def test_rl_schedule_is_the_shared_update_of_the_rl_half_alone():
+  from tests.population.conftest import random_batch
+  agent, learner, hparams, state = _rl_population(steps=1, train_until=1)
+  batch = random_batch(pendulum_spec(), (4, 1, 4), 5)
+  head = lambda t: jax.tree.map(lambda x: x[:2], t)
+  tail = lambda t: jax.tree.map(lambda x: x[2:], t)
+  # The other route: the agent's own shared-critic update on a population
+  # made of the two RL members only.
+  rl_only = state._replace(**{f: head(getattr(state, f))
+                              for f in cem.MEMBER_FIELDS})
+  expected, _ = jax.jit(agent.shared_critic.update)(
+      rl_only, head(hparams.agent),
+      jax.tree.map(lambda x: x[:2, 0], batch))
+  members = jax.tree.map(jnp.copy, tuple(getattr(state, f)
+                                         for f in cem.MEMBER_FIELDS))
+  got, _ = learner.update(state, hparams, batch)
+  chex.assert_trees_all_close(
+      (got.critic, got.target_critic, got.critic_opt, got.step),
+      (expected.critic, expected.target_critic, expected.critic_opt,
+       expected.step), rtol=1e-6, atol=1e-7)
+  for f in cem.MEMBER_FIELDS:
+    chex.assert_trees_all_close(head(getattr(got, f)), getattr(expected, f),
+                                rtol=1e-6, atol=1e-7)
+  chex.assert_trees_all_equal(
+      tail(tuple(getattr(got, f) for f in cem.MEMBER_FIELDS)), tail(members))
+
+
+def test_load_policies_resets_the_given_fields():
+  _, _, _, state = _rl_population()
+  fresh = jax.tree.map(jnp.copy, state.policy_opt)
+  stepped = state._replace(policy_opt=jax.tree.map(lambda x: x + 1,
+                                                   state.policy_opt))
+  flat, unravel = cem.flatten_population(state.policy)
+  loaded = cem.load_policies(stepped, flat + 1.0, unravel,
+                             reset={'policy_opt': fresh})
+  chex.assert_trees_all_equal(loaded.policy_opt, fresh)
+  np.testing.assert_array_equal(cem.flatten_population(loaded.policy)[0],
+                                flat + 1.0)
+  pointers = [x.unsafe_buffer_pointer() for x in
+              jax.tree.leaves((loaded.policy_opt, fresh))]
+  assert len(set(pointers)) == len(pointers)  # donating one keeps the other
+  with pytest.raises(ValueError, match='policy_optimizer'):
+    cem.load_policies(state, flat, unravel, reset={'policy_optimizer': fresh})
+  with pytest.raises(ValueError, match='tree structure'):
+    cem.load_policies(state, flat, unravel, reset={'policy_opt': fresh[0]})
