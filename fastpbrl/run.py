@@ -209,10 +209,11 @@ def make_env_spec(env_id: str):
   """Env spec for ``env_id``, with a clear error for an unknown id."""
   import gymnasium as gym  # noqa: PLC0415
 
+  from fastpbrl.envs import make_env  # noqa: PLC0415
   from fastpbrl.types import make_env_spec as spec_of  # noqa: PLC0415
 
   try:
-    env = gym.make(env_id)
+    env = make_env(env_id)
   except gym.error.Error as e:
     raise ConfigError(f'--env {env_id!r} cannot be made: {e}') from None
   try:
