@@ -234,10 +234,19 @@ def make_agent(config: RunConfig, env_spec):
   sizes_field = 'mlp_hidden_sizes' if config.agent == 'dqn' else 'hidden_sizes'
   overrides[sizes_field] = tuple(config.hidden_sizes)
   try:
-    return module.make_agent(env_spec,
-                             dataclasses.replace(agent_config, **overrides))
+    agent = module.make_agent(env_spec,
+                              dataclasses.replace(agent_config, **overrides))
   except ValueError as e:
     raise ConfigError(f'--agent {config.agent} on --env {config.env}: {e}') from None
+  if config.agent == 'dqn' and len(env_spec.observations.shape) == 3:
+    differ = [f'--{k.replace("_", "-")} {getattr(config, k)} (Nature DQN: '
+              f'{v})' for k, v in module.NATURE_ATARI_RUN.items()
+              if getattr(config, k) != v]
+    if differ:
+      log.warning('DQN on Atari frames with %s; see NATURE_ATARI_RUN in '
+                  'fastpbrl/agents/dqn.py, or experiments.pbt --preset atari',
+                  ', '.join(differ))
+  return agent
 
 
 @dataclasses.dataclass

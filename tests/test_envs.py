@@ -38,6 +38,7 @@ def test_pong_is_84x84x4_uint8_frames_and_dqn_takes_it():
   assert spec.observations.dtype == np.uint8
   agent = run.make_agent(run.RunConfig(agent='dqn', env='ALE/Pong-v5'), spec)
   assert agent.env_spec.actions.num_values == 6
+  assert float(agent.default_hparams().epsilon_decay_steps) == 1e6
 
 
 @needs_atari
@@ -102,3 +103,48 @@ def test_atari_without_ale_py_names_the_extra(monkeypatch):
                      match=r"--env 'ALE/Pong-v5' cannot be made: .*\.\[atari\]"):
     run.make_env_spec('ALE/Pong-v5')
 
+
+def test_preset_atari_is_nature_dqns_schedule():
+  from experiments import pbt
+  from fastpbrl import cli
+  from fastpbrl.agents import dqn
+  config = cli.parse(pbt.PRESETS, 'x', ['--preset', 'atari'])
+  assert (config.agent, config.env) == ('dqn', 'ALE/Pong-v5')
+  assert (config.update_to_data_ratio, config.warmup_steps,
+          config.replay_capacity) == (0.25, 50_000, 100_000)
+  assert {k: getattr(config, k) for k in dqn.NATURE_ATARI_RUN} == (
+      dqn.NATURE_ATARI_RUN)
+
+
+@needs_atari
+def test_dqn_on_frames_warns_when_flags_are_not_natures(monkeypatch):
+  warnings = []
+  monkeypatch.setattr(run.log, 'warning',
+                      lambda message, *args: warnings.append(message % args))
+  spec = run.make_env_spec('ALE/Pong-v5')
+  nature = dict(update_to_data_ratio=0.25, warmup_steps=50_000,
+                replay_capacity=100_000)
+  run.make_agent(run.RunConfig(agent='dqn', env='ALE/Pong-v5', **nature), spec)
+  assert not warnings
+  run.make_agent(run.RunConfig(agent='dqn', env='ALE/Pong-v5'), spec)
+  assert len(warnings) == 1
+  assert '--update-to-data-ratio 1.0 (Nature DQN: 0.25)' in warnings[0]
+  assert '--replay-capacity 1000000 (Nature DQN: 100000)' in warnings[0]
+
+
+@needs_atari
+@pytest.mark.slow
+def test_pbt_of_two_dqn_members_on_pong(tmp_path):
+  from experiments import pbt
+  from fastpbrl.logging import read_member_csvs
+  result = pbt.main([
+      '--preset', 'atari', '--population-size', '2', '--env-steps', '600',
+      '--warmup-steps', '200', '--batch-size', '8', '--num-actors', '1',
+      '--replay-capacity', '1000', '--eval-every', '200',
+      '--eval-episodes', '1', '--ready-after', '50', '--no-progress',
+      '--run-dir', str(tmp_path / 'pong')])
+  assert result.env_steps >= 600
+  # One update per 4 env steps after the warm-up, in calls of 10.
+  assert result.update_steps == result.calls * 10
+  assert result.update_steps <= (result.env_steps - 200) / 4 + 10
+  assert len(read_member_csvs(str(tmp_path / 'pong'))) == 2
