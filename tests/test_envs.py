@@ -99,8 +99,8 @@ def test_atari_without_ale_py_names_the_extra(monkeypatch):
   monkeypatch.setattr(envs, '_register_ale', lambda: False)
   with pytest.raises(gym.error.DependencyNotInstalled, match=r"\.\[atari\]"):
     envs.make_env('ALE/Pong-v5')
-  with pytest.raises(run.ConfigError,
-                     match=r"--env 'ALE/Pong-v5' cannot be made: .*\.\[atari\]"):
+  with pytest.raises(run.ConfigError, match=(
+      r"--env 'ALE/Pong-v5' cannot be made: .*\.\[atari\]")):
     run.make_env_spec('ALE/Pong-v5')
 
 
@@ -108,12 +108,14 @@ def test_preset_atari_is_nature_dqns_schedule():
   from experiments import pbt
   from fastpbrl import cli
   from fastpbrl.agents import dqn
+  from fastpbrl.drivers import PBTDriver
   config = cli.parse(pbt.PRESETS, 'x', ['--preset', 'atari'])
   assert (config.agent, config.env) == ('dqn', 'ALE/Pong-v5')
   assert (config.update_to_data_ratio, config.warmup_steps,
           config.replay_capacity) == (0.25, 50_000, 100_000)
   assert {k: getattr(config, k) for k in dqn.NATURE_ATARI_RUN} == (
       dqn.NATURE_ATARI_RUN)
+  PBTDriver(config)  # passes PBT's checks (an evaluation in every span)
 
 
 @needs_atari
@@ -138,13 +140,16 @@ def test_pbt_of_two_dqn_members_on_pong(tmp_path):
   from experiments import pbt
   from fastpbrl.logging import read_member_csvs
   result = pbt.main([
-      '--preset', 'atari', '--population-size', '2', '--env-steps', '600',
+      '--preset', 'atari', '--population-size', '2', '--env-steps', '400',
       '--warmup-steps', '200', '--batch-size', '8', '--num-actors', '1',
-      '--replay-capacity', '1000', '--eval-every', '200',
-      '--eval-episodes', '1', '--ready-after', '50', '--no-progress',
+      '--replay-capacity', '1000', '--eval-every', '80',
+      '--eval-episodes', '1', '--ready-after', '20', '--no-progress',
       '--run-dir', str(tmp_path / 'pong')])
-  assert result.env_steps >= 600
+  assert result.env_steps >= 400
   # One update per 4 env steps after the warm-up, in calls of 10.
   assert result.update_steps == result.calls * 10
   assert result.update_steps <= (result.env_steps - 200) / 4 + 10
   assert len(read_member_csvs(str(tmp_path / 'pong'))) == 2
+  # Pong's clipped score of the final evaluation: -21 to 21.
+  assert len(result.final_returns) == 2
+  assert all(-21 <= r <= 21 for r in result.final_returns)
