@@ -2,6 +2,7 @@
 
     python -m experiments.pbt                    # small default: TD3, Pendulum-v1, 4 members
     python -m experiments.pbt --preset paper     # the 2022 paper: HalfCheetah-v5, 80 members
+    python -m experiments.pbt --preset atari     # Nature DQN on ALE/Pong-v5 (pip install -e '.[atari]')
     python -m experiments.pbt --resume runs/pbt-...   # continue a killed run
     python -m experiments.pbt --rerun-lineage runs/pbt-.../lineage.jsonl --rerun-member 3
 """
@@ -12,6 +13,7 @@ import dataclasses
 from typing import Optional, Sequence
 
 from fastpbrl import cli
+from fastpbrl.agents import dqn
 from fastpbrl.drivers import PBTDriver, PBTRunConfig, ScheduleDriver
 from fastpbrl.population import pbt as pbt_lib
 from fastpbrl.run import ConfigError, RunConfig
@@ -31,6 +33,14 @@ PRESETS = {
                        env_steps=1_000_000, warmup_steps=25_000,
                        ready_after=100_000, eval_every=10_000,
                        checkpoint_every=500),
+    # Nature DQN's schedule (Mnih et al. 2015, Extended Data Table 1; see
+    # fastpbrl/agents/dqn.py): 50M frames = 12.5M agent steps per member,
+    # one update per 4 steps, 50k random steps first, a 100k replay per
+    # member (5.3 GiB each); PBT decides every 500k env steps.
+    'atari': PBTScript(agent='dqn', env='ALE/Pong-v5', population_size=4,
+                       env_steps=12_500_000, **dqn.NATURE_ATARI_RUN,
+                       ready_after=125_000, eval_every=125_000,
+                       eval_episodes=5, checkpoint_every=2_500),
 }
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
 from acme import specs
 
+from fastpbrl.envs import make_env
 from fastpbrl.types import scale_action
 
 EVAL_STREAM = 2  # spawn_key[0] of the evaluation seed sequences (actors: 1)
@@ -103,6 +103,6 @@ def evaluate_policy(agent, env_id: str, policy_params, episodes: int,
   """Returns of ``episodes`` noise-free episodes of ONE policy
   (``policy_params`` without a population axis)."""
   stacked = jax.tree.map(lambda x: jnp.asarray(x)[None], policy_params)
-  returns, _ = evaluate_population(agent, lambda: gym.make(env_id), stacked,
+  returns, _ = evaluate_population(agent, lambda: make_env(env_id), stacked,
                                    None, episodes, seed)
   return [float(r) for r in returns[0]]

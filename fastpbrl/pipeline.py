@@ -582,5 +582,5 @@ class Pipeline:
 
 
 def _make_gym_env(env_id: str):
-  import gymnasium as gym  # local: only env-making code needs gymnasium
-  return gym.make(env_id)
+  from fastpbrl.envs import make_env  # local: only env-making code needs gymnasium
+  return make_env(env_id)

@@ -209,10 +209,11 @@ def make_env_spec(env_id: str):
   """Env spec for ``env_id``, with a clear error for an unknown id."""
   import gymnasium as gym  # noqa: PLC0415
 
+  from fastpbrl.envs import make_env  # noqa: PLC0415
   from fastpbrl.types import make_env_spec as spec_of  # noqa: PLC0415
 
   try:
-    env = gym.make(env_id)
+    env = make_env(env_id)
   except gym.error.Error as e:
     raise ConfigError(f'--env {env_id!r} cannot be made: {e}') from None
   try:
@@ -233,10 +234,19 @@ def make_agent(config: RunConfig, env_spec):
   sizes_field = 'mlp_hidden_sizes' if config.agent == 'dqn' else 'hidden_sizes'
   overrides[sizes_field] = tuple(config.hidden_sizes)
   try:
-    return module.make_agent(env_spec,
-                             dataclasses.replace(agent_config, **overrides))
+    agent = module.make_agent(env_spec,
+                              dataclasses.replace(agent_config, **overrides))
   except ValueError as e:
     raise ConfigError(f'--agent {config.agent} on --env {config.env}: {e}') from None
+  if config.agent == 'dqn' and len(env_spec.observations.shape) == 3:
+    differ = [f'--{k.replace("_", "-")} {getattr(config, k)} (Nature DQN: '
+              f'{v})' for k, v in module.NATURE_ATARI_RUN.items()
+              if getattr(config, k) != v]
+    if differ:
+      log.warning('DQN on Atari frames with %s; see NATURE_ATARI_RUN in '
+                  'fastpbrl/agents/dqn.py, or experiments.pbt --preset atari',
+                  ', '.join(differ))
+  return agent
 
 
 @dataclasses.dataclass

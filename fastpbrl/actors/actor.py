@@ -27,9 +27,15 @@ with their return and length.
 
 Seeding (all from the run seed, never global state): member ``m`` on its
 ``r``-th (re)start uses ``np.random.SeedSequence(seed, spawn_key=(1, m, r))``
-for its env reset seeds, its warm-up action generator and its exploration
-key; ``fold_in(key, env_step)`` gives the key of each step. The layout of
-members over processes does not change any member's stream.
+for its env reset seeds, its warm-up action generator, its exploration key
+and its evaluation key; ``fold_in(key, env_step)`` gives the key of each
+step. The layout of members over processes does not change any member's
+stream.
+
+Step-dependent exploration (DQN's annealed epsilon): when the agent has
+``acting_hparams``, each member's exploratory action uses
+``acting_hparams(hparams, env_step)`` with its own training env step count,
+computed in the same jitted call.
 
 :func:`run_actor` is the body of an actor process (see ``pool.py``).
 """
@@ -66,15 +72,18 @@ class MemberSeeds(NamedTuple):
   eval_env: int  # seed of the evaluation env's first reset
   key: int  # seed of the exploration key
   rng: np.random.Generator  # warm-up actions
+  eval_key: int  # seed of the evaluation actions' key (DQN's epsilon 0.05)
 
 
 def member_seeds(seed: int, member: int, restart: int = 0) -> MemberSeeds:
   """Seeds of member ``member`` on its ``restart``-th start, from the run
   seed."""
   seq = np.random.SeedSequence(seed, spawn_key=(ACTOR_STREAM, member, restart))
-  words = seq.generate_state(3, np.uint32)
+  # The first words of generate_state do not depend on how many are asked
+  # for: the 4th (eval key) leaves the other three what 3 words give.
+  words = seq.generate_state(4, np.uint32)
   return MemberSeeds(int(words[0]), int(words[1]), int(words[2]),
-                     np.random.default_rng(seq.spawn(1)[0]))
+                     np.random.default_rng(seq.spawn(1)[0]), int(words[3]))
 
 
 class EpisodeRecord(NamedTuple):
@@ -189,9 +198,13 @@ class Actor:
     self._version = 0
     self._params = None
     self._hparams = None
-    self._key_data = np.stack([
-        np.asarray(jax.random.key_data(jax.random.key(s.key, impl=prng_impl)))
-        for s in self._seeds])
+
+    def key_data(seed):
+      return np.asarray(jax.random.key_data(jax.random.key(seed,
+                                                           impl=prng_impl)))
+
+    self._key_data = np.stack([key_data(s.key) for s in self._seeds])
+    self._eval_key_data = np.stack([key_data(s.eval_key) for s in self._seeds])
     self._policy, self._policy_and_eval = _make_policy_fns(
         self._agent, prng_impl)
     self._freeze_rows = jax.jit(_select_rows)
@@ -357,7 +370,7 @@ class Actor:
         if eval_active:
           actions, eval_actions = self._policy_and_eval(
               self._params, self._eval_params, self._hparams, self._obs,
-              self._eval_obs, self._key_data, step_ids)
+              self._eval_obs, self._key_data, self._eval_key_data, step_ids)
           eval_actions = self._to_env(np.asarray(eval_actions))
         else:
           actions = self._policy(self._params, self._hparams, self._obs,
@@ -442,27 +455,30 @@ def _make_policy_fns(agent, prng_impl: str):
 
   ``policy(params[M], hparams[M], obs[M], key_data[M], steps[M])`` returns
   exploratory actions ``[M, ...]``; ``policy_and_eval`` also takes the
-  frozen evaluation policies and the evaluation observations and returns
-  (exploratory, noise-free) actions.
-  This jit is the outermost call of the actor, as the learner's is of the
-  learner.
+  frozen evaluation policies, the evaluation observations and keys and
+  returns (exploratory, evaluation) actions. ``steps`` are the members'
+  training env steps: they pick each step's key and, through
+  ``agent.acting_hparams``, the exploration schedule. This jit is the
+  outermost call of the actor, as the learner's is of the learner.
   """
 
   def key_of(key_data, step):
     key = jax.random.wrap_key_data(key_data, impl=prng_impl)
     return jax.random.fold_in(key, step)
 
-  def one(params, hparams, obs, key_data, step):
+  def explore(params, hparams, obs, key_data, step):
+    if agent.acting_hparams is not None:
+      hparams = agent.acting_hparams(hparams, step)
     return agent.act(params, obs[None], key_of(key_data, step), hparams,
                      True)[0]
 
   def one_with_eval(params, eval_params, hparams, obs, eval_obs, key_data,
-                    step):
-    key = key_of(key_data, step)
-    return (agent.act(params, obs[None], key, hparams, True)[0],
-            agent.act(eval_params, eval_obs[None], key, hparams, False)[0])
+                    eval_key_data, step):
+    return (explore(params, hparams, obs, key_data, step),
+            agent.act(eval_params, eval_obs[None], key_of(eval_key_data, step),
+                      hparams, False)[0])
 
-  return jax.jit(jax.vmap(one)), jax.jit(jax.vmap(one_with_eval))
+  return jax.jit(jax.vmap(explore)), jax.jit(jax.vmap(one_with_eval))
 
 
 # ---------------------------------------------------------------- process

@@ -67,7 +67,9 @@ class Agent(Generic[State, HParams]):
     init: ``(key, hparams) -> State``. A fresh member.
     act: ``(policy_params, observation, key, hparams, explore) -> action``.
       ``observation`` has one leading batch axis; ``explore`` is a bool
-      (static under ``jit``: pass it as a Python bool); actions are in
+      (static under ``jit``: pass it as a Python bool), and
+      ``explore=False`` is the evaluation policy (noise-free for TD3 and
+      SAC, epsilon-greedy at 0.05 for DQN); actions are in
       ``[-1, 1]`` for continuous agents and int32 for discrete ones.
     update: ``(state, hparams, batch) -> (state, metrics)``, ONE gradient step
       on a ``Transition`` batch with leading axis ``[B]``; ``metrics`` is a
@@ -78,6 +80,13 @@ class Agent(Generic[State, HParams]):
     shared_critic: optional whole-population update for the shared-critic
       mode of CEM-RL and DvD (see ``SharedCritic``); ``None`` if the agent
       has none.
+    acting_hparams: optional ``(hparams, env_step) -> hparams``, the
+      hyperparameters one member explores with once it has collected
+      ``env_step`` training env steps (DQN's annealed epsilon). Actors apply
+      it per member and per step, inside their jitted policy call, before
+      ``act(..., explore=True)``; evaluation actions use ``hparams`` as they
+      are. It must be jittable; ``None``: exploration does not depend on the
+      step.
   """
 
   name: str
@@ -89,6 +98,7 @@ class Agent(Generic[State, HParams]):
   update: Callable[[State, HParams, Transition], tuple[State, Metrics]]
   policy_params: Callable[[State], Params]
   shared_critic: Optional['SharedCritic'] = None
+  acting_hparams: Optional[Callable[[HParams, jax.Array], HParams]] = None
 
 
 @dataclasses.dataclass(frozen=True)

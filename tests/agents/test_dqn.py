@@ -73,18 +73,72 @@ def test_huber_target_bootstraps_on_truncation_only(agent):
   np.testing.assert_allclose(metrics['loss'], huber.mean(), rtol=1e-5)
 
 
+def _greedy(agent, params, obs):
+  hp = agent.default_hparams()._replace(eval_epsilon=jnp.float32(0.0))
+  return agent.act(params, obs, jax.random.PRNGKey(7), hp, False)
+
+
 def test_epsilon_greedy(agent):
   state = agent.init(jax.random.PRNGKey(0), agent.default_hparams())
   obs = jnp.asarray(np.random.default_rng(0).standard_normal((2000, 4)),
                     jnp.float32)
-  greedy = agent.act(state.params, obs, jax.random.PRNGKey(1),
-                     agent.default_hparams(), False)
+  greedy = _greedy(agent, state.params, obs)
   chex.assert_shape(greedy, (2000,))
   chex.assert_type(greedy, jnp.int32)
+  np.testing.assert_array_equal(
+      greedy, jnp.argmax(nets_lib.mlp_q_network(2, MLP.mlp_hidden_sizes).apply(
+          state.params, obs), axis=-1))
   hp = agent.default_hparams()._replace(epsilon=jnp.float32(0.5))
   explored = agent.act(state.params, obs, jax.random.PRNGKey(1), hp, True)
   # Half the actions are random, half of those differ from the greedy one.
   assert 0.2 < float(jnp.mean(explored != greedy)) < 0.3
+
+
+def test_evaluation_acts_at_nature_eval_epsilon(agent):
+  """``act(explore=False)`` is Nature's evaluation policy: epsilon-greedy
+  at 0.05 (Extended Data Table 1), not the greedy one."""
+  assert float(agent.default_hparams().eval_epsilon) == pytest.approx(0.05)
+  state = agent.init(jax.random.PRNGKey(0), agent.default_hparams())
+  obs = jnp.asarray(np.random.default_rng(0).standard_normal((20000, 4)),
+                    jnp.float32)
+  greedy = _greedy(agent, state.params, obs)
+  hp = agent.default_hparams()._replace(epsilon=jnp.float32(0.9))
+  evaluated = agent.act(state.params, obs, jax.random.PRNGKey(1), hp, False)
+  # 5% random actions, half of which (2 actions) differ from the greedy one:
+  # 2.5%, whatever the exploration epsilon; binomial std 0.11%.
+  assert 0.02 < float(jnp.mean(evaluated != greedy)) < 0.03
+
+
+def test_epsilon_schedule_is_nature_linear_anneal_per_member(agent):
+  """1.0 at a member's first env step, linear down to its final epsilon at
+  ``epsilon_decay_steps`` of its own, then constant (Mnih et al. 2015,
+  Extended Data Table 1: 1.0 -> 0.1 over 1,000,000 steps)."""
+  hp = population_hparams(agent, 3, epsilon=[0.1, 0.01, 0.5],
+                          epsilon_decay_steps=[1e6, 100, 0])
+  steps = jnp.array([[0, 250_000, 500_000, 1_000_000, 5_000_000],
+                     [0, 25, 50, 100, 101],
+                     [0, 1, 2, 3, 4]], jnp.uint32)
+  got = jax.jit(jax.vmap(jax.vmap(dqn.epsilon_at, (None, 0))))(hp, steps)
+  # epsilon + (1 - epsilon) * max(0, 1 - t / decay), by hand:
+  expected = [[1.0, 0.775, 0.55, 0.1, 0.1],  # 0.1 + 0.9 * (1, .75, .5, 0, 0)
+              [1.0, 0.7525, 0.505, 0.01, 0.01],  # 0.01 + 0.99 * (...)
+              [0.5] * 5]  # no anneal: the final epsilon from the start
+  np.testing.assert_allclose(got, expected, atol=1e-6)
+  # What the actor acts with: only epsilon moves.
+  acting = jax.vmap(dqn.acting_hparams)(hp, steps[:, 1])
+  np.testing.assert_allclose(acting.epsilon, got[:, 1])
+  chex.assert_trees_all_equal(acting._replace(epsilon=hp.epsilon), hp)
+
+
+def test_default_anneal_lengths():
+  # Atari frames: Nature's 1,000,000 steps from 1.0 to 0.1.
+  atari = dqn.make_agent(ATARI_SPEC).default_hparams()
+  assert (float(atari.epsilon), float(atari.epsilon_decay_steps)) == (
+      pytest.approx(0.1), 1e6)
+  assert float(dqn.default_hparams().epsilon_decay_steps) == 1e6
+  # Vector observations: 10,000 steps, so CartPole runs get past it.
+  cartpole = dqn.make_agent(env_spec('CartPole-v1')).default_hparams()
+  assert float(cartpole.epsilon_decay_steps) == 1e4
 
 
 def test_wrong_action_space_is_a_clear_error():
