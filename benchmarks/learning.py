@@ -179,6 +179,10 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
           '--eval-episodes', str(args.eval_episodes),
           '--checkpoint-every', '0', '--no-progress',
           '--run-dir', os.path.join(run_dir, 'run')] + extra
+  if module_name == 'cemrl':  # CEM-RL states its budget for the population
+    i = argv.index('--env-steps')
+    argv[i:i + 2] = ['--total-env-steps',
+                     str(task.env_steps * args.population_size)]
   if module_name == 'pbt':
     argv += ['--ready-after', str(task.ready_after)]
   if module_name == 'hypertrick':

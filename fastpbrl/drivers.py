@@ -32,6 +32,14 @@ from fastpbrl.run import (ConfigError, Driver, Loop, RunConfig, _check,
                           as_flag_error, hparam_rows)
 
 
+# What CEM-RL and DvD accept, said once: both train deterministic policies
+# through a critic shared by the population, and TD3 is the one agent here
+# with that update (``Agent.shared_critic``); SAC's and DQN's have none.
+_SHARED_CRITIC_AGENTS = (
+    "{rule} needs deterministic policies trained through one shared critic, "
+    "which only TD3 has here: --agent must be td3, got {agent!r}")
+
+
 # ---------------------------------------------------------------------------
 # Many seeds
 # ---------------------------------------------------------------------------
@@ -313,6 +321,9 @@ class DvDRunConfig(RunConfig):
   --lambda-end 0``.
   """
 
+  agent: str = 'td3'
+  """Agent: td3, the only agent here with the shared-critic update this
+  rule trains (SAC and DQN have none)."""
   lambda_mode: str = 'bandit'
   """How the diversity weight is set: bandit (Thompson sampling over
   --lambda-arms, as in the DvD paper) or schedule (linear from
@@ -383,8 +394,8 @@ class DvDDriver(Driver):
 
   def __init__(self, config: DvDRunConfig):
     super().__init__(config)
-    _check(config.agent == 'td3', f'DvD trains TD3 members; --agent must be '
-           f'td3, got {config.agent!r}')
+    _check(config.agent == 'td3', _SHARED_CRITIC_AGENTS.format(
+        rule='DvD', agent=config.agent))
     _check(config.lambda_mode in ('bandit', 'schedule'),
            f'--lambda-mode must be bandit or schedule, got {config.lambda_mode!r}')
     _check(len(config.lambda_arms) >= 1 and all(
@@ -701,6 +712,10 @@ class CEMRLRunConfig(RunConfig):
   population together (``--total-env-steps``), not per member.
   """
 
+  agent: str = 'td3'
+  """Agent: td3, the only agent here with the shared-critic update this
+  rule trains (SAC and DQN have none)."""
+
   population_size: int = 6
   """Number of members (even: CEM samples mirrored pairs)."""
   total_env_steps: int = 180_000
@@ -800,8 +815,8 @@ class CEMRLDriver(Driver):
   def __init__(self, config: CEMRLRunConfig):
     config = self.resolve(config)
     super().__init__(config)
-    _check(config.agent == 'td3', f'CEM-RL trains TD3 members; --agent must '
-           f'be td3, got {config.agent!r}')
+    _check(config.agent == 'td3', _SHARED_CRITIC_AGENTS.format(
+        rule='CEM-RL', agent=config.agent))
     _check(config.population_size % 2 == 0, f'--population-size must be even '
            f'(mirrored sampling), got {config.population_size}')
     _check(0 < config.rl_fraction <= 1,

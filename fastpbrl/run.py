@@ -531,11 +531,11 @@ def final_evaluation(loop: Loop, driver: Driver, logger) -> list[float]:
 
   from fastpbrl.actors import EpisodeRecord  # noqa: PLC0415
   from fastpbrl.evaluation import evaluate_population  # noqa: PLC0415
-  from fastpbrl.pipeline import _make_gym_env  # noqa: PLC0415
+  from fastpbrl.envs import make_env  # noqa: PLC0415
 
   config = loop.config
   returns, lengths = evaluate_population(
-      loop.agent, functools.partial(_make_gym_env, config.env),
+      loop.agent, functools.partial(make_env, config.env),
       loop.learner.policy_params(loop.state),
       driver.actor_hparams(loop.hparams), config.eval_episodes, config.seed)
   logger.drop_partial_evaluations()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from experiments import dvd, hypertrick, pbt
+from experiments import cemrl, dvd, hypertrick, pbt
 
 
 @pytest.mark.parametrize('module, argv, message', [
@@ -19,7 +19,8 @@ from experiments import dvd, hypertrick, pbt
      '--ready-after 40000 .* beyond the budget .* PBT would never exploit'),
     (pbt, ['--eval-every', '5000'],
      '--eval-every 5000 is longer than one --ready-after span'),
-    (dvd, ['--agent', 'sac'], '--agent must be td3'),
+    (dvd, ['--agent', 'sac'], 'DvD needs .* only TD3 has here: --agent must be td3'),
+    (cemrl, ['--agent', 'sac'], 'CEM-RL needs .* --agent must be td3'),
     (dvd, ['--kernel-sigma', '0'], '--kernel-sigma must be > 0'),
     (hypertrick, ['--eviction-rate', '0.6'], '--eviction-rate must be in'),
     (hypertrick, ['--num-phases', '0'], '--num-phases must be >= 1'),
