@@ -247,6 +247,15 @@ def _apply_constraint(space: SearchSpace, hparams: HParams) -> HParams:
   return jax.tree.map(_cast, constrained, hparams)
 
 
+def _stacked_with_keys(key: PRNGKey, space: SearchSpace, template: HParams,
+                       n: int) -> tuple[HParams, jax.Array]:
+  """``template`` broadcast to ``[n]`` leaves, and one key per field."""
+  validate(space, template)
+  stacked = jax.tree.map(
+      lambda x: jnp.broadcast_to(jnp.asarray(x), (n,)), template)
+  return stacked, jax.random.split(key, max(1, len(space.distributions)))
+
+
 def sample(key: PRNGKey, space: SearchSpace, hparams_template: HParams,
            n: int) -> HParams:
   """Draws ``n`` members' hyperparameters from the prior.
@@ -262,10 +271,7 @@ def sample(key: PRNGKey, space: SearchSpace, hparams_template: HParams,
   Returns:
     Hyperparameters with ``[n]`` leaves, of the template's dtypes.
   """
-  validate(space, hparams_template)
-  stacked = jax.tree.map(
-      lambda x: jnp.broadcast_to(jnp.asarray(x), (n,)), hparams_template)
-  keys = jax.random.split(key, max(1, len(space.distributions)))
+  stacked, keys = _stacked_with_keys(key, space, hparams_template, n)
   values = {}
   for k, (name, dist) in zip(keys, space.distributions):
     values[name] = _cast(_sample_field(k, dist, n), getattr(stacked, name))
@@ -298,10 +304,7 @@ def sample_near(key: PRNGKey, space: SearchSpace, defaults: HParams, n: int,
   """
   if not spread > 1.0:
     raise ValueError(f'spread must be > 1, got {spread}')
-  validate(space, defaults)
-  stacked = jax.tree.map(
-      lambda x: jnp.broadcast_to(jnp.asarray(x), (n,)), defaults)
-  keys = jax.random.split(key, max(1, len(space.distributions)))
+  stacked, keys = _stacked_with_keys(key, space, defaults, n)
   values = {}
   for k, (name, dist) in zip(keys, space.distributions):
     x = getattr(stacked, name)

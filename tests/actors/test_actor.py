@@ -240,15 +240,21 @@ def test_evaluation_episodes_use_the_noise_free_policy(store4):
   # Evaluation actions are the deterministic policy of the right member.
   params, hparams = tree
   for j, m in enumerate((2, 3)):
-    p_m = jax.tree.map(lambda x: x[m], params)
-    h_m = jax.tree.map(lambda x: x[m], hparams)
     history = actor._eval_envs[j].unwrapped.history
     assert len(history) == 16
-    for obs, env_action in history:
-      greedy = np.asarray(agent.act(p_m, obs[None], jax.random.key(0), h_m,
-                                    False))[0]
-      np.testing.assert_allclose(env_action, 2.0 * greedy, atol=1e-5)
+    assert_greedy(agent, params, hparams, m, history)
   actor.close()
+
+
+def assert_greedy(agent, params, hparams, m, history):
+  """Every env action in ``history`` is member ``m``'s noise-free action
+  (scaled to the env's [-2, 2])."""
+  p_m = jax.tree.map(lambda x: x[m], params)
+  h_m = jax.tree.map(lambda x: x[m], hparams)
+  for obs, env_action in history:
+    greedy = np.asarray(agent.act(p_m, obs[None], jax.random.key(0), h_m,
+                                  False))[0]
+    np.testing.assert_allclose(env_action, 2.0 * greedy, atol=1e-5)
 
 
 def test_an_evaluation_plays_one_frozen_policy_version():
@@ -284,12 +290,7 @@ def test_an_evaluation_plays_one_frozen_policy_version():
       # 8 steps of evaluation 1 (episodes of 3 and 5 steps), then 2.
       first, second = history[:8], history[8:]
       for weights, steps in ((params, first), (other[0], second)):
-        p_m = jax.tree.map(lambda x: x[j], weights)
-        h_m = jax.tree.map(lambda x: x[j], hparams)
-        for obs, env_action in steps:
-          greedy = np.asarray(agent.act(p_m, obs[None], jax.random.key(0), h_m,
-                                        False))[0]
-          np.testing.assert_allclose(env_action, 2.0 * greedy, atol=1e-5)
+        assert_greedy(agent, weights, hparams, j, steps)
     actor.close()
 
 
