@@ -21,7 +21,9 @@ Methods:
   Stable-Baselines3): the single-agent reference, one SB3 agent per member
   slot with the same seeds, budget, warm-up, network sizes and evaluation
   episodes as the baseline, so "best of N SB3 seeds" is comparable to "best
-  of N of our seeds".
+  of N of our seeds";
+* ``sb3-td3-own-defaults``: SB3's TD3 with SB3's own defaults, to tell a gap
+  in the implementation from one in the settings.
 
 Every result lands in ``--out`` as one JSON per run
 (``runs/<task>/<method>/seed<k>.json``), so an interrupted benchmark
@@ -87,6 +89,10 @@ METHODS = {
     'hypertrick': ('hypertrick', []),
     'sb3-td3': ('sb3', ['td3']),
     'sb3-sac': ('sb3', ['sac']),
+    # SB3's own defaults (TD3: Adam 1e-3, 400x300, learning starts after 100
+    # steps, no exploration noise), to tell a gap in the implementation from
+    # one in the settings.
+    'sb3-td3-own-defaults': ('sb3', ['td3', 'own-defaults']),
 }
 
 DEFAULT_OUT = os.path.join('benchmarks', 'results', 'learning')
@@ -214,7 +220,8 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
   return out
 
 
-def run_sb3(args, task_name: str, algo: str, seed: int) -> dict:
+def run_sb3(args, task_name: str, algo: str, seed: int,
+            own_defaults: bool = False) -> dict:
   """``--population-size`` Stable-Baselines3 agents, one after the other,
   each with the Fujimoto et al. / Haarnoja et al. defaults that our agents
   use (256x256, Adam 3e-4, batch 256, tau 0.005, gamma 0.99, one update
@@ -242,7 +249,10 @@ def run_sb3(args, task_name: str, algo: str, seed: int) -> dict:
                   tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1,
                   policy_kwargs={'net_arch': [256, 256]}, seed=member_seed,
                   verbose=0, device='cpu')
-    if algo == 'td3':
+    if own_defaults:
+      model = (sb3.TD3 if algo == 'td3' else sb3.SAC)(
+          'MlpPolicy', env, seed=member_seed, verbose=0, device='cpu')
+    elif algo == 'td3':
       dim = env.action_space.shape[0]
       model = sb3.TD3('MlpPolicy', env, action_noise=NormalActionNoise(
           np.zeros(dim), 0.1 * np.ones(dim)), **kwargs)
@@ -289,7 +299,8 @@ def run_one(args, task_name: str, method: str, seed: int) -> None:
   path = result_path(args.out, task_name, method, seed)
   module_name, extra = METHODS[method]
   if module_name == 'sb3':
-    out = run_sb3(args, task_name, extra[0], seed)
+    out = run_sb3(args, task_name, extra[0], seed,
+                  own_defaults='own-defaults' in extra)
   else:
     out = run_fastpbrl(args, task_name, method, seed)
   out.update(task=task_name, method=method, seed=seed,
