@@ -1,0 +1,47 @@
+"""The learning benchmark end to end at a tiny budget, and its flag checks."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from benchmarks import learning
+
+
+@pytest.mark.slow
+def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
+  out = str(tmp_path / 'learning')
+  argv = ['--tasks', 'Pendulum-v1', '--methods', 'seeds-td3', '--seeds', '0',
+          '--env-steps', '400', '--population-size', '2', '--eval-episodes',
+          '1', '--out', out]
+  learning.main(argv)
+  path = learning.result_path(out, 'Pendulum-v1', 'seeds-td3', 0)
+  with open(path) as f:
+    result = json.load(f)
+  assert len(result['final_returns']) == 2
+  assert all(np.isfinite(r) for r in result['final_returns'])
+  assert result['env_steps'] >= 400 and result['curve']
+  # The last curve point is the final evaluation, at the budget.
+  steps, best, mean = result['curve'][-1]
+  assert best == pytest.approx(max(result['final_returns']))
+  assert mean == pytest.approx(np.mean(result['final_returns']))
+  with open(os.path.join(out, 'results.md')) as f:
+    table = f.read()
+  assert '| Pendulum-v1 | seeds-td3 | 1 |' in table
+  assert os.path.getsize(os.path.join(out, 'learning.png')) > 1000
+  # A second call keeps the existing result instead of running again.
+  mtime = os.path.getmtime(path)
+  learning.main(argv)
+  assert os.path.getmtime(path) == mtime
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--tasks', 'Nope-v0'], '--tasks: unknown task'),
+    (['--methods', 'ppo'], '--methods: unknown method'),
+    (['--population-size', '1'], '--population-size must be >= 2'),
+])
+def test_bad_flags_name_the_flag(argv, message, capsys):
+  with pytest.raises(SystemExit):
+    learning.main(argv + ['--report-only', '--out', '/nonexistent'])
+  assert message in capsys.readouterr().err
