@@ -412,20 +412,24 @@ def _plot(out: str, by: dict, tasks: list, order: dict) -> None:
 
   fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4),
                            squeeze=False)
+  colors = plt.get_cmap('tab20')
   for ax, task in zip(axes[0], tasks):
     for method in sorted({k[1] for k in by if k[0] == task}, key=order.get):
+      if method == 'cemrl':
+        continue  # its score is the mean policy (table), not its samples
       runs = by[(task, method)]
       steps = sorted({p[0] for r in runs for p in r['curve']})
       ys = []
       for s in steps:
         vals = [p[1] for r in runs for p in r['curve'] if p[0] == s]
         ys.append(np.mean(vals))
-      ax.plot(steps, ys, marker='.', lw=1.2, label=method)
+      ax.plot(steps, ys, marker='.', lw=1.2, label=method,
+              color=colors(2 * order[method] % 20 + (order[method] >= 10)))
     ax.set_title(task)
     ax.set_xlabel('env steps per member')
     ax.grid(alpha=0.3)
+    ax.legend(fontsize='small', loc='lower right')
   axes[0][0].set_ylabel('best member\'s evaluation return (mean over seeds)')
-  axes[0][-1].legend(fontsize='small', loc='lower right')
   fig.tight_layout()
   fig.savefig(os.path.join(out, 'learning.png'), dpi=100)
   plt.close(fig)
