@@ -14,6 +14,10 @@ into slot ``v % 2``:
 2. copies the leaves into the slot and stores ``v`` as the slot's version,
 3. makes the counter even again, then publishes ``v`` as the latest version.
 
+Step 3's first half runs also when the copy raises (``finally``), and the
+latest version is only published after a whole copy: an exception mid-write
+leaves readers on the previous version instead of breaking the protocol.
+
 A reader takes the latest version, reads the counter of its slot, copies the
 rows and reads the counter again; the copy is consistent iff both counter
 reads are equal and even. Since the writer always writes the slot *not*
@@ -186,10 +190,15 @@ class ParamStore:
     version = int(header[_VERSION]) + 1
     slot = version & 1
     header[_SEQ + slot] += 1  # odd: slot being written
-    for view, x in zip(self._leaf_views[slot], arrays):
-      np.copyto(view, x, casting='unsafe')
-    header[_SLOT_VERSION + slot] = version
-    header[_SEQ + slot] += 1  # even: slot consistent
+    try:
+      for view, x in zip(self._leaf_views[slot], arrays):
+        np.copyto(view, x, casting='unsafe')
+      header[_SLOT_VERSION + slot] = version
+    finally:
+      # Even again also after an exception mid-copy (a signal, a bad cast):
+      # readers keep reading the latest version, in the other slot, and
+      # the next write rewrites this slot whole under the same number.
+      header[_SEQ + slot] += 1
     header[_VERSION] = version
     header[_WRITES] += 1
     return version

@@ -112,6 +112,39 @@ def test_reader_ignores_a_version_being_written():
     assert (got[0]['linear']['b'] == 1).all()
 
 
+def test_an_exception_mid_write_leaves_the_store_usable(monkeypatch):
+  """A write interrupted between its two counter increments (here: the
+  second leaf's copy raises) must not flip the seqlock's odd/even meaning:
+  readers keep the previous version, whole, and the next write works."""
+  with ParamStore.create(make_tree(2, 0.0)) as store:
+    store.write(make_tree(2, 1.0))
+    real_copyto, calls = np.copyto, []
+
+    def failing_copyto(dst, src, **kwargs):
+      calls.append(1)
+      if len(calls) == 2:  # after the first leaf of the new version landed
+        raise KeyboardInterrupt('signal mid-write')
+      return real_copyto(dst, src, **kwargs)
+
+    monkeypatch.setattr(ps.np, 'copyto', failing_copyto)
+    with pytest.raises(KeyboardInterrupt):
+      store.write(make_tree(2, 2.0))
+    monkeypatch.setattr(ps.np, 'copyto', real_copyto)
+    assert all(int(store._header[ps._SEQ + s]) % 2 == 0 for s in (0, 1))
+    version, got = store.read(timeout=0.5)
+    assert version == 1
+    assert all((leaf == 1).all() for leaf in jax_leaves(got))
+    assert store.write(make_tree(2, 3.0)) == 2
+    version, got = store.read(timeout=0.5)
+    assert version == 2
+    assert all((leaf == 3).all() for leaf in jax_leaves(got))
+
+
+def jax_leaves(tree):
+  import jax  # noqa: PLC0415
+  return jax.tree.leaves(tree)
+
+
 def test_reader_retries_while_its_slot_is_rewritten():
   tree = make_tree(2, 1.0)
   with ParamStore.create(tree) as store:
