@@ -50,6 +50,53 @@ def create_segment(nbytes: int, tag: str) -> shared_memory.SharedMemory:
   return shared_memory.SharedMemory(name=name, create=True, size=int(nbytes))
 
 
+SHM_DIR = '/dev/shm'  # where POSIX shared memory lives on Linux
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process
+    return True
+  return True
+
+
+def sweep_stale_segments(directory: str = SHM_DIR) -> list[str]:
+  """Unlinks the segments of fastpbrl processes that no longer exist.
+
+  A run killed as a whole process group (``kill -9`` of the learner and of
+  Python's resource tracker) leaves its ``fpbrl_<pid>_*`` segments behind
+  until reboot. Only segments whose creating ``pid`` is gone are removed:
+  those of live runs, and names that do not parse, are left alone. (A pid
+  reused by an unrelated process keeps its dead owner's segment until that
+  process exits too: never a live run's segment removed.)
+
+  Returns:
+    The names removed.
+  """
+  try:
+    names = os.listdir(directory)
+  except OSError:  # no /dev/shm (not Linux): nothing to sweep
+    return []
+  removed = []
+  for name in names:
+    if not name.startswith(SEGMENT_PREFIX):
+      continue
+    pid = name[len(SEGMENT_PREFIX):].split('_', 1)[0]
+    if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+      continue
+    try:
+      os.unlink(os.path.join(directory, name))
+    except FileNotFoundError:  # another run swept it first
+      continue
+    except OSError:
+      continue  # not ours to remove (permissions): leave it
+    removed.append(name)
+  return removed
+
+
 def attach_segment(name: str) -> shared_memory.SharedMemory:
   """Maps an existing segment created by another process."""
   return shared_memory.SharedMemory(name=name, create=False)
