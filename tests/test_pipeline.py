@@ -235,11 +235,20 @@ def test_killed_actor_is_reported_and_next_batch_raises_without_hanging():
     assert pipeline.failures[0].restarted
     train(20)
     assert gone(victim)
-    os.kill(pipeline.pool.pids()[0], signal.SIGKILL)  # restarts used up
+    # The restarted actor produced the data of those calls, so pids()[0] is
+    # its process; should it have died on its own meanwhile, the pool says
+    # why (a ProcessLookupError here would hide it).
+    replacement = pipeline.pool.pids()[0]
+    assert replacement != victim
+    try:
+      os.kill(replacement, signal.SIGKILL)  # restarts used up
+    except ProcessLookupError:
+      raise AssertionError(f'the restarted actor {replacement} is gone; '
+                           f'failures: {pipeline.failures}') from None
     start = time.monotonic()
     with pytest.raises(ActorDiedError, match=r'(?s)members \[0, 1\].*SIGKILL'):
       train(10**6)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 60
     with pytest.raises(ActorDiedError):
       pipeline.publish(learner.policy_params(state), hparams)
     pids = pipeline.pool.pids()
@@ -267,7 +276,7 @@ def test_stalled_actor_raises_instead_of_hanging():
   finally:
     start = time.monotonic()
     pipeline.close()
-  assert time.monotonic() - start < 6  # the hung actor was terminated
+  assert time.monotonic() - start < 30  # killed, not waited for (100 s)
   assert gone(pid)
   assert our_segments() == []
 

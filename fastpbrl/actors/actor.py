@@ -124,7 +124,8 @@ class Actor:
                env_steps: Sequence[int] | None = None,
                warmup_steps: int | Sequence[int] = 0, eval_interval: int = 0,
                eval_episodes: int = 1, prng_impl: str = 'threefry2x32',
-               should_stop: Callable[[], bool] = lambda: False):
+               should_stop: Callable[[], bool] = lambda: False,
+               random_until: Sequence[int] | None = None):
     """Args:
       members: population indices hosted here, in store order.
       env_fn: builds one gymnasium environment (called once per member, and
@@ -141,6 +142,11 @@ class Actor:
       eval_episodes: episodes per evaluation.
       prng_impl: ``jax.random`` implementation of the exploration keys.
       should_stop: polled while waiting; a true value ends ``fill`` early.
+      random_until: per member, the training env step count below which it
+        acts randomly (default ``warmup_steps``); a resumed run passes its
+        restored counts, so its members act with their restored policies
+        from the first step. ``warmup_steps`` stays the length of the
+        warm-up of a member restarted as a new experiment.
     """
     self.members = np.asarray(members, np.int64)
     m = self.members.size
@@ -171,7 +177,8 @@ class Actor:
     self._steps = np.zeros(m, np.int64) if env_steps is None else np.asarray(
         env_steps, np.int64).copy()
     warmup = np.broadcast_to(np.asarray(warmup_steps, np.int64), (m,))
-    self._warmup = warmup.copy()
+    self._warmup = (warmup.copy() if random_until is None else
+                    np.asarray(random_until, np.int64).reshape(m).copy())
     self._warmup_length = warmup.copy()  # a restarted member warms up anew
     # Restarts (``Pipeline.restart_members``): the count each member's data
     # belongs to, and the chunk step from which it does.
@@ -496,6 +503,7 @@ class ActorSpec:
   restart: int
   env_steps: tuple[int, ...]
   warmup_steps: tuple[int, ...]
+  random_until: tuple[int, ...]
   eval_interval: int
   eval_episodes: int
   prng_impl: str
@@ -526,14 +534,19 @@ def run_actor(spec: ActorSpec) -> None:
   hosted members) before the process exits with it, so the pool can report
   the traceback.
   """
-  # Ctrl-C reaches the whole process group; the learner process decides
-  # when actors stop.
+  # Ctrl-C reaches the whole process group, and a batch system's SIGTERM
+  # every process of the job: the learner process decides when actors stop
+  # (it checkpoints first), and they also stop when it is gone.
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
   configure_actor_process()
   channel = Channel.attach(spec.channel)
   store = actor = out = None
 
   def should_stop() -> bool:
+    # Polled while waiting (for parameters, for room in the channel):
+    # waiting is a sign of life, not a hang.
+    channel.beat()
     return channel.stop_requested or os.getppid() != spec.parent_pid
 
   try:
@@ -543,6 +556,7 @@ def run_actor(spec: ActorSpec) -> None:
         members=spec.members, env_fn=spec.env_fn, agent_fn=spec.agent_fn,
         store=store, seed=spec.seed, restart=spec.restart,
         env_steps=spec.env_steps, warmup_steps=spec.warmup_steps,
+        random_until=spec.random_until,
         eval_interval=spec.eval_interval, eval_episodes=spec.eval_episodes,
         prng_impl=spec.prng_impl, should_stop=should_stop)
     while not should_stop():

@@ -16,10 +16,10 @@ over) or, once ``max_restarts`` is used up, keeps the failure as fatal:
 :meth:`ActorPool.check` then raises :class:`ActorDiedError`.
 
 Shutdown (:meth:`ActorPool.close`) raises every channel's stop flag, joins the
-processes (SIGTERM then SIGKILL for any that do not exit within the grace
-period), stops the threads and unlinks every segment. Actors also exit on
-their own when the learner process dies. Processes are daemonic, so even an
-interpreter exit without ``close`` terminates them.
+processes (SIGKILL for any that do not exit within the grace period: actors
+ignore SIGINT and SIGTERM, which the learner process handles), stops the threads and unlinks every segment. Actors also exit on
+their own when the learner process dies, and ``close`` is registered to run
+at interpreter exit.
 
 Scripts that create a pool must guard their entry point with
 ``if __name__ == '__main__':``, as the spawn start method re-imports the main
@@ -28,6 +28,7 @@ module in every actor process.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import multiprocessing as mp
@@ -54,6 +55,28 @@ Admit = Callable[[np.ndarray, int, float], bool]
 
 _ENV_LOCK = threading.Lock()
 
+# Exit status of a spawned actor process whose re-import of the parent's
+# main script tried to start a run (no ``if __name__ == '__main__':``).
+MISSING_MAIN_GUARD_EXIT = 86
+MISSING_MAIN_GUARD = (
+    "the script that started this run has no `if __name__ == '__main__':` "
+    'guard: each actor process (spawn start method) re-imports it and would '
+    'start a run of its own. Put the code that starts the run under '
+    "`if __name__ == '__main__':`")
+
+
+def exit_if_spawned_import(what: str) -> None:
+  """Called where a run or a pool starts: inside an actor process that is
+  still importing the parent's main script, exits at once with
+  :data:`MISSING_MAIN_GUARD_EXIT` and one line on stderr, which the parent's
+  pool turns into an :class:`ActorDiedError` naming the fix."""
+  if getattr(mp.current_process(), '_inheriting', False):
+    # ``_inheriting`` is multiprocessing's own flag for this (the check
+    # behind its "bootstrapping phase" error).
+    os.write(2, f'fastpbrl: {what} in a spawned actor process: '
+                f'{MISSING_MAIN_GUARD}\n'.encode())
+    os._exit(MISSING_MAIN_GUARD_EXIT)
+
 
 class ActorFailure(NamedTuple):
   """One actor process that died without being asked to stop."""
@@ -72,6 +95,9 @@ class ActorDiedError(RuntimeError):
 
   def __init__(self, failure: ActorFailure):
     self.failure = failure
+    if failure.exitcode == MISSING_MAIN_GUARD_EXIT:
+      super().__init__(MISSING_MAIN_GUARD)
+      return
     super().__init__(
         f'actor {failure.actor_id} (members {list(failure.members)}, pid '
         f'{failure.pid}) died with exit code {failure.exitcode}:\n'
@@ -158,6 +184,7 @@ class _Slot:
     self.reader: threading.Thread | None = None
     self.retire = threading.Event()  # reader: drain, then exit
     self.failed = False
+    self.hung = ''  # why the monitor killed its process, if it did
 
 
 class ActorPool:
@@ -173,7 +200,10 @@ class ActorPool:
                max_restarts: int = 3, prng_impl: str = 'threefry2x32',
                poll_s: float = 0.2, shutdown_grace_s: float = 5.0,
                on_failure: Callable[[ActorFailure], None] | None = None,
-               admit: Admit | None = None):
+               admit: Admit | None = None,
+               initial_env_steps: int | Sequence[int] = 0,
+               random_until: int | Sequence[int] | None = None,
+               hang_timeout_s: float | None = 120.0):
     """Args:
       env_fn: picklable, builds one gymnasium environment.
       agent_fn: picklable, ``env_spec -> Agent``.
@@ -194,14 +224,25 @@ class ActorPool:
       max_restarts: restarts allowed per actor before a death is fatal.
       prng_impl: ``jax.random`` implementation of exploration keys.
       poll_s: how often the monitor checks the processes.
-      shutdown_grace_s: seconds actors get to exit before SIGTERM/SIGKILL.
+      shutdown_grace_s: seconds actors get to exit before SIGKILL.
       on_failure: called (in the monitor thread) for every failure.
       admit: ``admit(members, steps, timeout) -> bool``, asked before each
         chunk is handed to ``sink``; while it answers False the chunk stays
         in its channel, which fills up and blocks its actor (the rate
         limiter's ``wait_to_insert``). Chunks of a dead actor and chunks
         drained at shutdown are handed over regardless.
+      initial_env_steps: training env steps each member already collected
+        (a resumed run): the actors' counters, and so their evaluation
+        schedule and step-dependent exploration, continue from there.
+      random_until: per member, the env step count below which its actor
+        acts randomly (default ``warmup_steps``; a resumed run passes
+        ``initial_env_steps``: no random warm-up).
+      hang_timeout_s: an actor whose heartbeat is older than this (alive
+        but not stepping, e.g. stuck in an env call) is killed and handled
+        like a dead one; None: never. Actors beat while they step, while
+        they wait on a full channel and while they wait for parameters.
     """
+    exit_if_spawned_import('an actor pool was created')
     if num_members < 1:
       raise ValueError(f'num_members must be >= 1, got {num_members}')
     if chunk_steps < 1:
@@ -230,6 +271,12 @@ class ActorPool:
     self._chunk_steps = int(chunk_steps)
     self._queue_chunks = int(queue_chunks)
     self._warmup = warmup
+    self._random_until = (warmup if random_until is None else np.broadcast_to(
+        np.asarray(random_until, np.int64), (num_members,)))
+    if hang_timeout_s is not None and hang_timeout_s <= 0:
+      raise ValueError(f'hang_timeout_s must be None or > 0, got '
+                       f'{hang_timeout_s}')
+    self._hang_timeout_s = hang_timeout_s
     self._eval_interval = int(eval_interval)
     self._eval_episodes = int(eval_episodes)
     self._max_restarts = int(max_restarts)
@@ -240,7 +287,8 @@ class ActorPool:
     self._admit = admit
     self._ctx = mp.get_context('spawn')
     self._slots = [_Slot(i, g) for i, g in enumerate(self.groups)]
-    self._env_steps = np.zeros(num_members, np.int64)
+    self._env_steps = np.broadcast_to(
+        np.asarray(initial_env_steps, np.int64), (num_members,)).copy()
     self._lock = threading.Lock()  # env-step counters
     self._slots_lock = threading.Lock()  # slot transitions vs status()
     self._stopping = threading.Event()
@@ -262,6 +310,9 @@ class ActorPool:
     if self._started:
       raise RuntimeError('the pool was already started')
     self._started = True
+    # Before multiprocessing's own exit handler, which would SIGTERM the
+    # daemonic actors (they ignore it) and then join them without a timeout.
+    atexit.register(self.close)
     try:
       for slot in self._slots:
         self._launch(slot)
@@ -283,6 +334,7 @@ class ActorPool:
         agent_fn=self._agent_fn, seed=self._seed, restart=slot.restarts,
         env_steps=env_steps,
         warmup_steps=tuple(int(self._warmup[i]) for i in slot.members),
+        random_until=tuple(int(self._random_until[i]) for i in slot.members),
         eval_interval=self._eval_interval, eval_episodes=self._eval_episodes,
         prng_impl=self._prng_impl, params=self._store.handle,
         channel=channel.handle, parent_pid=os.getpid())
@@ -303,6 +355,7 @@ class ActorPool:
     with self._slots_lock:
       slot.channel, slot.process, slot.pid = channel, process, process.pid
       slot.retire, slot.reader, slot.failed = retire, reader, False
+      slot.hung = ''
     reader.start()
     logger.info('actor %d (members %s) started, pid %d', slot.actor_id,
                 list(slot.members), process.pid)
@@ -343,7 +396,10 @@ class ActorPool:
         if self._stopping.is_set():
           return
         process = slot.process
-        if process is None or slot.failed or process.is_alive():
+        if process is None or slot.failed:
+          continue
+        if process.is_alive():
+          self._check_hung(slot)
           continue
         try:
           self._handle_death(slot)
@@ -355,11 +411,32 @@ class ActorPool:
               slot.actor_id, slot.members, slot.pid or -1, None,
               f'restart failed: {e!r}', False, time.time()))
 
+  def _check_hung(self, slot: _Slot) -> None:
+    """Kills an actor that is alive but has not beaten for
+    ``hang_timeout_s``; the next poll handles it as a death (restart)."""
+    channel = slot.channel
+    if self._hang_timeout_s is None or channel is None or slot.hung:
+      return
+    beat = channel.heartbeat
+    age = time.monotonic() - beat
+    if not beat or age <= self._hang_timeout_s:
+      return  # not started yet (importing), or alive and beating
+    slot.hung = (f'actor {slot.actor_id} (members {list(slot.members)}, pid '
+                 f'{slot.pid}) hung: no heartbeat for {age:.0f} s '
+                 f'(hang_timeout_s={self._hang_timeout_s:g}); killed it')
+    logger.error('%s', slot.hung)
+    with contextlib.suppress(ProcessLookupError, ValueError):
+      slot.process.kill()
+
   def _handle_death(self, slot: _Slot) -> None:
     process, channel = slot.process, slot.channel
     process.join(0)
     exitcode = process.exitcode
     error = channel.error_text() if channel is not None else ''
+    if slot.hung:
+      error = slot.hung + ('\n' + error if error else '')
+    if exitcode == MISSING_MAIN_GUARD_EXIT and not error:
+      error = MISSING_MAIN_GUARD
     if not error:
       if exitcode is not None and exitcode < 0:
         try:
@@ -380,7 +457,8 @@ class ActorPool:
       channel.close()
       process.close()
     restart = (slot.restarts < self._max_restarts
-               and not self._stopping.is_set())
+               and not self._stopping.is_set()
+               and exitcode != MISSING_MAIN_GUARD_EXIT)  # would fail again
     failure = ActorFailure(slot.actor_id, slot.members, slot.pid,
                            exitcode, error, restart, time.time())
     with self._lock:
@@ -458,6 +536,7 @@ class ActorPool:
     if self._closed:
       return
     self._closed = True
+    atexit.unregister(self.close)
     self._stopping.set()
     monitor = self._monitor
     if monitor is not None and monitor is not threading.current_thread():
@@ -471,14 +550,11 @@ class ActorPool:
     for p in processes:
       p.join(max(0.0, deadline - time.monotonic()))
     for p in processes:
-      if p.is_alive():
-        logger.warning('actor pid %d did not stop within %.1f s; terminating',
+      if p.is_alive():  # actors ignore SIGTERM (see run_actor): SIGKILL
+        logger.warning('actor pid %d did not stop within %.1f s; killing it',
                        p.pid, self._grace)
-        p.terminate()
-        p.join(2.0)
-      if p.is_alive():
         p.kill()
-        p.join(2.0)
+        p.join(5.0)
     for slot in self._slots:
       slot.retire.set()
     for slot in self._slots:

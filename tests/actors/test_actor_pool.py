@@ -242,11 +242,44 @@ def test_killed_actor_is_restarted_then_fatal_once_restarts_run_out():
       # The second death of the same actor is fatal.
       os.kill(pool.pids()[1], signal.SIGKILL)
       with pytest.raises(ActorDiedError, match=r'members \[2, 3\]'):
-        wait_for(lambda: False, 10, pool, 'the second kill noticed')
+        wait_for(lambda: False, 60, pool, 'the second kill noticed')
       assert not pool.failures[1].restarted
       assert pool.status()[0].alive  # the other actor is unaffected
       other_pid = pool.pids()[0]
     assert gone(other_pid) and gone(first_pid)
+  finally:
+    store.close()
+  assert our_segments() == []
+
+
+def test_hung_actor_is_detected_by_heartbeat_and_restarted():
+  """An actor alive but not stepping (here: SIGSTOP, as a process stuck in
+  an env call) is killed once its heartbeat is older than hang_timeout_s,
+  then restarted like a dead one."""
+  n = 4
+  collector = Collector(n)
+  store = make_store(n)
+  try:
+    pool = make_pool(n, collector, store, num_processes=2, max_restarts=1,
+                     hang_timeout_s=3.0)
+    with pool:
+      pool.start()
+      wait_for(lambda: (collector.steps > 100).all(), 120, pool,
+               'all members running')
+      hung_pid = pool.pids()[0]
+      os.kill(hung_pid, signal.SIGSTOP)
+      wait_for(lambda: len(pool.failures) == 1, 120, pool,
+               'the hang noticed')
+      failure = pool.failures[0]
+      assert failure.members == (0, 1) and failure.restarted
+      assert 'hung: no heartbeat for' in failure.error
+      assert failure.exitcode == -signal.SIGKILL
+      before = collector.steps.copy()
+      wait_for(lambda: (collector.steps[:2] > before[:2] + 100).all(), 120,
+               pool, 'the restarted actor producing')
+      assert pool.pids()[0] != hung_pid
+      assert gone(hung_pid)
+      assert pool.status()[1].restarts == 0  # the other actor ran on
   finally:
     store.close()
   assert our_segments() == []
