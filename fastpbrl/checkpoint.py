@@ -10,14 +10,23 @@ finds a whole one. A checkpoint holds
 * ``extra``: further array pytrees (hyperparameters, rule state, RNG keys);
 * ``meta``: JSON (counters, config, host-side rule bookkeeping).
 
-Replay buffers are not part of a checkpoint (a population of 80 members with
-1M transitions each would be tens of GB); a resumed run refills them with a
-fresh warm-up. The README says so.
+* ``replay`` (only with ``--checkpoint-replay``): the replay's contents
+  (``Replay.state_dict``), in the same atomic step as the rest, so a resumed
+  run continues with the data the killed run had at that call.
+
+Replay is off by default: a population of 80 members with 1M transitions
+each would be tens of GB per checkpoint. Without it a resumed run refills
+the replay with its restored policies before learning again.
+
+Temporary directories of a save that was killed (``*.orbax-checkpoint-tmp*``)
+are removed when the next run opens the folder; they never count as a
+checkpoint.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any, Optional
 
 import jax
@@ -25,47 +34,116 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 
+class CheckpointError(RuntimeError):
+  """A checkpoint could not be written (e.g. the disk is full); the
+  previous one is intact (orbax renames a save into place only when whole)."""
+
+
+def describe_io_error(error: BaseException) -> str:
+  """A short reason for an I/O failure (tensorstore's messages run to
+  kilobytes): the errno's text when there is one."""
+  text = str(error)
+  for errno_text in ('No space left on device', 'Disk quota exceeded',
+                     'Read-only file system', 'Permission denied'):
+    if errno_text in text:
+      return errno_text
+  first = text.splitlines()[0] if text else type(error).__name__
+  return first[:200]
+
+
+def remove_unfinished_saves(directory: str) -> list[str]:
+  """Deletes the temporary directories of saves that never completed (a
+  run killed mid-save); returns their names. Done here rather than by
+  orbax's ``cleanup_tmp_directories``, which runs in the background with no
+  public way to wait for it; one run owns its checkpoint folder."""
+  if not os.path.isdir(directory):
+    return []
+  removed = []
+  for name in sorted(os.listdir(directory)):
+    if ocp.utils.TMP_DIR_SUFFIX in name:
+      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+      removed.append(name)
+  return removed
+
+
 class Checkpointer:
   """Saves and restores run checkpoints under ``directory/checkpoints``."""
 
   def __init__(self, directory: str, max_to_keep: int = 2):
     self.directory = os.path.abspath(os.path.join(directory, 'checkpoints'))
+    self.removed_tmp = remove_unfinished_saves(self.directory)
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
                                              create=True))
 
-  def save(self, step: int, state: Any, extra: Any, meta: dict) -> None:
-    """Writes checkpoint ``step`` and waits until it is complete on disk."""
+  def save(self, step: int, state: Any, extra: Any, meta: dict,
+           replay: Optional[dict] = None) -> None:
+    """Writes checkpoint ``step`` and waits until it is complete on disk.
+
+    ``replay``: a ``Replay.state_dict()`` to store with it (or None).
+    """
     # Host copies: the learner donates the device state on its next call.
     state, extra = jax.tree.map(np.asarray, (state, extra))
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        extra=ocp.args.StandardSave(extra),
-        meta=ocp.args.JsonSave(meta)), force=True)
-    self._manager.wait_until_finished()
+    items = dict(state=ocp.args.StandardSave(state),
+                 extra=ocp.args.StandardSave(extra),
+                 meta=ocp.args.JsonSave({**meta,
+                                         'has_replay': replay is not None}))
+    if replay is not None:
+      items['replay'] = ocp.args.StandardSave(replay)
+    try:
+      self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+      self._manager.wait_until_finished()
+    except Exception as e:  # orbax/tensorstore report I/O errors as ValueError
+      raise CheckpointError(
+          f'writing checkpoint {step} under {self.directory} failed '
+          f'({describe_io_error(e)}); the checkpoint of call '
+          f'{self.latest_step()} is intact') from e
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
 
+  def restore_meta(self, step: Optional[int] = None) -> dict:
+    """The JSON part of checkpoint ``step`` (the latest by default)."""
+    step = self._step(step)
+    return self._manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore())).meta
+
   def restore(self, state_template: Any, extra_template: Any,
-              step: Optional[int] = None) -> tuple[Any, Any, dict]:
-    """Restores ``(state, extra, meta)`` shaped like the templates.
+              step: Optional[int] = None,
+              replay_template: Optional[dict] = None) -> tuple[Any, Any, dict]:
+    """Restores ``(state, extra, meta)`` shaped like the templates; with
+    ``replay_template`` (``Replay.state_template``) also the replay, as
+    ``meta['replay']``.
 
     Raises:
       FileNotFoundError: if the directory holds no complete checkpoint.
     """
+    step = self._step(step)
+
+    def as_abstract(tree):
+      return jax.tree.map(
+          lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else
+          ocp.utils.to_shape_dtype_struct(np.asarray(x)), tree)
+
+    items = dict(state=ocp.args.StandardRestore(as_abstract(state_template)),
+                 extra=ocp.args.StandardRestore(as_abstract(extra_template)),
+                 meta=ocp.args.JsonRestore())
+    if replay_template is not None:
+      items['replay'] = ocp.args.StandardRestore(as_abstract(replay_template))
+    restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    meta = dict(restored.meta)
+    if replay_template is not None:
+      meta['replay'] = jax.tree.map(np.asarray, restored.replay)
+    return restored.state, restored.extra, meta
+
+  def _step(self, step: Optional[int]) -> int:
     step = self.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(
           f'no complete checkpoint under {self.directory}: nothing to resume '
           'from (start a new run without --resume)')
-    as_abstract = lambda t: jax.tree.map(ocp.utils.to_shape_dtype_struct, t)  # noqa: E731
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(as_abstract(jax.tree.map(np.asarray, state_template))),
-        extra=ocp.args.StandardRestore(as_abstract(jax.tree.map(np.asarray, extra_template))),
-        meta=ocp.args.JsonRestore()))
-    return restored.state, restored.extra, restored.meta
+    return step
 
   def close(self) -> None:
     self._manager.close()

@@ -12,6 +12,7 @@ import pytest
 from fastpbrl.agents import td3
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.replay import make_replay, transition_fields
 from fastpbrl.types import make_env_spec
 
 
@@ -34,7 +35,7 @@ def test_state_hparams_and_meta_round_trip_exactly(tmp_path, population):
   got_state, got_extra, meta = ckpt.restore(other, {'hparams': hparams})
   chex.assert_trees_all_equal(got_state, jax.device_get(state))
   chex.assert_trees_all_equal(got_extra['hparams'], jax.device_get(hparams))
-  assert meta == {'counters': {'calls': 7}}
+  assert meta == {'counters': {'calls': 7}, 'has_replay': False}
   assert ckpt.latest_step() == 7
 
 
@@ -47,5 +48,29 @@ def test_unfinished_save_is_ignored_and_empty_dir_is_an_error(tmp_path,
     ckpt.restore(state, {'hparams': hparams})
   ckpt.save(1, state, {'hparams': hparams}, {})
   # What a run killed mid-save leaves: orbax's temporary directory.
-  os.makedirs(os.path.join(ckpt.directory, '2.orbax-checkpoint-tmp-123'))
-  assert Checkpointer(str(tmp_path)).latest_step() == 1
+  tmp = os.path.join(ckpt.directory, '2.orbax-checkpoint-tmp-123')
+  os.makedirs(os.path.join(tmp, 'state'))
+  reopened = Checkpointer(str(tmp_path))
+  assert reopened.latest_step() == 1
+  # ... and the next run that opens the folder removes it.
+  assert not os.path.exists(tmp)
+  assert os.listdir(ckpt.directory) == ['1']
+
+
+def test_replay_round_trips_with_the_checkpoint(tmp_path, population):
+  learner, hparams = population
+  state = learner.init(jax.random.PRNGKey(0), hparams)
+  replay = make_replay('per_member', transition_fields(
+      learner.agent.env_spec), 3, capacity=100)
+  rng = np.random.default_rng(0)
+  chunk = {k: rng.normal(size=(3, 30, *shape)).astype(dtype)
+           for k, (shape, dtype) in replay.fields.items()}
+  replay.insert([0, 1, 2], chunk)
+  ckpt = Checkpointer(str(tmp_path))
+  ckpt.save(4, state, {'hparams': hparams}, {'replay_rows': 30},
+            replay=replay.state_dict())
+  meta = ckpt.restore_meta()
+  assert meta['has_replay'] and meta['replay_rows'] == 30
+  _, _, meta = ckpt.restore(state, {'hparams': hparams},
+                            replay_template=replay.state_template(30))
+  chex.assert_trees_all_equal(meta['replay'], replay.state_dict())

@@ -67,7 +67,7 @@ def bytes_per_transition(fields: FieldSpecs) -> int:
                  for shape, dtype in fields.values()))
 
 
-def _format_bytes(n: float) -> str:
+def format_bytes(n: float) -> str:
   if n < 1024:
     return f'{int(n)} B'
   for unit in ('KiB', 'MiB', 'GiB', 'TiB'):
@@ -148,6 +148,56 @@ class Replay(abc.ABC):
   def sizes(self) -> np.ndarray:
     """``[N]``: how many transitions each member's batches are drawn from."""
 
+  @abc.abstractmethod
+  def state_dict(self) -> dict:
+    """A consistent copy of the stored data, for a checkpoint: numpy
+    arrays only, the rings cut to the rows ever written (so an unfilled
+    ring costs only what it holds). Taken under the lock: inserts wait."""
+
+  @abc.abstractmethod
+  def load_state_dict(self, state: Mapping) -> None:
+    """Replaces the contents by a :meth:`state_dict` of a replay with the
+    same layout, population, fields and capacity."""
+
+  def state_template(self, rows: int) -> dict:
+    """Shapes and dtypes of a :meth:`state_dict` whose rings hold
+    ``rows`` rows (``jax.ShapeDtypeStruct``-like, for restoring)."""
+    import jax  # noqa: PLC0415 (only checkpoint restores need it)
+
+    def spec(shape, dtype):
+      return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+
+    ring = () if self.layout == 'shared' else (self.num_members,)
+    return {'data': {k: spec((*ring, rows, *shape), dtype)
+                     for k, (shape, dtype) in self.fields.items()},
+            'pos': spec(ring, np.int64), 'size': spec(ring, np.int64),
+            'inserted': spec((self.num_members,), np.int64)}
+
+  @staticmethod
+  def state_rows(state: Mapping) -> int:
+    """Ring rows held by a :meth:`state_dict`."""
+    first = next(iter(state['data'].values()))
+    return int(first.shape[0] if np.ndim(state['size']) == 0 else
+               first.shape[1])
+
+  def _check_state(self, state: Mapping) -> int:
+    rows = self.state_rows(state)
+    template = self.state_template(rows)
+    expected = {**{f'data/{k}': v for k, v in template['data'].items()},
+                **{k: template[k] for k in ('pos', 'size', 'inserted')}}
+    for name, spec in expected.items():
+      value = state
+      for part in name.split('/'):
+        value = value[part]
+      if np.shape(value) != spec.shape:
+        raise ValueError(f'replay state {name} has shape {np.shape(value)}; '
+                         f'this {self.layout} replay of {self.num_members} '
+                         f'members needs {spec.shape}')
+    if rows > self.capacity:
+      raise ValueError(f'replay state holds {rows} rows per ring, more than '
+                       f'the capacity {self.capacity}')
+    return rows
+
   def inserted(self) -> np.ndarray:
     """``[N]``: transitions ever inserted from each member."""
     with self._lock:
@@ -160,7 +210,7 @@ class Replay(abc.ABC):
                        if k in ('observation', 'action'))
     return (f'{self.layout} replay: {self._rings_text()} x '
             f'{self.capacity:,} transitions x {per} B = '
-            f'{_format_bytes(self.nbytes)} when full ({shapes}; '
+            f'{format_bytes(self.nbytes)} when full ({shapes}; '
             f'next_observation stored separately)')
 
   def _log_size(self) -> None:
@@ -170,7 +220,7 @@ class Replay(abc.ABC):
       logger.warning(
           'replay needs %s when full but only %s of memory is available now; '
           'lower replay_capacity or the population size',
-          _format_bytes(self.nbytes), _format_bytes(available))
+          format_bytes(self.nbytes), format_bytes(available))
 
   @abc.abstractmethod
   def _rings_text(self) -> str:
@@ -253,6 +303,22 @@ class PerMemberReplay(Replay):
       self._size[members] = np.minimum(self._size[members] + kept,
                                        self.capacity)
       self._inserted[members] += num_steps
+
+  def state_dict(self) -> dict:
+    with self._lock:
+      rows = int(self._size.max())
+      return {'data': {k: v[:, :rows].copy() for k, v in self._data.items()},
+              'pos': self._pos.copy(), 'size': self._size.copy(),
+              'inserted': self._inserted.copy()}
+
+  def load_state_dict(self, state: Mapping) -> None:
+    rows = self._check_state(state)
+    with self._lock:
+      for k, v in self._data.items():
+        v[:, :rows] = state['data'][k]
+      self._pos[:] = np.asarray(state['pos'])
+      self._size[:] = np.asarray(state['size'])
+      self._inserted[:] = np.asarray(state['inserted'])
 
   def clear(self, members: Sequence[int] | np.ndarray) -> None:
     """Empties the rings of ``members`` (a restarted experiment's replay).
@@ -368,6 +434,23 @@ class SharedReplay(Replay):
       self._pos = (self._pos + kept) % self.capacity
       self._size = min(self._size + kept, self.capacity)
       self._inserted[members] += num_steps
+
+  def state_dict(self) -> dict:
+    with self._lock:
+      rows = int(self._size)
+      return {'data': {k: v[:rows].copy() for k, v in self._data.items()},
+              'pos': np.asarray(self._pos, np.int64),
+              'size': np.asarray(self._size, np.int64),
+              'inserted': self._inserted.copy()}
+
+  def load_state_dict(self, state: Mapping) -> None:
+    rows = self._check_state(state)
+    with self._lock:
+      for k, v in self._data.items():
+        v[:rows] = state['data'][k]
+      self._pos = int(state['pos'])
+      self._size = int(state['size'])
+      self._inserted[:] = np.asarray(state['inserted'])
 
   def sample(self, rng, num_steps, batch_size) -> Transition:
     self._check_sample_args(num_steps, batch_size)

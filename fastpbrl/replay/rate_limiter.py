@@ -52,7 +52,8 @@ class RateLimiter:
 
   def __init__(self, num_members: int, target_ratio: float = 1.0,
                warmup_steps: int | Sequence[int] = 10_000,
-               max_env_steps_ahead: int | None = None):
+               max_env_steps_ahead: int | None = None,
+               warmup_is_data: bool = True):
     """Args:
       num_members: population size ``N``.
       target_ratio: update steps allowed per collected env step, > 0.
@@ -61,6 +62,9 @@ class RateLimiter:
       max_env_steps_ahead: how far (in env steps) a member may run ahead of
         the learner before :meth:`wait_to_insert` holds its data back;
         ``None`` never holds data back.
+      warmup_is_data: True: warm-up steps count as collected data (right
+        after warm-up, ``target_ratio * warmup_steps`` updates are allowed);
+        False: the ratio counts only env steps after the warm-up.
     """
     if num_members < 1:
       raise ValueError(f'num_members must be >= 1, got {num_members}')
@@ -82,6 +86,9 @@ class RateLimiter:
     self.num_members = int(num_members)
     self.target_ratio = float(target_ratio)
     self.warmup_steps = warmup
+    self.warmup_is_data = bool(warmup_is_data)
+    # Env steps that do not count as data for the ratio.
+    self._uncounted = np.zeros_like(warmup) if warmup_is_data else warmup
     self._env_steps = np.zeros(num_members, np.int64)
     self._update_steps = 0
     self._blocked_s = 0.0
@@ -101,8 +108,11 @@ class RateLimiter:
   def _admits(self, members: np.ndarray, steps: int) -> bool:
     if self.max_env_steps_ahead is None:
       return True
-    called_for = max(int(self.warmup_steps[members].max()),
-                     int(np.ceil(self._update_steps / self.target_ratio)))
+    by_ratio = int(np.ceil(self._update_steps / self.target_ratio))
+    if self.warmup_is_data:
+      called_for = max(int(self.warmup_steps[members].max()), by_ratio)
+    else:
+      called_for = int(self.warmup_steps[members].max()) + by_ratio
     return (int(self._env_steps[members].max()) + steps
             <= called_for + self.max_env_steps_ahead)
 
@@ -131,7 +141,8 @@ class RateLimiter:
     env = self._env_steps
     if (env < self.warmup_steps).any():
       return False
-    return self._update_steps + num_updates <= self.target_ratio * env.min()
+    return (self._update_steps + num_updates
+            <= self.target_ratio * (env - self._uncounted).min())
 
   def try_acquire(self, num_updates: int) -> bool:
     """Records ``num_updates`` update steps if allowed now; never blocks."""
@@ -220,4 +231,6 @@ class RateLimiter:
     with self._cond:
       by_ratio = int(np.ceil(
           (self._update_steps + num_updates) / self.target_ratio - 1e-9))
+      if not self.warmup_is_data:
+        return by_ratio + int(self.warmup_steps.max())
       return max(by_ratio, int(self.warmup_steps.max()))

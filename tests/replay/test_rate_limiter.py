@@ -30,6 +30,25 @@ def test_warmup_then_ratio_cap_per_member():
   assert not limiter.try_acquire(1)
 
 
+def test_a_refill_after_resume_grants_no_burst_of_updates():
+  """warmup_is_data=False (a resume without a replay checkpoint): the
+  learner waits for the refill, then the ratio counts only what came after
+  it, instead of granting ratio x warmup updates at once."""
+  counted = RateLimiter(2, target_ratio=2.0, warmup_steps=100)
+  refill = RateLimiter(2, target_ratio=2.0, warmup_steps=100,
+                       warmup_is_data=False, max_env_steps_ahead=60)
+  for limiter in (counted, refill):
+    limiter.add_env_steps([0, 1], 100)
+  assert counted.try_acquire(200)  # the burst a fresh run allows
+  assert not refill.try_acquire(1)
+  refill.add_env_steps([0, 1], 10)
+  assert refill.try_acquire(20) and not refill.try_acquire(1)
+  assert refill.env_steps_needed(10) == 100 + 15
+  # Holding data back counts from the refill's end too.
+  assert refill.wait_to_insert(np.array([0]), 60, 0.0)
+  assert not refill.wait_to_insert(np.array([0]), 61, 0.0)
+
+
 def test_per_member_warmup():
   limiter = RateLimiter(2, 1.0, warmup_steps=[10, 50])
   limiter.add_env_steps([0, 1], 20)

@@ -4,12 +4,14 @@ racing samples."""
 
 import threading
 
+import jax
 import numpy as np
 import pytest
 from acme import specs
 
 from fastpbrl.replay import (PerMemberReplay, SharedReplay, make_replay,
                              transition_fields)
+from fastpbrl.replay.buffers import Replay
 from fastpbrl.types import Transition
 
 OBS_DIM = 3
@@ -267,3 +269,39 @@ def test_clear_empties_a_members_ring_and_inactive_members_may_be_empty():
   assert replay.sizes().tolist() == [4, 2, 4]
   batch = replay.sample(rng, 5, 8)
   assert (np.asarray(batch.reward)[1] == 7.0).all()  # only the new data
+
+
+@pytest.mark.parametrize('layout', ['per_member', 'shared'])
+def test_state_dict_round_trip_restores_what_sampling_sees(layout):
+  fields = {'observation': ((3,), np.float32), 'action': ((2,), np.float32),
+            'reward': ((), np.float32), 'next_observation': ((3,), np.float32),
+            'terminated': ((), np.float32), 'truncated': ((), np.float32)}
+  replay = make_replay(layout, fields, 3, capacity=50)
+  rng = np.random.default_rng(0)
+  for k in range(5):  # wraps the shared ring, not the per-member ones
+    chunk = {name: rng.normal(size=(3, 8, *shape)).astype(dtype)
+             for name, (shape, dtype) in fields.items()}
+    replay.insert([0, 1, 2] if k != 2 else [0, 2], chunk if k != 2 else
+                  {name: v[:2] for name, v in chunk.items()})
+  state = replay.state_dict()
+  rows = Replay.state_rows(state)
+  assert rows == (50 if layout == 'shared' else 40)
+  template = replay.state_template(rows)
+  assert jax.tree.map(lambda x: x.shape, template) == jax.tree.map(
+      np.shape, state)
+  copy = make_replay(layout, fields, 3, capacity=50)
+  copy.load_state_dict(state)
+  np.testing.assert_array_equal(copy.sizes(), replay.sizes())
+  np.testing.assert_array_equal(copy.inserted(), replay.inserted())
+  a = replay.sample(np.random.default_rng(7), 4, 16)
+  b = copy.sample(np.random.default_rng(7), 4, 16)
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+  # Inserting continues at the same ring position.
+  chunk = {name: np.full((3, 1, *shape), 9, dtype)
+           for name, (shape, dtype) in fields.items()}
+  replay.insert([0, 1, 2], chunk)
+  copy.insert([0, 1, 2], chunk)
+  jax.tree.map(np.testing.assert_array_equal, replay.state_dict(),
+               copy.state_dict())
+  with pytest.raises(ValueError, match='needs'):
+    make_replay(layout, fields, 2, capacity=50).load_state_dict(state)
