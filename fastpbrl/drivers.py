@@ -228,6 +228,28 @@ class PBTDriver(Driver):
     self.exploits += int(replaced.sum())
     loop.state, loop.hparams = result.state, result.hparams
 
+  def replace_diverged(self, loop: Loop, diverged: np.ndarray) -> str:
+    """Diverged members are replaced at once by copies of good members,
+    with perturbed hyperparameters (``pbt.replace_diverged``), and logged
+    in the lineage with ``reason: diverged``; if every member diverged,
+    they are re-initialised instead."""
+    if diverged.all():
+      return super().replace_diverged(loop, diverged)
+    fitness = self.fitness.fitness()
+    result = self.exploit.replace_diverged(loop.next_key(), loop.state,
+                                           loop.hparams, fitness, diverged)
+    parent = np.asarray(result.parent)
+    self._lineage(loop).record(loop.update_steps, result, loop.hparams,
+                               fitness, reason='diverged')
+    self.fitness.on_exploit(parent, diverged)
+    self.fresh.renew(loop, diverged)
+    if self.pbt_config.copy_replay:
+      loop.pipeline.copy_member_data(np.flatnonzero(diverged),
+                                     parent[diverged])
+    loop.state, loop.hparams = result.state, result.hparams
+    return 'replaced by copies of members ' + ', '.join(
+        f'{i}<-{parent[i]}' for i in np.flatnonzero(diverged))
+
   def scalars(self) -> dict:
     fitness = self.fitness.fitness()
     finite = fitness[np.isfinite(fitness)]

@@ -7,7 +7,9 @@ CEM-RL and DvD, where the population update is not a vmap of a per-member one.
 
 Batches are shaped ``[N, num_steps, batch_size, ...]``; metrics come back
 ``[N, num_steps]`` as device arrays, so nothing inside a call waits for the
-host. The state argument is donated: after ``update`` the old state's buffers
+host. ``PopulationLearner`` also returns ``metrics['finite']`` (``[N]``
+bool): False for a member whose loss or parameters became NaN or infinite
+in the call, which then keeps its state from before the call. The state argument is donated: after ``update`` the old state's buffers
 are invalid, use the returned one.
 
 The jit boundary is here and only here: agents never call ``jax.jit``.
@@ -102,18 +104,25 @@ class PopulationLearner(_CompiledPopulationStep):
 
     def masked_step(state, hparams, batch_and_active):
       # Members flagged inactive (a restarted experiment still warming up)
-      # keep their state: their update on this batch is discarded.
+      # keep their state: their update on this batch is discarded. So does
+      # a member whose loss or parameters became NaN or infinite during the
+      # call (metrics['finite'] is False for it): the host then resets or
+      # replaces it (``fastpbrl.run``), and no NaN parameters ever reach
+      # the actors.
       batch, active = batch_and_active
       new_state, metrics = population_step(state, hparams, batch)
-      new_state = jax.tree.map(
-          lambda new, old: jnp.where(
-              active.reshape(active.shape + (1,) * (new.ndim - 1)), new, old),
-          new_state, state)
-      return new_state, metrics
+      finite = member_finite(new_state) & member_finite(metrics)
+      keep = active & finite
+      new_state = select_members(keep, new_state, state)
+      return new_state, {**metrics, 'finite': finite}
 
     super().__init__(masked_step, num_steps)
     self._init = jax.jit(jax.vmap(agent.init))
     self._policy_params = jax.jit(jax.vmap(agent.policy_params))
+    self._reinit = jax.jit(
+        lambda key, state, hparams, rows: select_members(
+            rows, jax.vmap(agent.init)(
+                jax.random.split(key, rows.shape[0]), hparams), state))
 
   def update(self, state, hparams, batch: Transition, active=None):
     """As ``_CompiledPopulationStep.update``; ``active`` (``[N]`` bool,
@@ -133,6 +142,12 @@ class PopulationLearner(_CompiledPopulationStep):
 
   def policy_params(self, state) -> Any:
     return self._policy_params(state)
+
+  def reinit_members(self, key: PRNGKey, state, hparams, rows) -> Any:
+    """``state`` with the members flagged in ``rows`` (``[N]`` bool)
+    freshly initialised (new parameters and optimizer states), the others
+    unchanged."""
+    return self._reinit(key, state, hparams, jnp.asarray(rows, bool))
 
 
 class SharedCriticLearner(_CompiledPopulationStep):
@@ -159,6 +174,25 @@ class SharedCriticLearner(_CompiledPopulationStep):
 
   def policy_params(self, state) -> Any:
     return self.shared.policy_params(state)
+
+
+def member_finite(tree: Any) -> jax.Array:
+  """``[N]`` bool: every float entry of member ``i``'s leaves is finite.
+  Integer leaves (step counters, keys) are skipped."""
+  flags = [jnp.all(jnp.isfinite(x).reshape(x.shape[0], -1), axis=1)
+           for x in jax.tree.leaves(tree)
+           if jnp.issubdtype(x.dtype, jnp.inexact)]
+  if not flags:
+    raise ValueError('member_finite needs at least one float leaf')
+  return jnp.stack(flags).all(axis=0)
+
+
+def select_members(rows: jax.Array, new: Any, old: Any) -> Any:
+  """``new``'s members where ``rows`` (``[N]`` bool) is set, ``old``'s
+  elsewhere."""
+  return jax.tree.map(
+      lambda a, b: jnp.where(rows.reshape(rows.shape + (1,) * (a.ndim - 1)),
+                             a, b), new, old)
 
 
 def population_hparams(agent: Agent, population_size: int, **overrides) -> Any:

@@ -254,11 +254,60 @@ def exploit_explore(key: PRNGKey, state: State, hparams: HParams,
     (fresh states); its hyperparameters are the parent's, perturbed. Other
     members are returned unchanged.
   """
-  k_select, k_keys, k_explore = jax.random.split(key, 3)
+  k_select, k_copy = jax.random.split(key)
   ready = jnp.asarray(ready, bool)
   parent, replaced = select_parents(k_select, jnp.asarray(fitness), ready,
                                     config)
+  return copy_and_explore(k_copy, state, hparams, parent, replaced, config,
+                          space)
 
+
+def diverged_parents(key: PRNGKey, fitness: jax.Array, diverged: jax.Array,
+                     config: PBTConfig) -> jax.Array:
+  """``parent[N]`` for replacing diverged members (NaN or Inf in their loss
+  or parameters) at once, whether ready or not: each draws a parent
+  uniformly from the top ``num_truncated(N, fraction)`` healthy members by
+  fitness (members without a finite fitness rank below those with one).
+  Healthy members are their own parents. Needs at least one healthy member.
+
+  Not in the PBT paper, which has no notion of a diverged member: a
+  diverged member's next evaluations would be NaN, which ``select_parents``
+  never replaces, so it would stay broken for good.
+  """
+  n = fitness.shape[0]
+  index = jnp.arange(n, dtype=jnp.int32)
+  fitness = jnp.asarray(fitness, jnp.float32)
+  score = jnp.where(jnp.isfinite(fitness), fitness,
+                    jnp.finfo(jnp.float32).min)
+  score = jnp.where(diverged, -jnp.inf, score)
+  k = jnp.minimum(num_truncated(n, config.fraction),
+                  jnp.sum(~diverged)).astype(jnp.int32)
+  order = jnp.argsort(score, stable=True)  # ascending: diverged first
+  pick = n - 1 - jax.random.randint(key, (n,), 0, jnp.maximum(k, 1))
+  return jnp.where(diverged, order[pick], index).astype(jnp.int32)
+
+
+def replace_diverged(key: PRNGKey, state: State, hparams: HParams,
+                     fitness: jax.Array, diverged: jax.Array,
+                     config: PBTConfig, space: ss.SearchSpace) -> PBTResult:
+  """Every diverged member takes a copy of a good member, as an exploit
+  would (``diverged_parents``, then ``copy_and_explore``): the state, fresh
+  keys, reset optimizers if configured, the parent's perturbed
+  hyperparameters. So a learning rate explored too high is left behind."""
+  k_select, k_copy = jax.random.split(key)
+  diverged = jnp.asarray(diverged, bool)
+  parent = diverged_parents(k_select, fitness, diverged, config)
+  return copy_and_explore(k_copy, state, hparams, parent, diverged, config,
+                          space)
+
+
+def copy_and_explore(key: PRNGKey, state: State, hparams: HParams,
+                     parent: jax.Array, replaced: jax.Array, config: PBTConfig,
+                     space: ss.SearchSpace) -> PBTResult:
+  """Exploit and explore for a given decision: member ``i`` with
+  ``replaced[i]`` becomes a copy of ``parent[i]`` (see ``exploit_explore``
+  for what is copied, refreshed and perturbed)."""
+  k_keys, k_explore = jax.random.split(key)
   new_state = copy_members(state, parent, replaced)
   fields = getattr(new_state, '_fields', ())
   updates = {}
@@ -299,11 +348,21 @@ class CompiledExploitExplore:
                              space)
 
     self._step = jax.jit(traced)
+    self._replace_diverged = jax.jit(
+        lambda key, state, hparams, fitness, diverged: replace_diverged(
+            key, state, hparams, fitness, diverged, config, space))
 
   def __call__(self, key: PRNGKey, state: State, hparams: HParams,
                fitness, ready) -> PBTResult:
     return self._step(key, state, hparams, jnp.asarray(fitness, jnp.float32),
                       jnp.asarray(ready, bool))
+
+  def replace_diverged(self, key: PRNGKey, state: State, hparams: HParams,
+                       fitness, diverged) -> PBTResult:
+    """``replace_diverged`` jitted (compiled on first use only)."""
+    return self._replace_diverged(key, state, hparams,
+                                  jnp.asarray(fitness, jnp.float32),
+                                  jnp.asarray(diverged, bool))
 
 
 # ---------------------------------------------------------------------------
@@ -408,7 +467,8 @@ class Lineage:
     scratch (``record_reset``, event ``"reset"``);
   * ``{"event": "exploit", "step", "member", "parent", "old_hparams",
     "new_hparams", "fitness", "parent_fitness"}`` for each replaced member
-    (``record``).
+    (``record``), with ``"reason": "diverged"`` for a member replaced because
+    its loss or parameters became NaN or infinite.
 
   ``schedule(path, member)`` rebuilds the hyperparameters that produced a
   member's current weights, following copies back through its ancestors.
@@ -441,8 +501,10 @@ class Lineage:
     self.record_init(step, hparams, members, event='reset')
 
   def record(self, step: int, result: PBTResult, old_hparams: HParams,
-             fitness: Optional[Sequence[float]] = None) -> int:
-    """Appends one event per replaced member of ``result``; returns how many."""
+             fitness: Optional[Sequence[float]] = None,
+             reason: Optional[str] = None) -> int:
+    """Appends one event per replaced member of ``result``; returns how many.
+    ``reason`` (e.g. ``'diverged'``) is stored with each event."""
     replaced = np.asarray(result.replaced)
     parent = np.asarray(result.parent)
     old_rows = _hparams_dicts(old_hparams)
@@ -457,6 +519,8 @@ class Lineage:
       if fit is not None:
         event['fitness'] = _json_float(fit[i])
         event['parent_fitness'] = _json_float(fit[p])
+      if reason is not None:
+        event['reason'] = reason
       events.append(event)
     self._write(events)
     return len(events)
