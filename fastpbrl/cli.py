@@ -68,8 +68,14 @@ def _saved_config(run_dir: str, like: C) -> C:
 def main(presets: Mapping[str, C], description: str, driver_cls,
          argv: Optional[Sequence[str]] = None):
   """Parses flags, builds the driver and runs; a configuration error exits
-  with a one-line message (status 2) before any process starts."""
-  from fastpbrl.run import ConfigError, run  # noqa: PLC0415
+  with a one-line message (status 2) before any process starts.
+
+  SIGINT / SIGTERM (``fastpbrl.signals``): the run checkpoints and this
+  exits with one line (the checkpoint, the command that resumes it) and
+  status 130 / 143.
+  """
+  from fastpbrl.run import ConfigError, StorageError, run  # noqa: PLC0415
+  from fastpbrl.signals import ForcedExit, RunInterrupted  # noqa: PLC0415
 
   config = parse(presets, description, argv)
   setup_logging()
@@ -78,6 +84,16 @@ def main(presets: Mapping[str, C], description: str, driver_cls,
     return run(driver.config, driver)
   except ConfigError as e:
     raise SystemExit(f'error: {e}') from None
+  except StorageError as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    raise SystemExit(1) from None
+  except (RunInterrupted, ForcedExit) as e:
+    print(str(e), file=sys.stderr, flush=True)
+    raise SystemExit(e.exit_status) from None
+  except KeyboardInterrupt:  # before the run's handlers were installed
+    print('interrupted before training started; nothing to save',
+          file=sys.stderr, flush=True)
+    raise SystemExit(130) from None
 
 
 def setup_logging() -> None:

@@ -36,16 +36,21 @@ class RunLogger:
     progress: draw the progress bar (off in tests).
     eval_episodes: episodes per evaluation; the bar's "best" is the best
       evaluation mean, as in the summary table and the plot.
+    purge_step: a resumed run's env steps per member at its checkpoint:
+      TensorBoard drops the events a killed run wrote at or after it
+      (tensorboardX's ``purge_step``), as the CSVs are cut back.
   """
 
   def __init__(self, run_dir: str, population_size: int, total_env_steps: int,
                initial_env_steps: int = 0, wall_time_offset: float = 0.0,
-               progress: bool = True, eval_episodes: int = 1):
+               progress: bool = True, eval_episodes: int = 1,
+               purge_step: Optional[int] = None):
     from tensorboardX import SummaryWriter  # noqa: PLC0415 (heavy import)
 
     self.run_dir = run_dir
     os.makedirs(os.path.join(run_dir, 'members'), exist_ok=True)
-    self._tb = SummaryWriter(os.path.join(run_dir, 'tensorboard'))
+    self._tb = SummaryWriter(os.path.join(run_dir, 'tensorboard'),
+                             purge_step=purge_step)
     self._files, self._writers = [], []
     for i in range(population_size):
       path = os.path.join(run_dir, 'members', f'member_{i:03d}.csv')

@@ -49,6 +49,7 @@ import jax
 import numpy as np
 from acme import specs
 
+from fastpbrl.actors import shm
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.actors.param_store import ParamStore
 from fastpbrl.actors.pool import ActorFailure, ActorPool
@@ -107,7 +108,10 @@ class PipelineConfig:
   max_episode_records: int = 100_000
   """Undrained episode records kept (the oldest are dropped beyond)."""
   shutdown_grace_s: float = 5.0
-  """Seconds actors get to stop on ``close`` before SIGTERM, then SIGKILL."""
+  """Seconds actors get to stop on ``close`` before SIGKILL."""
+  actor_hang_timeout_s: float | None = 120.0
+  """An actor alive but without a heartbeat for this long is killed and
+  restarted like a dead one (None: never)."""
 
   def validate(self, num_members: int) -> None:
     """Raises ValueError naming the first setting out of its range."""
@@ -140,6 +144,8 @@ class PipelineConfig:
     need(self.stall_timeout_s > 0, 'stall_timeout_s', '> 0')
     need(self.max_episode_records >= 1, 'max_episode_records', '>= 1')
     need(self.shutdown_grace_s >= 0, 'shutdown_grace_s', '>= 0')
+    need(self.actor_hang_timeout_s is None or self.actor_hang_timeout_s > 0,
+         'actor_hang_timeout_s', 'None or > 0')
     least = self.steps_per_call_in_env_steps() + self.chunk_steps
     need(self.max_env_steps_ahead is None or self.max_env_steps_ahead >= least,
          'max_env_steps_ahead',
@@ -168,7 +174,8 @@ class Pipeline:
                agent_fn: Callable[[specs.EnvironmentSpec], Any],
                policy_params: Any, actor_hparams: Any,
                config: PipelineConfig = PipelineConfig(), seed: int = 0,
-               device=None):
+               device=None, resume_env_steps: Sequence[int] | None = None,
+               replay_state: dict | None = None):
     """Starts the actors, reader threads and prefetch thread.
 
     Args:
@@ -187,6 +194,17 @@ class Pipeline:
       seed: the run seed; env resets, exploration, warm-up actions and
         replay sampling all derive from it.
       device: where batches are placed (``jax.device_put``'s default if None).
+      resume_env_steps: ``[N]`` training env steps each member collected
+        before a resume. The actors' counters continue from them (evaluation
+        schedule, exploration schedule) and the members act with the
+        published (restored) policies from the first step: no random
+        warm-up. Without ``replay_state`` the learner waits for
+        ``warmup_steps`` new steps per member (collected by those policies)
+        and then counts the ratio from there, so no burst of updates;
+        :attr:`env_steps` counts from zero again.
+      replay_state: a ``Replay.state_dict()`` restored into the replay
+        before any actor starts (a resume with ``--checkpoint-replay``); the
+        learner then continues at once, at the target ratio of new data.
     """
     self._closed = False
     self._pool = self._prefetcher = self._store = self._limiter = None
@@ -230,13 +248,26 @@ class Pipeline:
     self._rng = np.random.default_rng(
         np.random.SeedSequence(self.seed, spawn_key=(REPLAY_STREAM,)))
     atexit.register(self.close)
+    swept = shm.sweep_stale_segments()
+    if swept:
+      logger.info('removed %d shared-memory segments left by dead runs: %s',
+                  len(swept), ', '.join(swept))
+    resumed = resume_env_steps is not None
+    if resumed:
+      resume_env_steps = np.broadcast_to(
+          np.asarray(resume_env_steps, np.int64), (n,)).copy()
     try:
       fields = transition_fields(self.env_spec)
       self.replay: Replay = make_replay(config.layout, fields, n,
                                         config.replay_capacity)
-      self._limiter = RateLimiter(n, config.update_to_data_ratio,
-                                  config.warmup_steps,
-                                  config.env_steps_ahead())
+      if replay_state is not None:
+        self.replay.load_state_dict(replay_state)
+        logger.info('replay restored: %s transitions per ring',
+                    self.replay.sizes().tolist())
+      self._limiter = RateLimiter(
+          n, config.update_to_data_ratio,
+          0 if replay_state is not None else config.warmup_steps,
+          config.env_steps_ahead(), warmup_is_data=not resumed)
       self._store = ParamStore.create(tree)
       if has_values:
         self._store.write(tree)
@@ -250,7 +281,10 @@ class Pipeline:
           eval_episodes=config.eval_episodes,
           max_restarts=config.max_actor_restarts, prng_impl=config.prng_impl,
           shutdown_grace_s=config.shutdown_grace_s,
-          admit=self._limiter.wait_to_insert)
+          admit=self._limiter.wait_to_insert,
+          initial_env_steps=resume_env_steps if resumed else 0,
+          random_until=resume_env_steps if resumed else None,
+          hang_timeout_s=config.actor_hang_timeout_s)
       self._prefetcher = Prefetcher(
           self._sample, self._limiter, config.num_steps,
           depth=config.prefetch_depth, device=device)
@@ -266,7 +300,9 @@ class Pipeline:
 
   @classmethod
   def create(cls, run_config: Any, agent: Any, *, shared_replay: bool = False,
-             seed: int = 0, device=None) -> 'Pipeline':
+             seed: int = 0, device=None,
+             resume_env_steps: Sequence[int] | None = None,
+             replay_state: dict | None = None) -> 'Pipeline':
     """A pipeline from the run loop's settings and an agent of the registry.
 
     Args:
@@ -281,6 +317,7 @@ class Pipeline:
         per member.
       seed: the run seed.
       device: where batches are placed.
+      resume_env_steps, replay_state: see ``Pipeline``.
 
     Nothing is published yet: call :meth:`publish` before the warm-up ends.
     """
@@ -312,9 +349,11 @@ class Pipeline:
         num_actor_processes=(None if run_config.num_actors is None else
                              min(run_config.num_actors, n)),
         eval_interval=run_config.eval_every,
-        eval_episodes=run_config.eval_episodes)
+        eval_episodes=run_config.eval_episodes,
+        actor_hang_timeout_s=getattr(run_config, 'actor_timeout', 120.0))
     return cls(run_config.env, agent_fn, params_layout, hparams_layout,
-               config, seed=seed, device=device)
+               config, seed=seed, device=device,
+               resume_env_steps=resume_env_steps, replay_state=replay_state)
 
   # ------------------------------------------------------ background work
 
@@ -405,7 +444,9 @@ class Pipeline:
 
   # -------------------------------------------------------------- learner
 
-  def next_batch(self, timeout: float | None = None) -> Transition:
+  def next_batch(self, timeout: float | None = None,
+                 should_stop: Callable[[], bool] | None = None
+                 ) -> Transition | None:
     """The next learner call's batch, ``[N, S, B, ...]`` on the device.
 
     Blocks while the rate limiter holds the learner back (including the
@@ -414,6 +455,8 @@ class Pipeline:
     Args:
       timeout: seconds to wait at most (``None``: as long as transitions
         keep arriving).
+      should_stop: polled while waiting (every 0.25 s); once it returns
+        True, ``next_batch`` returns None (a signal asked the run to stop).
 
     Raises:
       ActorDiedError: an actor died and was not restarted.
@@ -423,6 +466,8 @@ class Pipeline:
     """
     start = time.monotonic()
     while True:
+      if should_stop is not None and should_stop():
+        return None
       self._check()
       try:
         batch = self._prefetcher.get(timeout=0.25)

