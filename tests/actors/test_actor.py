@@ -177,6 +177,32 @@ def test_warmup_actions_are_random_then_the_members_policies(store4):
   actor.close()
 
 
+def test_a_resumed_actor_acts_with_the_policy_from_its_first_step(store4):
+  """A resumed run's actors continue their members' counters and act with
+  the restored (published) policies at once: no second random warm-up."""
+  spec, agent, tree, _, _ = store4
+  resumed_at, steps = 5000, 8
+  members = [0, 3]
+  actor = make_actor(store4, members, warmup_steps=1000, seed=4,
+                     env_steps=[resumed_at] * 2,
+                     random_until=[resumed_at] * 2)
+  out = new_chunk(spec, 2, steps)
+  actor.fill(out)
+  params, hparams = tree
+  for j, m in enumerate(members):
+    key = jax.random.key(member_seeds(4, m).key)
+    p_m = jax.tree.map(lambda x: x[m], params)
+    h_m = jax.tree.map(lambda x: x[m], hparams)
+    for t in range(steps):
+      obs = out['observation'][j, t][None]
+      # The exploration key continues from the resumed step count.
+      expected = np.asarray(agent.act(
+          p_m, obs, jax.random.fold_in(key, resumed_at + t), h_m, True))[0]
+      np.testing.assert_allclose(out['action'][j, t], expected, atol=1e-5)
+  np.testing.assert_array_equal(out['env_steps'], [resumed_at + steps] * 2)
+  actor.close()
+
+
 def test_streams_depend_on_seed_and_member_not_on_the_layout(store4):
   spec = store4[0]
   together = make_actor(store4, [0, 1], warmup_steps=4, seed=11)
