@@ -35,7 +35,9 @@ import numpy as np
 from fastpbrl import agents as agents_lib
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.learner import PopulationLearner, SharedCriticLearner
-from fastpbrl.logging import RunLogger, plot_returns, summary_table
+from fastpbrl import plots
+from fastpbrl.logging import (FINAL_RETURNS, HParamsLog, RunLogger,
+                              plot_returns, summary_table, write_json_atomic)
 
 log = std_logging.getLogger('fastpbrl')
 
@@ -78,7 +80,7 @@ class RunConfig:
   checkpoint_every: int = 100
   """Learner calls between checkpoints (0: only at the end)."""
   run_dir: Optional[str] = None
-  """Where logs and checkpoints go (default: runs/<script>-<env>-<time>)."""
+  """Where logs and checkpoints go (default: runs/<rule>-<agent>-<env>-<time>)."""
   resume: Optional[str] = None
   """A run directory to continue from its last checkpoint."""
   progress: bool = True
@@ -164,7 +166,7 @@ def log_sizes(run_dir: str) -> dict:
   names = [os.path.join('members', f) for f in sorted(
       os.listdir(os.path.join(run_dir, 'members')))] if os.path.isdir(
           os.path.join(run_dir, 'members')) else []
-  names += ['lineage.jsonl', 'mean_policy.csv']
+  names += ['lineage.jsonl', 'mean_policy.csv', 'hparams.csv']
   return {name: os.path.getsize(os.path.join(run_dir, name)) for name in names
           if os.path.exists(os.path.join(run_dir, name))}
 
@@ -195,7 +197,8 @@ def check_resume(config: RunConfig, driver_name: str) -> None:
          'cannot be resumed; start the re-run again (--rerun-lineage)')
   _check(saved.get('driver') == driver_name,
          f'--resume {config.resume!r} is a {saved.get("driver")!r} run; '
-         f'continue it with experiments.{saved.get("driver")}')
+         f'continue it with fastpbrl {saved.get("driver")} --resume '
+         f'{config.resume}')
   for name in SHAPE_SETTINGS:
     now, before = getattr(config, name), saved.get(name)
     if isinstance(now, tuple):
@@ -216,6 +219,12 @@ def make_env_spec(env_id: str):
     env = make_env(env_id)
   except gym.error.Error as e:
     raise ConfigError(f'--env {env_id!r} cannot be made: {e}') from None
+  except ImportError as e:  # 'mymod:Point-v0' whose module does not import
+    module = env_id.split(':', 1)[0]
+    raise ConfigError(f'--env {env_id!r}: module {module!r} cannot be '
+                      f'imported ({e.__class__.__name__}: '
+                      f'{str(e).splitlines()[0] if str(e) else e!r}); put it '
+                      'on PYTHONPATH or install it') from None
   try:
     return spec_of(env)
   finally:
@@ -244,7 +253,7 @@ def make_agent(config: RunConfig, env_spec):
               if getattr(config, k) != v]
     if differ:
       log.warning('DQN on Atari frames with %s; see NATURE_ATARI_RUN in '
-                  'fastpbrl/agents/dqn.py, or experiments.pbt --preset atari',
+                  'fastpbrl/agents/dqn.py, or fastpbrl pbt --preset atari',
                   ', '.join(differ))
   return agent
 
@@ -317,6 +326,15 @@ class Driver:
     """Called after every learner call, with this call's finished episodes;
     may replace ``loop.state`` and ``loop.hparams`` (published right after)."""
 
+  def emit(self, events: Sequence[dict]) -> None:
+    """Reports rule decisions made in ``after_call`` (each a dict with at
+    least ``'event'``), for ``Callback.after_rule_decision``."""
+    self.__dict__.setdefault('_events', []).extend(events)
+
+  def take_events(self) -> list[dict]:
+    """The decisions emitted since the last call, oldest first."""
+    return self.__dict__.pop('_events', [])
+
   def finished(self, loop: Loop) -> bool:
     return loop.env_steps >= loop.config.env_steps
 
@@ -345,6 +363,33 @@ class Driver:
     return ''
 
 
+class Callback:
+  """User code the run loop calls (host-side): subclass it, override what
+  you need, and pass instances as ``run(config, driver, callbacks=[...])``
+  (or ``fastpbrl.train(..., callbacks=[...])``).
+
+  Both hooks run in the learner's process, between learner calls: keep them
+  short, since the learner waits for them (the actors do not).
+  """
+
+  def after_call(self, loop: Loop) -> None:
+    """After every learner call and the rule's ``after_call``, before the
+    new policies go to the actors. ``loop`` holds the counters
+    (``calls``, ``update_steps``, ``env_steps`` per member), this call's
+    finished ``episodes``, and the stacked ``state`` and ``hparams``;
+    replacing ``loop.state`` or ``loop.hparams`` changes what is trained,
+    as a rule would."""
+
+  def after_rule_decision(self, loop: Loop, event: dict) -> None:
+    """Once per decision the rule made in this call, before
+    ``after_call``: PBT ``{'event': 'exploit', 'member', 'parent',
+    'new_hparams', ...}`` (the lineage line), HyperTrick ``{'event':
+    'reset', 'member', 'hparams'}``, CEM-RL ``{'event': 'generation',
+    'generation', 'mean_policy_return'}``, DvD ``{'event': 'lambda',
+    'value'}``; each also has ``step`` (update steps) and ``env_steps``
+    (per member)."""
+
+
 def hparam_rows(hparams) -> list[dict]:
   arrays = {k: np.asarray(v) for k, v in hparams._asdict().items()}
   n = len(next(iter(arrays.values())))
@@ -366,13 +411,22 @@ class RunResult:
   rule_scalars: dict = dataclasses.field(default_factory=dict)  # at the end
 
 
-def default_run_dir(script: str, env: str) -> str:
+def default_run_dir(rule: str, agent: str, env: str) -> str:
+  """``runs/<rule>-<agent>-<env>-<time>``; the env id's ``/`` and ``:``
+  (``ALE/Pong-v5``, ``mymod:Point-v0``) become ``_``."""
   stamp = time.strftime('%Y%m%d-%H%M%S')
-  return os.path.join('runs', f'{script}-{env}-{stamp}')
+  env = env.replace('/', '_').replace(':', '_')
+  return os.path.join('runs', f'{rule}-{agent}-{env}-{stamp}')
 
 
-def run(config: RunConfig, driver: Driver) -> RunResult:
+def run(config: RunConfig, driver: Driver,
+        callbacks: Sequence[Callback] = ()) -> RunResult:
   """Trains a population with ``driver``'s rule; returns the outcome.
+
+  ``callbacks`` (``Callback`` instances) see the loop after every learner
+  call and every rule decision. Besides the logs, the run writes
+  ``final_returns.json`` (each member's final evaluation) and, at the end,
+  the pictures of ``fastpbrl.plots``.
 
   With ``config.resume`` set, the run continues from the last checkpoint in
   that directory: the training state, the hyperparameters (as PBT left
@@ -384,8 +438,8 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
   validate(config, driver.min_population)
   env_spec = make_env_spec(config.env)
   agent = make_agent(config, env_spec)
-  run_dir = config.resume or config.run_dir or default_run_dir(driver.name,
-                                                               config.env)
+  run_dir = config.resume or config.run_dir or default_run_dir(
+      driver.name, config.agent, config.env)
   os.makedirs(run_dir, exist_ok=True)
   n = config.population_size
   learner = driver.make_learner(agent, agent.config.steps_per_call)
@@ -431,6 +485,8 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
                        progress=config.progress,
                        eval_episodes=config.eval_episodes)
     stack.callback(logger.close)
+    hparams_log = HParamsLog(run_dir)
+    stack.callback(hparams_log.close)
     pipeline = Pipeline.create(config, agent, shared_replay=driver.shared_replay,
                                seed=pipeline_seed(config.seed,
                                                   counters['calls']))
@@ -480,9 +536,17 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
       loop.env_steps = steps_before + pipeline.env_steps_per_member()
       logger.episodes(loop.episodes, loop.env_steps, loop.update_steps)
       driver.after_call(loop)
+      events = driver.take_events()
+      for callback in callbacks:
+        for event in events:
+          callback.after_rule_decision(loop, event)
+        callback.after_call(loop)
       # After the rule, so that what it changed reaches the actors now.
       pipeline.publish(learner.policy_params(loop.state),
                        driver.actor_hparams(loop.hparams))
+      if loop.calls % 10 == 0 or events or loop.calls == 1:
+        hparams_log.write(loop.env_steps, loop.update_steps,
+                          driver.hparam_rows(loop.hparams))
       if loop.calls % 10 == 0:
         scalars = {f'learner/{k}': float(np.mean(v)) for k, v in metrics.items()}
         scalars.update({f'rule/{k}': v for k, v in driver.scalars().items()})
@@ -496,9 +560,15 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
                         wait=f'{pipeline.wait_fraction():.0%}')
       if config.checkpoint_every and loop.calls % config.checkpoint_every == 0:
         save()
+    hparams_log.write(loop.env_steps, loop.update_steps,
+                      driver.hparam_rows(loop.hparams))
     save()
     pipeline.close()  # frees the cores for the final evaluation
     final_returns = final_evaluation(loop, driver, logger)
+    write_json_atomic(os.path.join(run_dir, FINAL_RETURNS), {
+        'env_steps': loop.env_steps, 'eval_episodes': config.eval_episodes,
+        'seed': config.seed, 'checkpoint_step': checkpointer.latest_step(),
+        'final_returns': final_returns})
 
   rows = driver.hparam_rows(loop.hparams)
   table = summary_table(run_dir, rows, eval_episodes=config.eval_episodes)
@@ -506,10 +576,12 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
   with open(os.path.join(run_dir, 'summary.txt'), 'w') as f:
     f.write(table + '\n' + (extra + '\n' if extra else ''))
   plot = plot_returns(run_dir, eval_episodes=config.eval_episodes)
+  pictures = [os.path.basename(p) for p in
+              [plot] + plots.plot_run(run_dir)]
   print(table)
   if extra:
     print(extra)
-  print(f'logs, checkpoints and {os.path.basename(plot)} in {run_dir}')
+  print(f'logs, checkpoints and {", ".join(pictures)} in {run_dir}')
   best = logger.best_return
   return RunResult(run_dir=run_dir, best_return=best, env_steps=loop.env_steps,
                    update_steps=loop.update_steps, calls=loop.calls,
