@@ -192,7 +192,8 @@ class PBTDriver(Driver):
       path = os.path.join(loop.run_dir, 'lineage.jsonl')
       self.lineage = pbt_lib.Lineage(path)
       if not os.path.exists(path):
-        self.lineage.record_init(loop.update_steps, loop.hparams)
+        self.lineage.record_init(loop.update_steps, loop.hparams,
+                                 env_steps=loop.env_steps)
     return self.lineage
 
   def after_call(self, loop: Loop) -> None:
@@ -218,7 +219,10 @@ class PBTDriver(Driver):
                           ready)
     replaced = np.asarray(result.replaced)
     parent = np.asarray(result.parent)
-    lineage.record(loop.update_steps, result, loop.hparams, fitness)
+    events = pbt_lib.exploit_events(loop.update_steps, result, loop.hparams,
+                                    fitness, env_steps=loop.env_steps)
+    lineage.write(events)
+    self.emit(events)
     self.fitness.on_exploit(parent, replaced)
     self.fresh.renew(loop, replaced)
     self.last_ready = np.where(ready, steps, self.last_ready)
@@ -239,8 +243,10 @@ class PBTDriver(Driver):
     result = self.exploit.replace_diverged(loop.next_key(), loop.state,
                                            loop.hparams, fitness, diverged)
     parent = np.asarray(result.parent)
-    self._lineage(loop).record(loop.update_steps, result, loop.hparams,
-                               fitness, reason='diverged')
+    events = [{**e, 'reason': 'diverged'} for e in pbt_lib.exploit_events(
+        loop.update_steps, result, loop.hparams, fitness, loop.env_steps)]
+    self._lineage(loop).write(events)
+    self.emit(events)
     self.fitness.on_exploit(parent, diverged)
     self.fresh.renew(loop, diverged)
     if self.pbt_config.copy_replay:
@@ -507,6 +513,8 @@ class DvDDriver(Driver):
     if lam != self.lam:
       self.lam = lam
       loop.hparams = dvd_lib.set_lambda(loop.hparams, lam)
+      self.emit([{'event': 'lambda', 'step': loop.update_steps,
+                  'env_steps': loop.env_steps, 'value': float(lam)}])
 
   def _end_of_round(self) -> Optional[float]:
     """Bandit bookkeeping after one call; the next round's lambda when a
@@ -684,6 +692,9 @@ class HyperTrickDriver(Driver):
       rows = hparam_rows(loop.hparams)
       for slot in np.flatnonzero(reset):
         self.scheduler.set_hparams(self.scheduler.slot_worker[slot], rows[slot])
+      self.emit([{'event': 'reset', 'step': loop.update_steps,
+                  'env_steps': loop.env_steps, 'member': int(slot),
+                  'hparams': rows[slot]} for slot in np.flatnonzero(reset)])
 
   def finished(self, loop: Loop) -> bool:
     return self.scheduler.done or super().finished(loop)
@@ -981,6 +992,9 @@ class CEMRLDriver(Driver):
     # Algorithm 1, lines 14-17: the next RL actors each train for as many
     # steps as this generation's evaluation episodes took in all.
     self.actor_steps = int(self.lengths.sum())
+    self.emit([{'event': 'generation', 'step': loop.update_steps,
+                'env_steps': loop.env_steps, 'generation': self.generation,
+                'mean_policy_return': mean_return}])
     loop.state = self._sample_generation(loop.next_key(), loop.state)
     loop.hparams = cem_lib.set_train_until(
         loop.hparams, self.critic_steps + self.actor_steps)

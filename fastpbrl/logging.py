@@ -14,6 +14,7 @@ import csv
 import json
 import math
 import os
+import tempfile
 import time
 from typing import Iterable, Mapping, Optional, Sequence
 
@@ -21,6 +22,80 @@ from tqdm.auto import tqdm
 
 EPISODE_FIELDS = ('wall_time', 'env_steps', 'update_steps', 'member',
                   'episode_return', 'episode_length', 'evaluation')
+FINAL_RETURNS = 'final_returns.json'  # each member's final evaluation
+HPARAMS_CSV = 'hparams.csv'  # every member's hyperparameters over time
+
+
+def write_json_atomic(path: str, value) -> None:
+  """Writes ``value`` as JSON to ``path`` through a temporary file in the
+  same folder and ``os.replace``: a reader sees the old file or the new
+  one, never a part."""
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix='.tmp-',
+                             suffix=os.path.basename(path))
+  try:
+    with os.fdopen(fd, 'w') as f:
+      json.dump(value, f, indent=2, default=str)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def read_final_returns(run_dir: str) -> dict:
+  """``final_returns.json`` of a finished run (``run`` writes it after the
+  final evaluation).
+
+  Raises:
+    FileNotFoundError: the run has not finished (or predates the file).
+  """
+  with open(os.path.join(run_dir, FINAL_RETURNS)) as f:
+    return json.load(f)
+
+
+class HParamsLog:
+  """``hparams.csv``: every member's hyperparameters at chosen learner
+  calls, one row per member (``env_steps``, ``update_steps``, ``member``,
+  then one column per hyperparameter). The run loop writes a row set at its
+  first call, every 10 calls, at every call where the rule made a decision
+  (so PBT's copies show at the call they happened) and at the end.
+
+  Append-only and flushed at each write, like the member CSVs: a resumed
+  run cuts it back to its size at the checkpoint (``run.truncate_logs``).
+  """
+
+  def __init__(self, run_dir: str):
+    self.path = os.path.join(run_dir, HPARAMS_CSV)
+    self._file = None
+    self._writer = None
+
+  def write(self, env_steps: int, update_steps: int,
+            rows: Sequence[Mapping[str, float]]) -> None:
+    if self._writer is None:
+      fields = ['env_steps', 'update_steps', 'member', *rows[0]]
+      if os.path.exists(self.path) and os.path.getsize(self.path):
+        with open(self.path, newline='') as f:
+          fields = next(csv.reader(f))  # a resumed run keeps its columns
+        self._file = open(self.path, 'a', newline='')  # noqa: SIM115
+        self._writer = csv.DictWriter(self._file, fieldnames=fields,
+                                      extrasaction='ignore')
+      else:
+        self._file = open(self.path, 'w', newline='')  # noqa: SIM115
+        self._writer = csv.DictWriter(self._file, fieldnames=fields,
+                                      extrasaction='ignore')
+        self._writer.writeheader()
+    for member, row in enumerate(rows):
+      self._writer.writerow({'env_steps': int(env_steps),
+                             'update_steps': int(update_steps),
+                             'member': member, **row})
+    self._file.flush()
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
 
 
 class RunLogger:

@@ -38,7 +38,9 @@ from fastpbrl import agents as agents_lib
 from fastpbrl.actors.pool import exit_if_spawned_import
 from fastpbrl.checkpoint import CheckpointError, Checkpointer
 from fastpbrl.learner import PopulationLearner, SharedCriticLearner
-from fastpbrl.logging import RunLogger, plot_returns, summary_table
+from fastpbrl import plots
+from fastpbrl.logging import (FINAL_RETURNS, HParamsLog, RunLogger,
+                              plot_returns, summary_table, write_json_atomic)
 from fastpbrl.replay.buffers import format_bytes
 from fastpbrl.signals import ForcedExit, RunInterrupted, StopRequest
 
@@ -91,7 +93,7 @@ class RunConfig:
   """Seconds without a heartbeat after which an actor process counts as
   hung and is killed and restarted."""
   run_dir: Optional[str] = None
-  """Where logs and checkpoints go (default: runs/<script>-<env>-<time>)."""
+  """Where logs and checkpoints go (default: runs/<rule>-<agent>-<env>-<time>)."""
   resume: Optional[str] = None
   """A run directory to continue from its last checkpoint."""
   progress: bool = True
@@ -184,7 +186,7 @@ def log_sizes(run_dir: str) -> dict:
   names = [os.path.join('members', f) for f in sorted(
       os.listdir(os.path.join(run_dir, 'members')))] if os.path.isdir(
           os.path.join(run_dir, 'members')) else []
-  names += ['lineage.jsonl', 'mean_policy.csv']
+  names += ['lineage.jsonl', 'mean_policy.csv', 'hparams.csv']
   return {name: os.path.getsize(os.path.join(run_dir, name)) for name in names
           if os.path.exists(os.path.join(run_dir, name))}
 
@@ -227,23 +229,7 @@ def check_resume(config: RunConfig, driver_name: str) -> None:
 
 def resume_command(driver_name: str, run_dir: str) -> str:
   """The command line that continues the run in ``run_dir``."""
-  return f'python -m experiments.{driver_name} --resume {shlex.quote(run_dir)}'
-
-
-def write_json_atomic(path: str, value: Any) -> None:
-  """Writes ``value`` as JSON to ``path`` through a temporary file and a
-  rename: a reader (or a resume after a kill) sees the old file or the
-  new one, never a part."""
-  tmp = f'{path}.tmp{os.getpid()}'
-  try:
-    with open(tmp, 'w') as f:
-      json.dump(value, f, indent=2, default=str)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
+  return f'fastpbrl {driver_name} --resume {shlex.quote(run_dir)}'
 
 
 def make_env_spec(env_id: str):
@@ -257,6 +243,12 @@ def make_env_spec(env_id: str):
     env = make_env(env_id)
   except gym.error.Error as e:
     raise ConfigError(f'--env {env_id!r} cannot be made: {e}') from None
+  except ImportError as e:  # 'mymod:Point-v0' whose module does not import
+    module = env_id.split(':', 1)[0]
+    raise ConfigError(f'--env {env_id!r}: module {module!r} cannot be '
+                      f'imported ({e.__class__.__name__}: '
+                      f'{str(e).splitlines()[0] if str(e) else e!r}); put it '
+                      'on PYTHONPATH or install it') from None
   try:
     return spec_of(env)
   finally:
@@ -285,7 +277,7 @@ def make_agent(config: RunConfig, env_spec):
               if getattr(config, k) != v]
     if differ:
       log.warning('DQN on Atari frames with %s; see NATURE_ATARI_RUN in '
-                  'fastpbrl/agents/dqn.py, or experiments.pbt --preset atari',
+                  'fastpbrl/agents/dqn.py, or fastpbrl pbt --preset atari',
                   ', '.join(differ))
   return agent
 
@@ -359,6 +351,15 @@ class Driver:
     """Called after every learner call, with this call's finished episodes;
     may replace ``loop.state`` and ``loop.hparams`` (published right after)."""
 
+  def emit(self, events: Sequence[dict]) -> None:
+    """Reports rule decisions made in ``after_call`` (each a dict with at
+    least ``'event'``), for ``Callback.after_rule_decision``."""
+    self.__dict__.setdefault('_events', []).extend(events)
+
+  def take_events(self) -> list[dict]:
+    """The decisions emitted since the last call, oldest first."""
+    return self.__dict__.pop('_events', [])
+
   def finished(self, loop: Loop) -> bool:
     return loop.env_steps >= loop.config.env_steps
 
@@ -398,6 +399,33 @@ class Driver:
     return ''
 
 
+class Callback:
+  """User code the run loop calls (host-side): subclass it, override what
+  you need, and pass instances as ``run(config, driver, callbacks=[...])``
+  (or ``fastpbrl.train(..., callbacks=[...])``).
+
+  Both hooks run in the learner's process, between learner calls: keep them
+  short, since the learner waits for them (the actors do not).
+  """
+
+  def after_call(self, loop: Loop) -> None:
+    """After every learner call and the rule's ``after_call``, before the
+    new policies go to the actors. ``loop`` holds the counters
+    (``calls``, ``update_steps``, ``env_steps`` per member), this call's
+    finished ``episodes``, and the stacked ``state`` and ``hparams``;
+    replacing ``loop.state`` or ``loop.hparams`` changes what is trained,
+    as a rule would."""
+
+  def after_rule_decision(self, loop: Loop, event: dict) -> None:
+    """Once per decision the rule made in this call, before
+    ``after_call``: PBT ``{'event': 'exploit', 'member', 'parent',
+    'new_hparams', ...}`` (the lineage line), HyperTrick ``{'event':
+    'reset', 'member', 'hparams'}``, CEM-RL ``{'event': 'generation',
+    'generation', 'mean_policy_return'}``, DvD ``{'event': 'lambda',
+    'value'}``; each also has ``step`` (update steps) and ``env_steps``
+    (per member)."""
+
+
 def hparam_rows(hparams) -> list[dict]:
   arrays = {k: np.asarray(v) for k, v in hparams._asdict().items()}
   n = len(next(iter(arrays.values())))
@@ -420,13 +448,22 @@ class RunResult:
   diverged: int = 0  # member divergences (NaN/Inf) replaced during the run
 
 
-def default_run_dir(script: str, env: str) -> str:
+def default_run_dir(rule: str, agent: str, env: str) -> str:
+  """``runs/<rule>-<agent>-<env>-<time>``; the env id's ``/`` and ``:``
+  (``ALE/Pong-v5``, ``mymod:Point-v0``) become ``_``."""
   stamp = time.strftime('%Y%m%d-%H%M%S')
-  return os.path.join('runs', f'{script}-{env}-{stamp}')
+  env = env.replace('/', '_').replace(':', '_')
+  return os.path.join('runs', f'{rule}-{agent}-{env}-{stamp}')
 
 
-def run(config: RunConfig, driver: Driver) -> RunResult:
+def run(config: RunConfig, driver: Driver,
+        callbacks: Sequence[Callback] = ()) -> RunResult:
   """Trains a population with ``driver``'s rule; returns the outcome.
+
+  ``callbacks`` (``Callback`` instances) see the loop after every learner
+  call and every rule decision. Besides the logs, the run writes
+  ``final_returns.json`` (each member's final evaluation) and, at the end,
+  the pictures of ``fastpbrl.plots``.
 
   With ``config.resume`` set, the run continues from the last checkpoint in
   that directory: the training state, the hyperparameters (as PBT left
@@ -447,8 +484,8 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
   validate(config, driver.min_population)
   env_spec = make_env_spec(config.env)
   agent = make_agent(config, env_spec)
-  run_dir = config.resume or config.run_dir or default_run_dir(driver.name,
-                                                               config.env)
+  run_dir = config.resume or config.run_dir or default_run_dir(
+      driver.name, config.agent, config.env)
   os.makedirs(run_dir, exist_ok=True)
   n = config.population_size
   learner = driver.make_learner(agent, agent.config.steps_per_call)
@@ -463,7 +500,7 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
   state = driver.initialize(k_driver, learner.init(k_init, hparams), agent)
   try:
     return _run(config, driver, agent, env_spec, run_dir, learner, hparams,
-                state, k_rule)
+                state, k_rule, callbacks)
   except ForcedExit as e:  # everything is closed by now
     raise ForcedExit(e.signum, (
         f'the earlier checkpoints in {run_dir}/checkpoints are intact; '
@@ -481,7 +518,8 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
 
 
 def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
-         learner, hparams, state, k_rule) -> RunResult:
+         learner, hparams, state, k_rule,
+         callbacks: Sequence[Callback]) -> RunResult:
   """``run`` from the initial population on."""
   n = config.population_size
   # Everything opened from here on is closed on the way out, whatever fails.
@@ -534,6 +572,8 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                        purge_step=counters['env_steps'] if config.resume
                        else None)
     stack.callback(logger.close)
+    hparams_log = HParamsLog(run_dir)
+    stack.callback(hparams_log.close)
     pipeline = Pipeline.create(
         config, agent, shared_replay=driver.shared_replay,
         seed=pipeline_seed(config.seed, counters['calls']),
@@ -613,9 +653,17 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                       np.flatnonzero(diverged).tolist(), loop.calls, how,
                       diverged_total)
       driver.after_call(loop)
+      events = driver.take_events()
+      for callback in callbacks:
+        for event in events:
+          callback.after_rule_decision(loop, event)
+        callback.after_call(loop)
       # After the rule, so that what it changed reaches the actors now.
       pipeline.publish(learner.policy_params(loop.state),
                        driver.actor_hparams(loop.hparams))
+      if loop.calls % 10 == 0 or events or loop.calls == 1:
+        hparams_log.write(loop.env_steps, loop.update_steps,
+                          driver.hparam_rows(loop.hparams))
       if loop.calls % 10 == 0:
         scalars = {f'learner/{k}': float(np.mean(v)) for k, v in metrics.items()}
         scalars.update({f'rule/{k}': v for k, v in driver.scalars().items()})
@@ -632,6 +680,8 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
         break
       if config.checkpoint_every and loop.calls % config.checkpoint_every == 0:
         save()
+    hparams_log.write(loop.env_steps, loop.update_steps,
+                      driver.hparam_rows(loop.hparams))
     save()
     if stop.requested:
       stack.callback(stop.disarm)  # runs first: the clean-up is not cut
@@ -640,6 +690,10 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
     stack.callback(stop.disarm)
     pipeline.close()  # frees the cores for the final evaluation
     final_returns = final_evaluation(loop, driver, logger)
+    write_json_atomic(os.path.join(run_dir, FINAL_RETURNS), {
+        'env_steps': loop.env_steps, 'eval_episodes': config.eval_episodes,
+        'seed': config.seed, 'checkpoint_step': checkpointer.latest_step(),
+        'final_returns': final_returns})
 
   rows = driver.hparam_rows(loop.hparams)
   table = summary_table(run_dir, rows, eval_episodes=config.eval_episodes)
@@ -650,10 +704,12 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
   with open(os.path.join(run_dir, 'summary.txt'), 'w') as f:
     f.write(table + '\n' + (extra + '\n' if extra else ''))
   plot = plot_returns(run_dir, eval_episodes=config.eval_episodes)
+  pictures = [os.path.basename(p) for p in
+              [plot] + plots.plot_run(run_dir)]
   print(table)
   if extra:
     print(extra)
-  print(f'logs, checkpoints and {os.path.basename(plot)} in {run_dir}')
+  print(f'logs, checkpoints and {", ".join(pictures)} in {run_dir}')
   best = logger.best_return
   return RunResult(run_dir=run_dir, best_return=best, env_steps=loop.env_steps,
                    update_steps=loop.update_steps, calls=loop.calls,

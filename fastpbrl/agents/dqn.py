@@ -20,8 +20,8 @@ epsilon-greedy at ``eval_epsilon``, not the greedy one.
 The rest of Nature's schedule are run settings, :data:`NATURE_ATARI_RUN`:
 one update per 4 agent steps (``--update-to-data-ratio 0.25``), 50,000
 random-action steps before learning (``--warmup-steps 50000``) and a replay
-of ``--replay-capacity 100000`` transitions per member. ``python -m
-experiments.pbt --preset atari`` uses them, with the Atari preprocessing
+of ``--replay-capacity 100000`` transitions per member. ``fastpbrl pbt
+--preset atari`` uses them, with the Atari preprocessing
 that ``fastpbrl.envs`` gives any ``ALE/...`` id; ``fastpbrl.run`` warns when
 a DQN run on frames uses other values.
 
@@ -96,7 +96,7 @@ class DQNHParams(NamedTuple):
 EPSILON_START = 1.0  # epsilon at a member's first env step (Nature: 1.0)
 
 # Nature DQN's run settings on Atari (Extended Data Table 1), as the flags of
-# ``fastpbrl.run.RunConfig``: ``--preset atari`` of ``experiments.pbt``.
+# ``fastpbrl.run.RunConfig``: ``--preset atari`` of ``fastpbrl pbt``.
 NATURE_ATARI_RUN = {
     # One update step (batch 32) per 4 agent steps ("update frequency").
     'update_to_data_ratio': 0.25,

@@ -102,7 +102,8 @@ def test_resume_cannot_change_shapes_or_driver(tmp_path, monkeypatch):
   assert "--population-size 8 differs from the resumed run's 4" in message
   (tmp_path / 'config.json').write_text(json.dumps({**config, 'driver': 'dvd'}))
   message = _pbt_error(['--resume', str(tmp_path)], monkeypatch)
-  assert "is a 'dvd' run; continue it with: python -m experiments.dvd --resume" in message
+  assert (f"is a 'dvd' run; continue it with: fastpbrl dvd --resume {tmp_path}"
+          in message)
 
 
 def test_rerun_of_a_missing_member_names_the_flags(tmp_path, monkeypatch):
