@@ -6,4 +6,7 @@ from fastpbrl.commands.cemrl import *  # noqa: F403
 from fastpbrl.commands.cemrl import PRESETS, main  # noqa: F401
 
 if __name__ == '__main__':
-  main()
+  import sys
+
+  from fastpbrl.commands import main as fastpbrl_main
+  sys.exit(fastpbrl_main(['cemrl', *sys.argv[1:]]))  # as `fastpbrl cemrl`

@@ -6,4 +6,7 @@ from fastpbrl.commands.hypertrick import *  # noqa: F403
 from fastpbrl.commands.hypertrick import PRESETS, main  # noqa: F401
 
 if __name__ == '__main__':
-  main()
+  import sys
+
+  from fastpbrl.commands import main as fastpbrl_main
+  sys.exit(fastpbrl_main(['hypertrick', *sys.argv[1:]]))  # as `fastpbrl hypertrick`
