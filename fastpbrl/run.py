@@ -47,7 +47,9 @@ class RunConfig:
   env: str = 'Pendulum-v1'
   """gymnasium environment id (MuJoCo v5 envs, classic control, ...)."""
   agent: str = 'td3'
-  """Agent: td3, sac or dqn (dqn needs a Discrete action space)."""
+  """Agent: td3, sac, dqn (dqn needs a Discrete action space), or an agent of
+  your own as module:attribute (e.g. examples.ddpg:DDPG; see
+  fastpbrl/agents/base.py)."""
   population_size: int = 4
   """Number of members trained together."""
   seed: int = 0
@@ -62,7 +64,8 @@ class RunConfig:
   num_actors: Optional[int] = None
   """Actor processes (default: CPU cores minus one, at least 1)."""
   hidden_sizes: tuple[int, ...] = (256, 256)
-  """MLP widths of policies and critics (TD3/SAC) or of the Q-MLP (DQN)."""
+  """MLP widths of policies and critics (TD3/SAC) or of the Q-MLP (DQN): the
+  config field the agent registered as its hidden sizes."""
   batch_size: Optional[int] = None
   """Transitions per member per update step (default: the agent's, 256 / 32)."""
   steps_per_call: Optional[int] = None
@@ -83,9 +86,6 @@ class RunConfig:
   """A run directory to continue from its last checkpoint."""
   progress: bool = True
   """Show the progress bar."""
-
-
-AGENT_DEFAULTS = {'td3': 'TD3Config', 'sac': 'SACConfig', 'dqn': 'DQNConfig'}
 
 
 class ConfigError(ValueError):
@@ -110,9 +110,7 @@ def as_flag_error(error: ValueError, config) -> ConfigError:
 
 def validate(config: RunConfig, min_population: int = 1) -> None:
   """Raises ``ValueError`` naming the flag and the allowed range."""
-  _check(config.agent in agents_lib.AGENTS,
-         f'--agent {config.agent!r} is unknown; choose one of '
-         f'{", ".join(agents_lib.AGENTS)}')
+  agent_spec(config.agent)
   _check(config.population_size >= min_population,
          f'--population-size must be >= {min_population} for this rule, got '
          f'{config.population_size}')
@@ -222,25 +220,36 @@ def make_env_spec(env_id: str):
     env.close()
 
 
+def agent_spec(agent: str):
+  """The registered agent ``--agent`` names (``fastpbrl.agents.registry``)."""
+  try:
+    return agents_lib.get(agent)
+  except ValueError as e:
+    message = str(e)
+    if not message.startswith(repr(agent)):
+      message = f'{agent!r}: {message}'
+    raise ConfigError(f'--agent {message}') from None
+
+
 def make_agent(config: RunConfig, env_spec):
-  """The agent named by ``config.agent`` with the config's size overrides."""
-  module = __import__(f'fastpbrl.agents.{config.agent}', fromlist=['x'])
-  agent_config = getattr(module, AGENT_DEFAULTS[config.agent])()
+  """The agent ``config.agent`` names, with the config's size overrides."""
+  spec = agent_spec(config.agent)
   overrides = {}
   if config.batch_size is not None:
     overrides['batch_size'] = config.batch_size
   if config.steps_per_call is not None:
     overrides['steps_per_call'] = config.steps_per_call
-  sizes_field = 'mlp_hidden_sizes' if config.agent == 'dqn' else 'hidden_sizes'
-  overrides[sizes_field] = tuple(config.hidden_sizes)
+  if spec.hidden_sizes_field is not None:
+    overrides[spec.hidden_sizes_field] = tuple(config.hidden_sizes)
   try:
-    agent = module.make_agent(env_spec,
-                              dataclasses.replace(agent_config, **overrides))
+    agent = agents_lib.make_agent(
+        config.agent, env_spec, dataclasses.replace(spec.config(), **overrides))
   except ValueError as e:
     raise ConfigError(f'--agent {config.agent} on --env {config.env}: {e}') from None
-  if config.agent == 'dqn' and len(env_spec.observations.shape) == 3:
+  if spec.name == 'dqn' and len(env_spec.observations.shape) == 3:
+    from fastpbrl.agents.dqn import NATURE_ATARI_RUN  # noqa: PLC0415
     differ = [f'--{k.replace("_", "-")} {getattr(config, k)} (Nature DQN: '
-              f'{v})' for k, v in module.NATURE_ATARI_RUN.items()
+              f'{v})' for k, v in NATURE_ATARI_RUN.items()
               if getattr(config, k) != v]
     if differ:
       log.warning('DQN on Atari frames with %s; see NATURE_ATARI_RUN in '
@@ -394,6 +403,8 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
   k_hparams, k_init, k_rule = jax.random.split(key, 3)
   try:
     hparams = driver.initial_hparams(k_hparams, agent, n)
+  except ConfigError:
+    raise  # already names its flag
   except ValueError as e:  # e.g. a search space that does not fit the agent
     raise ConfigError(f'initial hyperparameters: {e}') from None
   k_init, k_driver = jax.random.split(k_init)

@@ -29,9 +29,10 @@ onto its bounds:
   The paper's ``U(0.9, 1)`` puts members at gamma = 1, where Q targets
   bootstrapped through time-limit truncations do not contract.
 
-Default spaces (``default_search_space``) follow Flajolet et al. 2022,
-appendix B.1, for TD3 and SAC, with the discount in horizon space over
-``[0.9, 0.999]`` (above); the DQN space is ours (the paper tunes none).
+Each agent registers its default space (``fastpbrl.agents.register``;
+``default_search_space(name)`` looks it up): TD3's and SAC's follow Flajolet
+et al. 2022, appendix B.1, with the discount in horizon space over ``[0.9,
+0.999]`` (above); DQN's is ours (the paper tunes none).
 """
 
 from __future__ import annotations
@@ -427,57 +428,24 @@ def within_bounds(space: SearchSpace, hparams: HParams) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------
-# Default spaces (Flajolet et al. 2022, appendix B.1)
+# Building blocks of the agents' default spaces (Flajolet et al. 2022,
+# appendix B.1); each agent registers its own (``fastpbrl.agents.register``)
 # ---------------------------------------------------------------------------
 
-_LR = LogUniform(3e-5, 3e-3)  # "roughly centred around the default 3e-4"
+PAPER_LR = LogUniform(3e-5, 3e-3)  # "roughly centred around the default 3e-4"
 # The paper's U(0.9, 1) in horizon space, without gamma = 1 (module doc).
-_DISCOUNT = Discount(0.9, 0.999)
-
-_DEFAULT_SPACES = {
-    'td3': {
-        'policy_lr': _LR,
-        'critic_lr': _LR,
-        # Fraction of steps with a policy update (TD3's d = 1 / fraction).
-        'policy_delay': Uniform(0.2, 1.0),
-        # "the noise parameters (sampling uniform values between 0 and 1)":
-        # exploration noise, target smoothing noise and its clip, as the
-        # paper's code searches all three.
-        'exploration_noise': Uniform(0.0, 1.0),
-        'target_noise': Uniform(0.0, 1.0),
-        'noise_clip': Uniform(0.0, 1.0),
-        'discount': _DISCOUNT,
-    },
-    'sac': {
-        'policy_lr': _LR,
-        'critic_lr': _LR,
-        'alpha_lr': _LR,
-        # "between 0.2 and 2 times the default" target entropy -dim(A).
-        'target_entropy_scale': Uniform(0.2, 2.0),
-        # The paper's text reads "uniform values between 0.1 and 10"; a
-        # log-uniform prior puts as much mass below 1 as above it, which is
-        # what a multiplicative scale around the default 1 calls for.
-        'reward_scale': LogUniform(0.1, 10.0),
-        'discount': _DISCOUNT,
-    },
-    # Not in the paper (it does not tune DQN): bounds around the Nature-DQN
-    # defaults (RMSProp 2.5e-4, acting epsilon 0.01-0.1, gamma 0.99).
-    'dqn': {
-        'lr': LogUniform(1e-5, 1e-3),
-        'epsilon': Uniform(0.001, 0.1),
-        'discount': _DISCOUNT,
-    },
-}
+PAPER_DISCOUNT = Discount(0.9, 0.999)
 
 
-def default_search_space(agent_name: str) -> SearchSpace:
-  """The 2022 paper's PBT search space for ``'td3'`` or ``'sac'``, or ours
-  for ``'dqn'``.
+def default_search_space(agent: str) -> SearchSpace:
+  """The default search space of the agent ``agent`` names (a registered
+  name such as ``'td3'``, or ``module:attribute``; see
+  ``fastpbrl.agents.registry``).
 
   Raises:
-    ValueError: for an unknown agent name, listing the known ones.
+    ValueError: for an unknown agent, listing the known ones.
   """
-  if agent_name not in _DEFAULT_SPACES:
-    raise ValueError(f'no default search space for agent {agent_name!r}; '
-                     f'known: {sorted(_DEFAULT_SPACES)}')
-  return SearchSpace(dict(_DEFAULT_SPACES[agent_name]))
+  from fastpbrl.agents import registry  # noqa: PLC0415 (agents import this)
+
+  return registry.get(agent).default_search_space
+

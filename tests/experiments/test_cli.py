@@ -19,8 +19,16 @@ from experiments import cemrl, dvd, hypertrick, pbt
      '--ready-after 40000 .* beyond the budget .* PBT would never exploit'),
     (pbt, ['--eval-every', '5000'],
      '--eval-every 5000 is longer than one --ready-after span'),
-    (dvd, ['--agent', 'sac'], 'DvD needs .* only TD3 has here: --agent must be td3'),
-    (cemrl, ['--agent', 'sac'], 'CEM-RL needs .* --agent must be td3'),
+    (pbt, ['--agent', 'no_such_pkg.mod:Agent'],
+     "--agent 'no_such_pkg.mod:Agent': cannot import no_such_pkg.mod: "
+     "ModuleNotFoundError"),
+    (pbt, ['--agent', 'fastpbrl.agents.td3:NoSuchSpec'],
+     "--agent 'fastpbrl.agents.td3:NoSuchSpec': module fastpbrl.agents.td3 "
+     "has no AgentSpec 'NoSuchSpec'"),
+    (dvd, ['--agent', 'sac'],
+     'DvD needs .* one shared critic: --agent sac registers no shared_critic'),
+    (cemrl, ['--agent', 'sac'],
+     'CEM-RL needs .* --agent sac registers no shared_critic'),
     (dvd, ['--kernel-sigma', '0'], '--kernel-sigma must be > 0'),
     (hypertrick, ['--eviction-rate', '0.6'], '--eviction-rate must be in'),
     (hypertrick, ['--num-phases', '0'], '--num-phases must be >= 1'),

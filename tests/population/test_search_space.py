@@ -192,7 +192,7 @@ def test_unknown_field_and_agent():
   space = ss.SearchSpace({'learning_rate': ss.LogUniform(1e-5, 1e-3)})
   with pytest.raises(ValueError, match=r"\['learning_rate'\].*TD3HParams"):
     ss.sample(jax.random.PRNGKey(0), space, td3.default_hparams(), 2)
-  with pytest.raises(ValueError, match='no default search space.*ppo'):
+  with pytest.raises(ValueError, match="'ppo' is unknown; choose one of td3"):
     ss.default_search_space('ppo')
   with pytest.raises(ValueError, match='resample_probability'):
     ss.perturb(jax.random.PRNGKey(0), ss.default_search_space('td3'),
@@ -280,3 +280,4 @@ def test_pbt_starts_near_the_defaults_by_default():
   prior = drivers.PBTDriver(drivers.PBTRunConfig(init_hparams='prior'))
   hp = prior.initial_hparams(jax.random.PRNGKey(0), agent, 8)
   assert np.asarray(hp.exploration_noise).max() > 0.3  # the paper's prior
+
