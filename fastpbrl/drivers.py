@@ -31,14 +31,27 @@ from fastpbrl.run import (ConfigError, Driver, Loop, RunConfig, _check,
                           agent_spec, as_flag_error, hparam_rows)
 
 
+def _search_space(config: RunConfig) -> ss.SearchSpace:
+  """``--search-space FILE`` if given, else the agent's default space."""
+  path = getattr(config, 'search_space', None)
+  if path is None:
+    return agent_spec(config.agent).default_search_space
+  try:
+    return ss.load(path)
+  except ValueError as e:
+    raise ConfigError(f'--search-space {path}: {e}') from None
+
+
 def _validate_space(config: RunConfig, space: ss.SearchSpace,
                     defaults) -> None:
   """Every field of the space is a hyperparameter of the agent."""
   try:
     ss.validate(space, defaults)
   except ValueError as e:
-    raise ConfigError(f'the search space of --agent {config.agent}: {e}'
-                      ) from None
+    path = getattr(config, 'search_space', None)
+    source = (f'--search-space {path}' if path else
+              f'the default search space of --agent {config.agent}')
+    raise ConfigError(f'{source}: {e}') from None
 
 
 def _check_shared_critic(rule: str, config: RunConfig) -> None:
@@ -107,6 +120,10 @@ class PBTRunConfig(RunConfig):
   published defaults, the others within a factor 1.25 of them), 'prior'
   (sampled from the whole search space, as the 2022 paper does) or
   'defaults' (every member at the defaults)."""
+  search_space: Optional[str] = None
+  """A JSON (or YAML) file of the hyperparameters to search and their priors
+  (format: README, "Search space from a file"; example:
+  examples/search_space.json); default: the agent's registered space."""
 
 
 class FreshEpisodes:
@@ -181,7 +198,7 @@ class PBTDriver(Driver):
            '--update-to-data-ratio): PBT would never exploit; lower it or '
            'raise --env-steps')
     _check_evaluations_per(config.ready_after, config, '--ready-after')
-    self.space = space or agent_spec(config.agent).default_search_space
+    self.space = space or _search_space(config)
     self.exploit = pbt_lib.CompiledExploitExplore(self.pbt_config, self.space)
     self.fitness = pbt_lib.FitnessTracker(
         config.population_size, config.fitness_window, config.true_objective)
@@ -586,6 +603,10 @@ class HyperTrickRunConfig(RunConfig):
   """A late reporter below this quantile of its phase's metrics is terminated."""
   init_hparams: str = 'prior'
   """Hyperparameters of every configuration: prior (sampled) or defaults."""
+  search_space: Optional[str] = None
+  """A JSON (or YAML) file of the prior the configurations are sampled from
+  (format: README, "Search space from a file"); default: the agent's
+  registered space."""
 
 
 class HyperTrickDriver(Driver):
@@ -607,7 +628,7 @@ class HyperTrickDriver(Driver):
           eviction_rate=config.eviction_rate, quantile=config.quantile)
     except ValueError as e:
       raise as_flag_error(e, config) from None
-    self.space = space or agent_spec(config.agent).default_search_space
+    self.space = space or _search_space(config)
     self.scheduler = hypertrick_lib.HyperTrick(self.ht_config,
                                                config.population_size)
     self.rng = np.random.default_rng(config.seed)

@@ -32,13 +32,16 @@ onto its bounds:
 Each agent registers its default space (``fastpbrl.agents.register``;
 ``default_search_space(name)`` looks it up): TD3's and SAC's follow Flajolet
 et al. 2022, appendix B.1, with the discount in horizon space over ``[0.9,
-0.999]`` (above); DQN's is ours (the paper tunes none).
+0.999]`` (above); DQN's is ours (the paper tunes none). ``load(path)`` reads
+one from a JSON or YAML file (``--search-space``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import jax
@@ -449,3 +452,106 @@ def default_search_space(agent: str) -> SearchSpace:
 
   return registry.get(agent).default_search_space
 
+
+# ---------------------------------------------------------------------------
+# Search spaces from a file (host-side: ``--search-space``)
+# ---------------------------------------------------------------------------
+
+# kind in the file -> (distribution, the keys it takes)
+FILE_KINDS = {
+    'log_uniform': (LogUniform, ('low', 'high')),
+    'uniform': (Uniform, ('low', 'high')),
+    'discount': (Discount, ('low', 'high')),
+    'categorical': (Categorical, ('values',)),
+}
+
+
+def from_dict(entries: Any) -> SearchSpace:
+  """A ``SearchSpace`` from ``{field: {"kind": ..., ...}}`` as read from a
+  file (see ``load``).
+
+  Raises:
+    ValueError: one line naming the field and what is wrong with it.
+  """
+  if not isinstance(entries, Mapping):
+    raise ValueError('the top level must be a mapping of hyperparameter '
+                     f'names to distributions, got {type(entries).__name__}')
+  if not entries:
+    raise ValueError('it defines no hyperparameter')
+  distributions = {}
+  kinds = ', '.join(FILE_KINDS)
+  for name, entry in entries.items():
+    where = f'search space field {name!r}'
+    if not isinstance(entry, Mapping) or 'kind' not in entry:
+      raise ValueError(f'{where}: expected {{"kind": one of {kinds}, ...}}, '
+                       f'got {entry!r}')
+    kind = entry['kind']
+    if kind not in FILE_KINDS:
+      raise ValueError(f'{where}: kind {kind!r} is unknown; choose one of '
+                       f'{kinds}')
+    cls, keys = FILE_KINDS[kind]
+    given = [k for k in entry if k != 'kind']
+    unknown = [k for k in given if k not in keys]
+    missing = [k for k in keys if k not in entry]
+    if unknown or missing:
+      raise ValueError(f'{where}: a {kind} takes {", ".join(keys)}; '
+                       + (f'unknown {unknown}' if unknown else
+                          f'missing {missing}'))
+    if kind == 'categorical':
+      values = entry['values']
+      if not isinstance(values, (list, tuple)) or not all(
+          _is_number(v) for v in values):
+        raise ValueError(f'{where}: categorical values must be a list of '
+                         f'numbers, got {values!r}')
+      distributions[str(name)] = cls(tuple(values))
+    else:
+      bad = [k for k in keys if not _is_number(entry[k])]
+      if bad:
+        raise ValueError(f'{where}: {bad[0]} must be a number, got '
+                         f'{entry[bad[0]]!r}')
+      distributions[str(name)] = cls(float(entry['low']), float(entry['high']))
+  return SearchSpace(distributions)  # checks bounds, naming the field
+
+
+def _is_number(x: Any) -> bool:
+  return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def load(path: str) -> SearchSpace:
+  """Reads a search space from a JSON file (YAML for ``.yaml``/``.yml``,
+  with PyYAML installed)::
+
+      {"policy_lr": {"kind": "log_uniform", "low": 3e-5, "high": 3e-3},
+       "discount": {"kind": "discount", "low": 0.9, "high": 0.999},
+       "exploration_noise": {"kind": "uniform", "low": 0.0, "high": 0.5},
+       "policy_delay": {"kind": "categorical", "values": [0.25, 0.5, 1.0]}}
+
+  Host-side. Whether the names are fields of the agent's hyperparameters is
+  checked against the agent (``validate``).
+
+  Raises:
+    ValueError: one line: an unreadable file, bad syntax, or a field whose
+      distribution is wrong (see ``from_dict``).
+  """
+  yaml_file = os.path.splitext(path)[1].lower() in ('.yaml', '.yml')
+  try:
+    with open(path) as f:
+      text = f.read()
+  except OSError as e:
+    raise ValueError(f'cannot read it: {e.strerror}') from None
+  if yaml_file:
+    try:
+      import yaml  # noqa: PLC0415 (optional)
+    except ImportError:
+      raise ValueError('a YAML file needs PyYAML (pip install pyyaml); or '
+                       'write the space as JSON') from None
+    try:
+      entries = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+      raise ValueError('not valid YAML: ' + ' '.join(str(e).split())) from None
+  else:
+    try:
+      entries = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ValueError(f'not valid JSON: {e}') from None
+  return from_dict(entries)

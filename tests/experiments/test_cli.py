@@ -32,6 +32,8 @@ from experiments import cemrl, dvd, hypertrick, pbt
     (dvd, ['--kernel-sigma', '0'], '--kernel-sigma must be > 0'),
     (hypertrick, ['--eviction-rate', '0.6'], '--eviction-rate must be in'),
     (hypertrick, ['--num-phases', '0'], '--num-phases must be >= 1'),
+    (hypertrick, ['--search-space', 'no/such/space.json'],
+     '--search-space no/such/space.json: cannot read it'),
     (hypertrick, ['--eval-every', '5000'],
      '--eval-every 5000 is longer than one --phase-update-steps span'),
     (dvd, ['--bandit-every', '10'],
