@@ -86,6 +86,10 @@ class RunConfig:
   """A run directory to continue from its last checkpoint."""
   progress: bool = True
   """Show the progress bar."""
+  track: str = 'tensorboard'
+  """Where scalars go besides the CSVs: tensorboard (event files in the run
+  directory), wandb or mlflow (each with the TensorBoard files too; pip
+  install 'fastpbrl[wandb]' / 'fastpbrl[mlflow]'), or none."""
 
 
 class ConfigError(ValueError):
@@ -138,6 +142,9 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
          f'--eval-episodes must be >= 1, got {config.eval_episodes}')
   _check(config.checkpoint_every >= 0,
          f'--checkpoint-every must be >= 0, got {config.checkpoint_every}')
+  from fastpbrl import tracking  # noqa: PLC0415
+  problem = tracking.check(config.track)
+  _check(problem is None, problem or '')
   if config.resume is not None:
     _check(os.path.isdir(os.path.join(config.resume, 'checkpoints')),
            f'--resume {config.resume!r}: no checkpoints/ folder there')
@@ -440,7 +447,10 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
                        initial_env_steps=counters['env_steps'] * n,
                        wall_time_offset=counters['wall_time'],
                        progress=config.progress,
-                       eval_episodes=config.eval_episodes)
+                       eval_episodes=config.eval_episodes,
+                       track=config.track,
+                       config={'driver': driver.name,
+                               **dataclasses.asdict(config)})
     stack.callback(logger.close)
     pipeline = Pipeline.create(config, agent, shared_replay=driver.shared_replay,
                                seed=pipeline_seed(config.seed,
@@ -498,10 +508,12 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
         scalars = {f'learner/{k}': float(np.mean(v)) for k, v in metrics.items()}
         scalars.update({f'rule/{k}': v for k, v in driver.scalars().items()})
         scalars['pipeline/learner_wait_fraction'] = pipeline.wait_fraction()
+        scalars['pipeline/population_env_steps'] = loop.env_steps * n
         for i, row in enumerate(driver.hparam_rows(loop.hparams)):
           scalars.update({f'member_{i:03d}/hparams/{k}': v
                           for k, v in row.items()})
-        logger.scalars(scalars, loop.env_steps * n)
+        # Against env steps per member, as the members' returns are.
+        logger.scalars(scalars, loop.env_steps)
         logger.progress(loop.env_steps * n,
                         calls=loop.calls,
                         wait=f'{pipeline.wait_fraction():.0%}')

@@ -136,3 +136,15 @@ def test_pbt_of_ddpg_members_through_the_cli(tmp_path):
   assert set(result.hparams[0]) == set(ddpg.DDPGHParams._fields)
   assert len(read_member_csvs(run_dir)) == 2
   assert os.path.exists(os.path.join(run_dir, 'lineage.jsonl'))
+  # Every scalar is logged against env steps per member, returns included;
+  # the population's total is a scalar of its own.
+  accumulator = pytest.importorskip(
+      'tensorboard.backend.event_processing.event_accumulator')
+  events = accumulator.EventAccumulator(os.path.join(run_dir, 'tensorboard'))
+  events.Reload()
+  totals = events.Scalars('pipeline/population_env_steps')
+  assert totals and all(t.value == 2 * t.step for t in totals)
+  for tag in ('learner/critic_loss', 'member_000/hparams/tau',
+              'member_001/train_return'):
+    steps = [e.step for e in events.Scalars(tag)]
+    assert steps and max(steps) <= result.env_steps + 200, (tag, steps)
