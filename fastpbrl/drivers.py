@@ -49,8 +49,12 @@ def _validate_space(config: RunConfig, space: ss.SearchSpace,
     ss.validate(space, defaults)
   except ValueError as e:
     path = getattr(config, 'search_space', None)
-    source = (f'--search-space {path}' if path else
-              f'the default search space of --agent {config.agent}')
+    if path:
+      source = f'--search-space {path}'
+    elif space == agent_spec(config.agent).default_search_space:
+      source = f'the default search space of --agent {config.agent}'
+    else:  # a space passed to the driver in code
+      source = 'the search space'
     raise ConfigError(f'{source}: {e}') from None
 
 
