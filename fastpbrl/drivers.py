@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.agents import td3
 from fastpbrl.evaluation import evaluate_policy
 from fastpbrl.learner import population_hparams
 from fastpbrl.population import cem as cem_lib
@@ -29,15 +28,45 @@ from fastpbrl.population import hypertrick as hypertrick_lib
 from fastpbrl.population import pbt as pbt_lib
 from fastpbrl.population import search_space as ss
 from fastpbrl.run import (ConfigError, Driver, Loop, RunConfig, _check,
-                          as_flag_error, hparam_rows)
+                          agent_spec, as_flag_error, hparam_rows)
 
 
-# What CEM-RL and DvD accept, said once: both train deterministic policies
-# through a critic shared by the population, and TD3 is the one agent here
-# with that update (``Agent.shared_critic``); SAC's and DQN's have none.
-_SHARED_CRITIC_AGENTS = (
-    "{rule} needs deterministic policies trained through one shared critic, "
-    "which only TD3 has here: --agent must be td3, got {agent!r}")
+def _search_space(config: RunConfig) -> ss.SearchSpace:
+  """``--search-space FILE`` if given, else the agent's default space."""
+  path = getattr(config, 'search_space', None)
+  if path is None:
+    return agent_spec(config.agent).default_search_space
+  try:
+    return ss.load(path)
+  except ValueError as e:
+    raise ConfigError(f'--search-space {path}: {e}') from None
+
+
+def _validate_space(config: RunConfig, space: ss.SearchSpace,
+                    defaults) -> None:
+  """Every field of the space is a hyperparameter of the agent."""
+  try:
+    ss.validate(space, defaults)
+  except ValueError as e:
+    path = getattr(config, 'search_space', None)
+    if path:
+      source = f'--search-space {path}'
+    elif space == agent_spec(config.agent).default_search_space:
+      source = f'the default search space of --agent {config.agent}'
+    else:  # a space passed to the driver in code
+      source = 'the search space'
+    raise ConfigError(f'{source}: {e}') from None
+
+
+def _check_shared_critic(rule: str, config: RunConfig) -> None:
+  """CEM-RL and DvD train deterministic policies through one critic shared
+  by the population: the agent must register that update
+  (``register(..., shared_critic=...)``; of the built-ins, TD3 does)."""
+  spec = agent_spec(config.agent)
+  _check(spec.shared_critic is not None,
+         f'{rule} needs deterministic policies trained through one shared '
+         f'critic: --agent {config.agent} registers no shared_critic update '
+         '(of the built-in agents only td3 does)')
 
 
 # ---------------------------------------------------------------------------
@@ -95,6 +124,10 @@ class PBTRunConfig(RunConfig):
   published defaults, the others within a factor 1.25 of them), 'prior'
   (sampled from the whole search space, as the 2022 paper does) or
   'defaults' (every member at the defaults)."""
+  search_space: Optional[str] = None
+  """A JSON (or YAML) file of the hyperparameters to search and their priors
+  (format: README, "Search space from a file"; example:
+  examples/search_space.json); default: the agent's registered space."""
 
 
 class FreshEpisodes:
@@ -169,7 +202,7 @@ class PBTDriver(Driver):
            '--update-to-data-ratio): PBT would never exploit; lower it or '
            'raise --env-steps')
     _check_evaluations_per(config.ready_after, config, '--ready-after')
-    self.space = space or ss.default_search_space(config.agent)
+    self.space = space or _search_space(config)
     self.exploit = pbt_lib.CompiledExploitExplore(self.pbt_config, self.space)
     self.fitness = pbt_lib.FitnessTracker(
         config.population_size, config.fitness_window, config.true_objective)
@@ -180,7 +213,7 @@ class PBTDriver(Driver):
 
   def initial_hparams(self, key, agent, population_size):
     defaults = agent.default_hparams()
-    ss.validate(self.space, defaults)  # a bad search space fails here
+    _validate_space(self.config, self.space, defaults)
     if self.config.init_hparams == 'defaults':
       return super().initial_hparams(key, agent, population_size)
     if self.config.init_hparams == 'near-defaults':
@@ -350,8 +383,8 @@ class DvDRunConfig(RunConfig):
   """
 
   agent: str = 'td3'
-  """Agent: td3, the only agent here with the shared-critic update this
-  rule trains (SAC and DQN have none)."""
+  """Agent with the shared-critic update this rule trains: td3 (SAC and DQN
+  have none), or one of your own that registers it (module:attribute)."""
   lambda_mode: str = 'bandit'
   """How the diversity weight is set: bandit (Thompson sampling over
   --lambda-arms, as in the DvD paper) or schedule (linear from
@@ -422,8 +455,7 @@ class DvDDriver(Driver):
 
   def __init__(self, config: DvDRunConfig):
     super().__init__(config)
-    _check(config.agent == 'td3', _SHARED_CRITIC_AGENTS.format(
-        rule='DvD', agent=config.agent))
+    _check_shared_critic('DvD', config)
     _check(config.lambda_mode in ('bandit', 'schedule'),
            f'--lambda-mode must be bandit or schedule, got {config.lambda_mode!r}')
     _check(len(config.lambda_arms) >= 1 and all(
@@ -443,7 +475,7 @@ class DvDDriver(Driver):
     if config.lambda_mode == 'bandit':
       _check_evaluations_per(
           config.bandit_every * (config.steps_per_call or
-                                 td3.TD3Config.steps_per_call),
+                                 agent_spec(config.agent).config.steps_per_call),
           config, '--bandit-every x --steps-per-call')
     _check(config.kernel_sigma > 0,
            f'--kernel-sigma must be > 0, got {config.kernel_sigma}')
@@ -466,9 +498,9 @@ class DvDDriver(Driver):
     self._probe = None  # (states, jitted distance), set by initialize
 
   def shared_critic_update(self, agent):
-    policy_apply = td3.make_networks(agent.env_spec, agent.config).policy.apply
     return dvd_lib.with_diversity(
-        agent.shared_critic, policy_apply, self.config.kernel_sigma,
+        agent.shared_critic, agent.shared_critic.policy_apply,
+        self.config.kernel_sigma,
         num_states=self.config.embedding_states)
 
   def initial_hparams(self, key, agent, population_size):
@@ -479,7 +511,7 @@ class DvDDriver(Driver):
 
   def initialize(self, key, state, agent):
     del key
-    policy_apply = td3.make_networks(agent.env_spec, agent.config).policy.apply
+    policy_apply = agent.shared_critic.policy_apply
     states = _probe_states(self.config.env, self.config.diversity_states,
                            self.config.seed)
     distance = jax.jit(lambda policies, s: dvd_lib.mean_pairwise_action_distance(
@@ -605,6 +637,10 @@ class HyperTrickRunConfig(RunConfig):
   """A late reporter below this quantile of its phase's metrics is terminated."""
   init_hparams: str = 'prior'
   """Hyperparameters of every configuration: prior (sampled) or defaults."""
+  search_space: Optional[str] = None
+  """A JSON (or YAML) file of the prior the configurations are sampled from
+  (format: README, "Search space from a file"); default: the agent's
+  registered space."""
 
 
 class HyperTrickDriver(Driver):
@@ -626,7 +662,7 @@ class HyperTrickDriver(Driver):
           eviction_rate=config.eviction_rate, quantile=config.quantile)
     except ValueError as e:
       raise as_flag_error(e, config) from None
-    self.space = space or ss.default_search_space(config.agent)
+    self.space = space or _search_space(config)
     self.scheduler = hypertrick_lib.HyperTrick(self.ht_config,
                                                config.population_size)
     self.rng = np.random.default_rng(config.seed)
@@ -638,7 +674,7 @@ class HyperTrickDriver(Driver):
 
   def initial_hparams(self, key, agent, population_size):
     defaults = agent.default_hparams()
-    ss.validate(self.space, defaults)
+    _validate_space(self.config, self.space, defaults)
     if self.config.init_hparams == 'defaults':
       hparams = super().initial_hparams(key, agent, population_size)
     else:
@@ -746,8 +782,8 @@ class CEMRLRunConfig(RunConfig):
   """
 
   agent: str = 'td3'
-  """Agent: td3, the only agent here with the shared-critic update this
-  rule trains (SAC and DQN have none)."""
+  """Agent with the shared-critic update this rule trains: td3 (SAC and DQN
+  have none), or one of your own that registers it (module:attribute)."""
 
   population_size: int = 6
   """Number of members (even: CEM samples mirrored pairs)."""
@@ -848,8 +884,7 @@ class CEMRLDriver(Driver):
   def __init__(self, config: CEMRLRunConfig):
     config = self.resolve(config)
     super().__init__(config)
-    _check(config.agent == 'td3', _SHARED_CRITIC_AGENTS.format(
-        rule='CEM-RL', agent=config.agent))
+    _check_shared_critic('CEM-RL', config)
     _check(config.population_size % 2 == 0, f'--population-size must be even '
            f'(mirrored sampling), got {config.population_size}')
     _check(0 < config.rl_fraction <= 1,
@@ -907,10 +942,13 @@ class CEMRLDriver(Driver):
 
   def initial_hparams(self, key, agent, population_size):
     del key
-    # policy_delay 1: every critic step comes with one policy step per RL
-    # member, so both counts are actor_steps (see the class docstring).
+    # policy_delay 1 (an agent that has one, as TD3): every critic step comes
+    # with one policy step per RL member, so both counts are actor_steps
+    # (see the class docstring).
+    fields = agent.default_hparams()._fields
+    every_step = {'policy_delay': 1.0} if 'policy_delay' in fields else {}
     return cem_lib.rl_hparams(population_hparams(
-        agent, population_size, policy_delay=1.0))
+        agent, population_size, **every_step))
 
   def shared_critic_update(self, agent):
     return cem_lib.with_rl_schedule(agent.shared_critic, self.num_rl)

@@ -1,5 +1,6 @@
-"""Run logs (host-side; not jittable): TensorBoard, a CSV per member, a
-progress bar, the end-of-run summary table and plot.
+"""Run logs (host-side; not jittable): a CSV per member, the trackers of
+``--track`` (TensorBoard files by default; W&B or MLflow, see
+``fastpbrl.tracking``), a progress bar, the end-of-run summary table and plot.
 
 Library choices: ``tensorboardX`` writes TensorBoard event files without
 TensorFlow; ``tqdm`` draws the progress bar; ``matplotlib`` (Agg, no display)
@@ -114,18 +115,27 @@ class RunLogger:
     purge_step: a resumed run's env steps per member at its checkpoint:
       TensorBoard drops the events a killed run wrote at or after it
       (tensorboardX's ``purge_step``), as the CSVs are cut back.
+    track: where scalars go besides the CSVs (``fastpbrl.tracking``):
+      tensorboard, wandb, mlflow (both with the TensorBoard files too) or
+      none.
+    config: the resolved run config, logged once to W&B or MLflow.
+
+  Every scalar, returns included, is logged against the env steps per
+  member (a member's own for its returns).
   """
 
   def __init__(self, run_dir: str, population_size: int, total_env_steps: int,
                initial_env_steps: int = 0, wall_time_offset: float = 0.0,
                progress: bool = True, eval_episodes: int = 1,
-               purge_step: Optional[int] = None):
-    from tensorboardX import SummaryWriter  # noqa: PLC0415 (heavy import)
+               purge_step: Optional[int] = None,
+               track: str = 'tensorboard',
+               config: Optional[Mapping] = None):
+    from fastpbrl.tracking import open_trackers  # noqa: PLC0415
 
     self.run_dir = run_dir
     os.makedirs(os.path.join(run_dir, 'members'), exist_ok=True)
-    self._tb = SummaryWriter(os.path.join(run_dir, 'tensorboard'),
-                             purge_step=purge_step)
+    self._trackers = open_trackers(track, run_dir, config or {},
+                                   purge_step=purge_step)
     self._files, self._writers = [], []
     for i in range(population_size):
       path = os.path.join(run_dir, 'members', f'member_{i:03d}.csv')
@@ -188,8 +198,8 @@ class RunLogger:
           self._write(done)
         mean = sum(done['episode_return'] for done, _ in group) / len(group)
         self.best_return = max(self.best_return, mean)
-        self._tb.add_scalar(f'member_{member:03d}/eval_mean_return', mean,
-                            group[-1][0]['env_steps'])
+        self._log({f'member_{member:03d}/eval_mean_return': mean},
+                  group[-1][0]['env_steps'])
         group.clear()
     for f in self._files:
       f.flush()
@@ -203,13 +213,19 @@ class RunLogger:
     member = row['member']
     self._writers[member].writerow(row)
     tag = 'eval_return' if row['evaluation'] else 'train_return'
-    self._tb.add_scalar(f'member_{member:03d}/{tag}', row['episode_return'],
-                        row['env_steps'])
+    self._log({f'member_{member:03d}/{tag}': row['episode_return']},
+              row['env_steps'])
+
+  def _log(self, values: Mapping[str, float], env_steps: int) -> None:
+    for tracker in self._trackers:
+      tracker.scalars(values, env_steps)
 
   def scalars(self, values: Mapping[str, float], env_steps: int) -> None:
-    for name, value in values.items():
-      if value is not None and math.isfinite(float(value)):
-        self._tb.add_scalar(name, float(value), env_steps)
+    """Logs ``values`` (``None`` and non-finite ones left out) at
+    ``env_steps``, the env steps per member."""
+    self._log({name: float(value) for name, value in values.items()
+               if value is not None and math.isfinite(float(value))},
+              env_steps)
 
   def progress(self, env_steps: int, **postfix) -> None:
     self._bar.update(max(0, env_steps - self._last_steps))
@@ -220,7 +236,8 @@ class RunLogger:
 
   def close(self) -> None:
     self._bar.close()
-    self._tb.close()
+    for tracker in self._trackers:
+      tracker.close()
     for f in self._files:
       f.close()
 

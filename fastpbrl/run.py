@@ -54,7 +54,9 @@ class RunConfig:
   env: str = 'Pendulum-v1'
   """gymnasium environment id (MuJoCo v5 envs, classic control, ...)."""
   agent: str = 'td3'
-  """Agent: td3, sac or dqn (dqn needs a Discrete action space)."""
+  """Agent: td3, sac, dqn (dqn needs a Discrete action space), or an agent of
+  your own as module:attribute (e.g. examples.ddpg:DDPG; see
+  fastpbrl/agents/base.py)."""
   population_size: int = 4
   """Number of members trained together."""
   seed: int = 0
@@ -69,7 +71,8 @@ class RunConfig:
   num_actors: Optional[int] = None
   """Actor processes (default: CPU cores minus one, at least 1)."""
   hidden_sizes: tuple[int, ...] = (256, 256)
-  """MLP widths of policies and critics (TD3/SAC) or of the Q-MLP (DQN)."""
+  """MLP widths of policies and critics (TD3/SAC) or of the Q-MLP (DQN): the
+  config field the agent registered as its hidden sizes."""
   batch_size: Optional[int] = None
   """Transitions per member per update step (default: the agent's, 256 / 32)."""
   steps_per_call: Optional[int] = None
@@ -98,9 +101,10 @@ class RunConfig:
   """A run directory to continue from its last checkpoint."""
   progress: bool = True
   """Show the progress bar."""
-
-
-AGENT_DEFAULTS = {'td3': 'TD3Config', 'sac': 'SACConfig', 'dqn': 'DQNConfig'}
+  track: str = 'tensorboard'
+  """Where scalars go besides the CSVs: tensorboard (event files in the run
+  directory), wandb or mlflow (each with the TensorBoard files too; pip
+  install 'fastpbrl[wandb]' / 'fastpbrl[mlflow]'), or none."""
 
 
 class StorageError(RuntimeError):
@@ -130,9 +134,7 @@ def as_flag_error(error: ValueError, config) -> ConfigError:
 
 def validate(config: RunConfig, min_population: int = 1) -> None:
   """Raises ``ValueError`` naming the flag and the allowed range."""
-  _check(config.agent in agents_lib.AGENTS,
-         f'--agent {config.agent!r} is unknown; choose one of '
-         f'{", ".join(agents_lib.AGENTS)}')
+  agent_spec(config.agent)
   _check(config.population_size >= min_population,
          f'--population-size must be >= {min_population} for this rule, got '
          f'{config.population_size}')
@@ -162,6 +164,9 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
          f'--checkpoint-every must be >= 0, got {config.checkpoint_every}')
   _check(math.isfinite(config.actor_timeout) and config.actor_timeout > 0,
          f'--actor-timeout must be > 0 seconds, got {config.actor_timeout}')
+  from fastpbrl import tracking  # noqa: PLC0415
+  problem = tracking.check(config.track)
+  _check(problem is None, problem or '')
   if config.resume is not None:
     _check(os.path.isdir(os.path.join(config.resume, 'checkpoints')),
            f'--resume {config.resume!r}: no checkpoints/ folder there')
@@ -255,25 +260,36 @@ def make_env_spec(env_id: str):
     env.close()
 
 
+def agent_spec(agent: str):
+  """The registered agent ``--agent`` names (``fastpbrl.agents.registry``)."""
+  try:
+    return agents_lib.get(agent)
+  except ValueError as e:
+    message = str(e)
+    if not message.startswith(repr(agent)):
+      message = f'{agent!r}: {message}'
+    raise ConfigError(f'--agent {message}') from None
+
+
 def make_agent(config: RunConfig, env_spec):
-  """The agent named by ``config.agent`` with the config's size overrides."""
-  module = __import__(f'fastpbrl.agents.{config.agent}', fromlist=['x'])
-  agent_config = getattr(module, AGENT_DEFAULTS[config.agent])()
+  """The agent ``config.agent`` names, with the config's size overrides."""
+  spec = agent_spec(config.agent)
   overrides = {}
   if config.batch_size is not None:
     overrides['batch_size'] = config.batch_size
   if config.steps_per_call is not None:
     overrides['steps_per_call'] = config.steps_per_call
-  sizes_field = 'mlp_hidden_sizes' if config.agent == 'dqn' else 'hidden_sizes'
-  overrides[sizes_field] = tuple(config.hidden_sizes)
+  if spec.hidden_sizes_field is not None:
+    overrides[spec.hidden_sizes_field] = tuple(config.hidden_sizes)
   try:
-    agent = module.make_agent(env_spec,
-                              dataclasses.replace(agent_config, **overrides))
+    agent = agents_lib.make_agent(
+        config.agent, env_spec, dataclasses.replace(spec.config(), **overrides))
   except ValueError as e:
     raise ConfigError(f'--agent {config.agent} on --env {config.env}: {e}') from None
-  if config.agent == 'dqn' and len(env_spec.observations.shape) == 3:
+  if spec.name == 'dqn' and len(env_spec.observations.shape) == 3:
+    from fastpbrl.agents.dqn import NATURE_ATARI_RUN  # noqa: PLC0415
     differ = [f'--{k.replace("_", "-")} {getattr(config, k)} (Nature DQN: '
-              f'{v})' for k, v in module.NATURE_ATARI_RUN.items()
+              f'{v})' for k, v in NATURE_ATARI_RUN.items()
               if getattr(config, k) != v]
     if differ:
       log.warning('DQN on Atari frames with %s; see NATURE_ATARI_RUN in '
@@ -494,6 +510,8 @@ def run(config: RunConfig, driver: Driver,
   k_hparams, k_init, k_rule = jax.random.split(key, 3)
   try:
     hparams = driver.initial_hparams(k_hparams, agent, n)
+  except ConfigError:
+    raise  # already names its flag
   except ValueError as e:  # e.g. a search space that does not fit the agent
     raise ConfigError(f'initial hyperparameters: {e}') from None
   k_init, k_driver = jax.random.split(k_init)
@@ -570,7 +588,10 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                        progress=config.progress,
                        eval_episodes=config.eval_episodes,
                        purge_step=counters['env_steps'] if config.resume
-                       else None)
+                       else None,
+                       track=config.track,
+                       config={'driver': driver.name,
+                               **dataclasses.asdict(config)})
     stack.callback(logger.close)
     hparams_log = HParamsLog(run_dir)
     stack.callback(hparams_log.close)
@@ -669,10 +690,12 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
         scalars.update({f'rule/{k}': v for k, v in driver.scalars().items()})
         scalars['pipeline/learner_wait_fraction'] = pipeline.wait_fraction()
         scalars['learner/diverged_members_total'] = diverged_total
+        scalars['pipeline/population_env_steps'] = loop.env_steps * n
         for i, row in enumerate(driver.hparam_rows(loop.hparams)):
           scalars.update({f'member_{i:03d}/hparams/{k}': v
                           for k, v in row.items()})
-        logger.scalars(scalars, loop.env_steps * n)
+        # Against env steps per member, as the members' returns are.
+        logger.scalars(scalars, loop.env_steps)
         logger.progress(loop.env_steps * n,
                         calls=loop.calls,
                         wait=f'{pipeline.wait_fraction():.0%}')

@@ -65,6 +65,8 @@ from acme import specs
 
 from fastpbrl.agents import networks as nets_lib
 from fastpbrl.agents.base import Agent, scalar_hparams, select_tree, td_target
+from fastpbrl.agents.registry import register
+from fastpbrl.population import search_space as ss
 from fastpbrl.types import Params, PRNGKey, Transition
 
 
@@ -224,3 +226,15 @@ def make_agent(env_spec: specs.EnvironmentSpec,
       default_hparams=functools.partial(default_hparams, frames=frames),
       init=init, act=act, update=update,
       policy_params=lambda state: state.params, acting_hparams=acting_hparams)
+
+
+# Not in the 2022 paper (it does not tune DQN): bounds around the Nature-DQN
+# defaults (RMSProp 2.5e-4, acting epsilon 0.01-0.1, gamma 0.99).
+SEARCH_SPACE = {
+    'lr': ss.LogUniform(1e-5, 1e-3),
+    'epsilon': ss.Uniform(0.001, 0.1),
+    'discount': ss.PAPER_DISCOUNT,
+}
+
+register('dqn', make_agent=make_agent, config=DQNConfig,
+         default_search_space=SEARCH_SPACE, hidden_sizes_field='mlp_hidden_sizes')

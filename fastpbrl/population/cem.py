@@ -342,6 +342,7 @@ def with_rl_schedule(shared: SharedCritic, num_rl: int) -> SharedCritic:
 
     return SharedCritic(
         init=init, update=update, policy_params=inner.policy_params,
-        with_policy_loss=lambda extra: build(inner.with_policy_loss(extra)))
+        with_policy_loss=lambda extra: build(inner.with_policy_loss(extra)),
+        policy_apply=inner.policy_apply)
 
   return build(shared)
