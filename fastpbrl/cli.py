@@ -87,7 +87,12 @@ def main(presets: Mapping[str, C], description: str, driver_cls,
     raise SystemExit(f'error: {e}') from None
   except StorageError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
-    raise SystemExit(1) from None
+    sys.stdout.flush()
+    # Every process and segment is released by now; skip the interpreter's
+    # exit handlers, where libraries whose writes failed (tensorboardX's
+    # flush, orbax's writer tasks) would repeat the same disk error in
+    # tracebacks after this line.
+    os._exit(1)
   except (RunInterrupted, ForcedExit) as e:
     print(str(e), file=sys.stderr, flush=True)
     raise SystemExit(e.exit_status) from None

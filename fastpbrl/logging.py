@@ -235,11 +235,18 @@ class RunLogger:
                           **postfix, refresh=False)
 
   def close(self) -> None:
+    """Closes every file and tracker, all of them even when one fails
+    (a full disk): the first error is raised once everything is closed."""
     self._bar.close()
-    for tracker in self._trackers:
-      tracker.close()
-    for f in self._files:
-      f.close()
+    error = None
+    for close in [t.close for t in self._trackers] + [f.close
+                                                      for f in self._files]:
+      try:
+        close()
+      except OSError as e:
+        error = error or e
+    if error is not None:
+      raise error
 
 
 def _keys(record) -> tuple:

@@ -544,7 +544,7 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
   with contextlib.ExitStack() as stack:
     stop = stack.enter_context(StopRequest())  # restored last
     checkpointer = Checkpointer(run_dir)
-    stack.callback(checkpointer.close)
+    stack.push(_closing(checkpointer.close))
     counters = {'calls': 0, 'update_steps': 0, 'env_steps': 0, 'wall_time': 0.0}
     replay_state = None
     if config.resume:
@@ -592,9 +592,9 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                        track=config.track,
                        config={'driver': driver.name,
                                **dataclasses.asdict(config)})
-    stack.callback(logger.close)
+    stack.push(_closing(logger.close))
     hparams_log = HParamsLog(run_dir)
-    stack.callback(hparams_log.close)
+    stack.push(_closing(hparams_log.close))
     pipeline = Pipeline.create(
         config, agent, shared_replay=driver.shared_replay,
         seed=pipeline_seed(config.seed, counters['calls']),
@@ -616,6 +616,7 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
       if checkpointer.latest_step() == loop.calls:
         return  # already saved at this call (e.g. the last call, or resumed
                 # from a finished run): orbax refuses a step twice
+      checkpointer.check_space()
       replay = None
       if config.checkpoint_replay:
         replay = pipeline.replay.state_dict()
@@ -739,6 +740,23 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                    hparams=rows, wall_time=logger.wall_time,
                    final_returns=final_returns,
                    rule_scalars=driver.scalars(), diverged=diverged_total)
+
+
+def _closing(close):
+  """An ``ExitStack`` exit callback running ``close``; an I/O error of
+  ``close`` while another exception is on its way out (a full disk fails
+  every writer) does not replace that first, more telling one."""
+
+  def callback(exc_type, exc, tb) -> bool:
+    del exc_type, tb
+    try:
+      close()
+    except OSError:
+      if exc is None:
+        raise
+    return False
+
+  return callback
 
 
 def replay_template_for(config: RunConfig, agent, env_spec,
