@@ -27,7 +27,7 @@ FINAL_RETURNS = 'final_returns.json'  # each member's final evaluation
 HPARAMS_CSV = 'hparams.csv'  # every member's hyperparameters over time
 
 
-def write_json_atomic(path: str, value) -> None:
+def write_json_atomic(path: str, value, default=None) -> None:
   """Writes ``value`` as JSON to ``path`` through a temporary file in the
   same folder and ``os.replace``: a reader sees the old file or the new
   one, never a part."""
@@ -36,7 +36,7 @@ def write_json_atomic(path: str, value) -> None:
                              suffix=os.path.basename(path))
   try:
     with os.fdopen(fd, 'w') as f:
-      json.dump(value, f, indent=2, default=str)
+      json.dump(value, f, indent=2, default=default)
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)

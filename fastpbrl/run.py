@@ -574,7 +574,8 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
     # On a resume too, so that flags changed at the resume (a larger
     # --env-steps) are what the next resume starts from.
     write_json_atomic(os.path.join(run_dir, 'config.json'),
-                      {'driver': driver.name, **dataclasses.asdict(config)})
+                      {'driver': driver.name, **dataclasses.asdict(config)},
+                      default=str)
     log.info('run %s: %s', run_dir, json.dumps(dataclasses.asdict(config),
                                                default=str))
 
