@@ -387,7 +387,7 @@ def diverging_member(out: str) -> Row:
 
 def child_diverge(run_dir: str) -> None:
   from fastpbrl.cli import setup_logging  # noqa: PLC0415
-  from fastpbrl.drivers import PBTDriver, PBTRunConfig  # noqa: PLC0415
+  from fastpbrl.rules.pbt import PBTDriver, PBTRunConfig  # noqa: PLC0415
   from fastpbrl.run import run  # noqa: PLC0415
 
   class OneBadMember(PBTDriver):

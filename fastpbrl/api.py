@@ -34,14 +34,14 @@ Member = Union[str, int]
 
 def _rules() -> dict:
   """rule -> (config class, driver class), imported on first use."""
-  from fastpbrl import drivers  # noqa: PLC0415
+  from fastpbrl.rules import cemrl, dvd, hypertrick, pbt, seeds  # noqa: PLC0415
   from fastpbrl.run import RunConfig  # noqa: PLC0415
   return {
-      'pbt': (drivers.PBTRunConfig, drivers.PBTDriver),
-      'cemrl': (drivers.CEMRLRunConfig, drivers.CEMRLDriver),
-      'dvd': (drivers.DvDRunConfig, drivers.DvDDriver),
-      'hypertrick': (drivers.HyperTrickRunConfig, drivers.HyperTrickDriver),
-      'seeds': (RunConfig, drivers.SeedsDriver),
+      'pbt': (pbt.PBTRunConfig, pbt.PBTDriver),
+      'cemrl': (cemrl.CEMRLRunConfig, cemrl.CEMRLDriver),
+      'dvd': (dvd.DvDRunConfig, dvd.DvDDriver),
+      'hypertrick': (hypertrick.HyperTrickRunConfig, hypertrick.HyperTrickDriver),
+      'seeds': (RunConfig, seeds.SeedsDriver),
   }
 
 
@@ -167,16 +167,16 @@ def restore_run(run_dir: str):
   """
   import jax  # noqa: PLC0415
 
-  from fastpbrl import drivers  # noqa: PLC0415
   from fastpbrl import run as run_lib  # noqa: PLC0415
   from fastpbrl.checkpoint import Checkpointer  # noqa: PLC0415
+  from fastpbrl.rules.pbt import ScheduleDriver  # noqa: PLC0415
 
   saved = _saved_config(run_dir)
   name = saved.get('driver')
   rules = _rules()
   if name == 'pbt-rerun':
     config_cls = run_lib.RunConfig
-    make_driver = lambda c: drivers.ScheduleDriver(c, [(0, {})])  # noqa: E731
+    make_driver = lambda c: ScheduleDriver(c, [(0, {})])  # noqa: E731
   elif name in rules:
     config_cls, make_driver = rules[name]
   else:

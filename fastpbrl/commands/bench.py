@@ -1,6 +1,6 @@
 """``fastpbrl bench``: the learner update-speed benchmark (host-side).
 
-The benchmark, ``benchmarks/update_speed.py``, ships with the repository and
+The benchmark, ``benchmarks/update_speed/``, ships with the repository and
 not with the installed package (it carries PyTorch baselines and result
 files). ``fastpbrl bench [flags]`` runs it when it can be imported: from a
 checkout's root folder, or wherever ``benchmarks`` is on ``PYTHONPATH``; its
@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-NOT_HERE = ('error: fastpbrl bench runs benchmarks/update_speed.py, which '
+NOT_HERE = ('error: fastpbrl bench runs benchmarks/update_speed/, which '
             'comes with a checkout of the repository, not with the installed '
             'package: run it from the checkout\'s root folder (fastpbrl bench, '
             'or python -m benchmarks.update_speed)')
@@ -32,7 +32,8 @@ def load_benchmark(cwd: Optional[str] = None):
   except ImportError:
     pass
   cwd = os.getcwd() if cwd is None else cwd
-  if not os.path.isfile(os.path.join(cwd, 'benchmarks', 'update_speed.py')):
+  if not os.path.isfile(os.path.join(cwd, 'benchmarks', 'update_speed',
+                                     '__init__.py')):
     raise SystemExit(NOT_HERE)
   sys.path.insert(0, cwd)  # a checkout's root: its benchmarks/ package
   try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from fastpbrl import cli
-from fastpbrl.drivers import CEMRLDriver, CEMRLRunConfig
+from fastpbrl.rules.cemrl import CEMRLDriver, CEMRLRunConfig
 
 PRESETS = {
     'small': CEMRLRunConfig(),

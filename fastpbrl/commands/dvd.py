@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from fastpbrl import cli
-from fastpbrl.drivers import DvDDriver, DvDRunConfig
+from fastpbrl.rules.dvd import DvDDriver, DvDRunConfig
 
 PRESETS = {
     'small': DvDRunConfig(),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from fastpbrl import cli
-from fastpbrl.drivers import HyperTrickDriver, HyperTrickRunConfig
+from fastpbrl.rules.hypertrick import HyperTrickDriver, HyperTrickRunConfig
 
 PRESETS = {
     'small': HyperTrickRunConfig(),

@@ -14,8 +14,8 @@ from typing import Optional, Sequence
 
 from fastpbrl import cli
 from fastpbrl.agents import dqn
-from fastpbrl.drivers import PBTDriver, PBTRunConfig, ScheduleDriver
 from fastpbrl.population import pbt as pbt_lib
+from fastpbrl.rules.pbt import PBTDriver, PBTRunConfig, ScheduleDriver
 from fastpbrl.run import ConfigError, RunConfig
 
 

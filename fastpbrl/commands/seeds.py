@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from fastpbrl import cli
-from fastpbrl.drivers import SeedsDriver
+from fastpbrl.rules.seeds import SeedsDriver
 from fastpbrl.run import RunConfig
 
 PRESETS = {'small': RunConfig()}
