@@ -1,5 +1,5 @@
 """Standard PyTorch TD3, SAC and DQN update steps: the baselines of the
-update-speed benchmark (``benchmarks/update_speed.py``).
+update-speed benchmark (``benchmarks/update_speed/``).
 
 Host-side benchmark code only: nothing in ``fastpbrl`` imports this module,
 and this module is the only one that imports torch.

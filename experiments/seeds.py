@@ -1,25 +1,12 @@
-"""N independent members at the agent's published defaults: many seeds of
-one agent at once, and the baseline the population rules are measured
-against (``python -m benchmarks.learning``).
+"""Alias of ``fastpbrl seeds`` (the installed command), kept so that
+``python -m experiments.seeds`` works from a checkout; the implementation is
+``fastpbrl/commands/seeds.py``."""
 
-    python -m experiments.seeds                        # TD3, Pendulum-v1, 4 seeds
-    python -m experiments.seeds --agent sac --env Hopper-v5 --population-size 8
-"""
-
-from __future__ import annotations
-
-from typing import Optional, Sequence
-
-from fastpbrl import cli
-from fastpbrl.drivers import SeedsDriver
-from fastpbrl.run import RunConfig
-
-PRESETS = {'small': RunConfig()}
-
-
-def main(argv: Optional[Sequence[str]] = None):
-  return cli.main(PRESETS, __doc__, SeedsDriver, argv)
-
+from fastpbrl.commands.seeds import *  # noqa: F403
+from fastpbrl.commands.seeds import PRESETS, main  # noqa: F401
 
 if __name__ == '__main__':
-  main()
+  import sys
+
+  from fastpbrl.commands import main as fastpbrl_main
+  sys.exit(fastpbrl_main(['seeds', *sys.argv[1:]]))  # as `fastpbrl seeds`

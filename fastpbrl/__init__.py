@@ -1,3 +1,36 @@
-"""fastpbrl: population-based reinforcement learning on a single machine."""
+"""fastpbrl: population-based reinforcement learning on a single machine.
+
+The Python API (``fastpbrl/api.py``, imported on first use so that
+``import fastpbrl`` stays light):
+
+* ``train(rule='pbt', **settings) -> TrainResult``: train a population;
+* ``load_policy(run_dir, member='best') -> Policy``: ``policy(obs) -> action``;
+* ``evaluate(run_dir, member='best', episodes=10, video_dir=None, seed=0)``;
+* ``Callback``: hooks ``after_call(loop)`` and ``after_rule_decision(loop,
+  event)`` for ``train(..., callbacks=[...])`` and ``run``;
+* ``fastpbrl.run.run(config, driver, callbacks=())``: the loop itself.
+"""
 
 __version__ = '0.1.0'
+
+_API = {
+    'train': 'fastpbrl.api', 'load_policy': 'fastpbrl.api',
+    'evaluate': 'fastpbrl.api', 'best_member': 'fastpbrl.api',
+    'TrainResult': 'fastpbrl.api', 'Policy': 'fastpbrl.api',
+    'Evaluation': 'fastpbrl.api', 'Callback': 'fastpbrl.run',
+    'ConfigError': 'fastpbrl.run', 'RunConfig': 'fastpbrl.run',
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name):
+  if name == 'run':
+    # ``fastpbrl.run`` is the run-loop module; its ``run`` function is
+    # ``fastpbrl.run.run`` (an attribute lookup here returns the module).
+    import importlib  # noqa: PLC0415
+    return importlib.import_module('fastpbrl.run')
+  if name in _API:
+    import importlib  # noqa: PLC0415
+    return getattr(importlib.import_module(_API[name]), name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

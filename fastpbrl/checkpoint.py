@@ -25,6 +25,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from typing import Any, Optional
@@ -72,6 +73,7 @@ class Checkpointer:
   def __init__(self, directory: str, max_to_keep: int = 2):
     self.directory = os.path.abspath(os.path.join(directory, 'checkpoints'))
     self.removed_tmp = remove_unfinished_saves(self.directory)
+    self._failed = False
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
@@ -95,10 +97,31 @@ class Checkpointer:
       self._manager.save(step, args=ocp.args.Composite(**items), force=True)
       self._manager.wait_until_finished()
     except Exception as e:  # orbax/tensorstore report I/O errors as ValueError
+      self._failed = True
+      # orbax's writer tasks that failed too are reported by asyncio when
+      # collected, after the run's own message: the same error, many times.
+      logging.getLogger('asyncio').setLevel(logging.CRITICAL)
       raise CheckpointError(
           f'writing checkpoint {step} under {self.directory} failed '
           f'({describe_io_error(e)}); the checkpoint of call '
           f'{self.latest_step()} is intact') from e
+
+  def check_space(self, margin: float = 1.5, extra: int = 1 << 20) -> None:
+    """Raises ``CheckpointError`` before a save that would not fit: less
+    free space than ``margin`` times the latest checkpoint plus ``extra``
+    bytes (nothing to compare with before the first save)."""
+    step = self.latest_step()
+    if step is None:
+      return
+    size = 0
+    for root, _, files in os.walk(os.path.join(self.directory, str(step))):
+      size += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    free = shutil.disk_usage(self.directory).free
+    if free < margin * size + extra:
+      raise CheckpointError(
+          f'only {free / 2**20:.1f} MiB free under {self.directory}, a '
+          f'checkpoint takes about {size / 2**20:.1f} MiB (No space left on '
+          f'device); the checkpoint of call {step} is intact')
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -146,4 +169,10 @@ class Checkpointer:
     return step
 
   def close(self) -> None:
-    self._manager.close()
+    try:
+      self._manager.close()
+    except Exception:
+      if not self._failed:
+        raise
+      # close() re-raises the failed save's error, reported already.
+

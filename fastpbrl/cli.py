@@ -22,7 +22,8 @@ C = TypeVar('C')
 
 
 def parse(presets: Mapping[str, C], description: str,
-          argv: Optional[Sequence[str]] = None) -> C:
+          argv: Optional[Sequence[str]] = None,
+          prog: Optional[str] = None) -> C:
   """Parses ``argv`` into a copy of the chosen preset's config."""
   argv = list(sys.argv[1:] if argv is None else argv)
   names = list(presets)
@@ -43,7 +44,7 @@ def parse(presets: Mapping[str, C], description: str,
                  f'defaults; with --resume DIR they are the killed run\'s saved '
                  f'settings. Other flags override them. Now: {source}.')
   return tyro.cli(type(default), default=default, args=rest,
-                  description=description)
+                  description=description, prog=prog)
 
 
 def _saved_config(run_dir: str, like: C) -> C:
@@ -66,7 +67,7 @@ def _saved_config(run_dir: str, like: C) -> C:
 
 
 def main(presets: Mapping[str, C], description: str, driver_cls,
-         argv: Optional[Sequence[str]] = None):
+         argv: Optional[Sequence[str]] = None, prog: Optional[str] = None):
   """Parses flags, builds the driver and runs; a configuration error exits
   with a one-line message (status 2) before any process starts.
 
@@ -77,7 +78,7 @@ def main(presets: Mapping[str, C], description: str, driver_cls,
   from fastpbrl.run import ConfigError, StorageError, run  # noqa: PLC0415
   from fastpbrl.signals import ForcedExit, RunInterrupted  # noqa: PLC0415
 
-  config = parse(presets, description, argv)
+  config = parse(presets, description, argv, prog)
   setup_logging()
   try:
     driver = driver_cls(config)
@@ -86,7 +87,12 @@ def main(presets: Mapping[str, C], description: str, driver_cls,
     raise SystemExit(f'error: {e}') from None
   except StorageError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
-    raise SystemExit(1) from None
+    sys.stdout.flush()
+    # Every process and segment is released by now; skip the interpreter's
+    # exit handlers, where libraries whose writes failed (tensorboardX's
+    # flush, orbax's writer tasks) would repeat the same disk error in
+    # tracebacks after this line.
+    os._exit(1)
   except (RunInterrupted, ForcedExit) as e:
     print(str(e), file=sys.stderr, flush=True)
     raise SystemExit(e.exit_status) from None

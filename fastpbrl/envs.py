@@ -82,16 +82,21 @@ def is_atari(env_id: str) -> bool:
   return isinstance(entry_point, str) and entry_point.startswith('ale_py')
 
 
-def make_env(env_id: str) -> gym.Env:
+def make_env(env_id: str, **kwargs) -> gym.Env:
   """A new environment for ``env_id``; Atari ids get Nature's preprocessing.
+
+  ``kwargs`` go to ``gymnasium.make`` (``render_mode='rgb_array'`` for
+  videos). An id ``module:EnvId`` imports ``module`` first, which registers
+  the env (gymnasium's convention).
 
   Raises:
     gymnasium.error.Error: the id is unknown, or a dependency is missing
       (the message says what to install).
+    ImportError: the ``module`` of a ``module:EnvId`` id does not import.
   """
   if not is_atari(env_id):
-    return gym.make(env_id)
-  return atari_preprocessing(gym.make(env_id, frameskip=1))
+    return gym.make(env_id, **kwargs)
+  return atari_preprocessing(gym.make(env_id, frameskip=1, **kwargs))
 
 
 def atari_preprocessing(env: gym.Env) -> gym.Env:

@@ -1,5 +1,6 @@
-"""Run logs (host-side; not jittable): TensorBoard, a CSV per member, a
-progress bar, the end-of-run summary table and plot.
+"""Run logs (host-side; not jittable): a CSV per member, the trackers of
+``--track`` (TensorBoard files by default; W&B or MLflow, see
+``fastpbrl.tracking``), a progress bar, the end-of-run summary table and plot.
 
 Library choices: ``tensorboardX`` writes TensorBoard event files without
 TensorFlow; ``tqdm`` draws the progress bar; ``matplotlib`` (Agg, no display)
@@ -14,6 +15,7 @@ import csv
 import json
 import math
 import os
+import tempfile
 import time
 from typing import Iterable, Mapping, Optional, Sequence
 
@@ -21,6 +23,80 @@ from tqdm.auto import tqdm
 
 EPISODE_FIELDS = ('wall_time', 'env_steps', 'update_steps', 'member',
                   'episode_return', 'episode_length', 'evaluation')
+FINAL_RETURNS = 'final_returns.json'  # each member's final evaluation
+HPARAMS_CSV = 'hparams.csv'  # every member's hyperparameters over time
+
+
+def write_json_atomic(path: str, value, default=None) -> None:
+  """Writes ``value`` as JSON to ``path`` through a temporary file in the
+  same folder and ``os.replace``: a reader sees the old file or the new
+  one, never a part."""
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix='.tmp-',
+                             suffix=os.path.basename(path))
+  try:
+    with os.fdopen(fd, 'w') as f:
+      json.dump(value, f, indent=2, default=default)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def read_final_returns(run_dir: str) -> dict:
+  """``final_returns.json`` of a finished run (``run`` writes it after the
+  final evaluation).
+
+  Raises:
+    FileNotFoundError: the run has not finished (or predates the file).
+  """
+  with open(os.path.join(run_dir, FINAL_RETURNS)) as f:
+    return json.load(f)
+
+
+class HParamsLog:
+  """``hparams.csv``: every member's hyperparameters at chosen learner
+  calls, one row per member (``env_steps``, ``update_steps``, ``member``,
+  then one column per hyperparameter). The run loop writes a row set at its
+  first call, every 10 calls, at every call where the rule made a decision
+  (so PBT's copies show at the call they happened) and at the end.
+
+  Append-only and flushed at each write, like the member CSVs: a resumed
+  run cuts it back to its size at the checkpoint (``run.truncate_logs``).
+  """
+
+  def __init__(self, run_dir: str):
+    self.path = os.path.join(run_dir, HPARAMS_CSV)
+    self._file = None
+    self._writer = None
+
+  def write(self, env_steps: int, update_steps: int,
+            rows: Sequence[Mapping[str, float]]) -> None:
+    if self._writer is None:
+      fields = ['env_steps', 'update_steps', 'member', *rows[0]]
+      if os.path.exists(self.path) and os.path.getsize(self.path):
+        with open(self.path, newline='') as f:
+          fields = next(csv.reader(f))  # a resumed run keeps its columns
+        self._file = open(self.path, 'a', newline='')  # noqa: SIM115
+        self._writer = csv.DictWriter(self._file, fieldnames=fields,
+                                      extrasaction='ignore')
+      else:
+        self._file = open(self.path, 'w', newline='')  # noqa: SIM115
+        self._writer = csv.DictWriter(self._file, fieldnames=fields,
+                                      extrasaction='ignore')
+        self._writer.writeheader()
+    for member, row in enumerate(rows):
+      self._writer.writerow({'env_steps': int(env_steps),
+                             'update_steps': int(update_steps),
+                             'member': member, **row})
+    self._file.flush()
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
 
 
 class RunLogger:
@@ -39,18 +115,27 @@ class RunLogger:
     purge_step: a resumed run's env steps per member at its checkpoint:
       TensorBoard drops the events a killed run wrote at or after it
       (tensorboardX's ``purge_step``), as the CSVs are cut back.
+    track: where scalars go besides the CSVs (``fastpbrl.tracking``):
+      tensorboard, wandb, mlflow (both with the TensorBoard files too) or
+      none.
+    config: the resolved run config, logged once to W&B or MLflow.
+
+  Every scalar, returns included, is logged against the env steps per
+  member (a member's own for its returns).
   """
 
   def __init__(self, run_dir: str, population_size: int, total_env_steps: int,
                initial_env_steps: int = 0, wall_time_offset: float = 0.0,
                progress: bool = True, eval_episodes: int = 1,
-               purge_step: Optional[int] = None):
-    from tensorboardX import SummaryWriter  # noqa: PLC0415 (heavy import)
+               purge_step: Optional[int] = None,
+               track: str = 'tensorboard',
+               config: Optional[Mapping] = None):
+    from fastpbrl.tracking import open_trackers  # noqa: PLC0415
 
     self.run_dir = run_dir
     os.makedirs(os.path.join(run_dir, 'members'), exist_ok=True)
-    self._tb = SummaryWriter(os.path.join(run_dir, 'tensorboard'),
-                             purge_step=purge_step)
+    self._trackers = open_trackers(track, run_dir, config or {},
+                                   purge_step=purge_step)
     self._files, self._writers = [], []
     for i in range(population_size):
       path = os.path.join(run_dir, 'members', f'member_{i:03d}.csv')
@@ -113,8 +198,8 @@ class RunLogger:
           self._write(done)
         mean = sum(done['episode_return'] for done, _ in group) / len(group)
         self.best_return = max(self.best_return, mean)
-        self._tb.add_scalar(f'member_{member:03d}/eval_mean_return', mean,
-                            group[-1][0]['env_steps'])
+        self._log({f'member_{member:03d}/eval_mean_return': mean},
+                  group[-1][0]['env_steps'])
         group.clear()
     for f in self._files:
       f.flush()
@@ -128,13 +213,19 @@ class RunLogger:
     member = row['member']
     self._writers[member].writerow(row)
     tag = 'eval_return' if row['evaluation'] else 'train_return'
-    self._tb.add_scalar(f'member_{member:03d}/{tag}', row['episode_return'],
-                        row['env_steps'])
+    self._log({f'member_{member:03d}/{tag}': row['episode_return']},
+              row['env_steps'])
+
+  def _log(self, values: Mapping[str, float], env_steps: int) -> None:
+    for tracker in self._trackers:
+      tracker.scalars(values, env_steps)
 
   def scalars(self, values: Mapping[str, float], env_steps: int) -> None:
-    for name, value in values.items():
-      if value is not None and math.isfinite(float(value)):
-        self._tb.add_scalar(name, float(value), env_steps)
+    """Logs ``values`` (``None`` and non-finite ones left out) at
+    ``env_steps``, the env steps per member."""
+    self._log({name: float(value) for name, value in values.items()
+               if value is not None and math.isfinite(float(value))},
+              env_steps)
 
   def progress(self, env_steps: int, **postfix) -> None:
     self._bar.update(max(0, env_steps - self._last_steps))
@@ -144,10 +235,18 @@ class RunLogger:
                           **postfix, refresh=False)
 
   def close(self) -> None:
+    """Closes every file and tracker, all of them even when one fails
+    (a full disk): the first error is raised once everything is closed."""
     self._bar.close()
-    self._tb.close()
-    for f in self._files:
-      f.close()
+    error = None
+    for close in [t.close for t in self._trackers] + [f.close
+                                                      for f in self._files]:
+      try:
+        close()
+      except OSError as e:
+        error = error or e
+    if error is not None:
+      raise error
 
 
 def _keys(record) -> tuple:

@@ -311,8 +311,10 @@ class Pipeline:
         ``update_to_data_ratio``, ``num_actors``, ``batch_size`` and
         ``steps_per_call`` (``None``: the agent's), ``replay_capacity``,
         ``eval_every``.
-      agent: an agent made by ``fastpbrl.agents.make_agent``; actors rebuild
-        it from its ``name`` and ``config``.
+      agent: the agent ``run_config.agent`` names, made by
+        ``fastpbrl.agents.make_agent``; actors rebuild it from that name
+        (``module:attribute`` for an agent of user code, re-imported in each
+        actor process) and ``agent.config``.
       shared_replay: one replay for all members (CEM-RL, DvD) instead of one
         per member.
       seed: the run seed.
@@ -324,12 +326,14 @@ class Pipeline:
     from fastpbrl import agents as agents_lib  # local: agents import haiku
     from fastpbrl.learner import population_hparams
 
-    if agent.name not in agents_lib.AGENTS:
-      raise ValueError(f'Pipeline.create rebuilds agents from the registry '
-                       f'{agents_lib.AGENTS}; for agent {agent.name!r} pass '
-                       f'an agent_fn to Pipeline(...)')
+    ref = getattr(run_config, 'agent', agent.name)
+    if agents_lib.get(ref).name != agent.name:
+      raise ValueError(f'Pipeline.create rebuilds agents from the registry, '
+                       f'and {ref!r} names agent {agents_lib.get(ref).name!r}, '
+                       f'not {agent.name!r}; pass an agent_fn to '
+                       f'Pipeline(...)')
     n = int(run_config.population_size)
-    agent_fn = functools.partial(agents_lib.make_agent, agent.name,
+    agent_fn = functools.partial(agents_lib.make_agent, ref,
                                  config=agent.config)
     hparams = population_hparams(agent, n)
 

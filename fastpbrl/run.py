@@ -38,7 +38,9 @@ from fastpbrl import agents as agents_lib
 from fastpbrl.actors.pool import exit_if_spawned_import
 from fastpbrl.checkpoint import CheckpointError, Checkpointer
 from fastpbrl.learner import PopulationLearner, SharedCriticLearner
-from fastpbrl.logging import RunLogger, plot_returns, summary_table
+from fastpbrl import plots
+from fastpbrl.logging import (FINAL_RETURNS, HParamsLog, RunLogger,
+                              plot_returns, summary_table, write_json_atomic)
 from fastpbrl.replay.buffers import format_bytes
 from fastpbrl.signals import ForcedExit, RunInterrupted, StopRequest
 
@@ -52,7 +54,9 @@ class RunConfig:
   env: str = 'Pendulum-v1'
   """gymnasium environment id (MuJoCo v5 envs, classic control, ...)."""
   agent: str = 'td3'
-  """Agent: td3, sac or dqn (dqn needs a Discrete action space)."""
+  """Agent: td3, sac, dqn (dqn needs a Discrete action space), or an agent of
+  your own as module:attribute (e.g. examples.ddpg:DDPG; see
+  fastpbrl/agents/base.py)."""
   population_size: int = 4
   """Number of members trained together."""
   seed: int = 0
@@ -67,7 +71,8 @@ class RunConfig:
   num_actors: Optional[int] = None
   """Actor processes (default: CPU cores minus one, at least 1)."""
   hidden_sizes: tuple[int, ...] = (256, 256)
-  """MLP widths of policies and critics (TD3/SAC) or of the Q-MLP (DQN)."""
+  """MLP widths of policies and critics (TD3/SAC) or of the Q-MLP (DQN): the
+  config field the agent registered as its hidden sizes."""
   batch_size: Optional[int] = None
   """Transitions per member per update step (default: the agent's, 256 / 32)."""
   steps_per_call: Optional[int] = None
@@ -91,14 +96,15 @@ class RunConfig:
   """Seconds without a heartbeat after which an actor process counts as
   hung and is killed and restarted."""
   run_dir: Optional[str] = None
-  """Where logs and checkpoints go (default: runs/<script>-<env>-<time>)."""
+  """Where logs and checkpoints go (default: runs/<rule>-<agent>-<env>-<time>)."""
   resume: Optional[str] = None
   """A run directory to continue from its last checkpoint."""
   progress: bool = True
   """Show the progress bar."""
-
-
-AGENT_DEFAULTS = {'td3': 'TD3Config', 'sac': 'SACConfig', 'dqn': 'DQNConfig'}
+  track: str = 'tensorboard'
+  """Where scalars go besides the CSVs: tensorboard (event files in the run
+  directory), wandb or mlflow (each with the TensorBoard files too; pip
+  install 'fastpbrl[wandb]' / 'fastpbrl[mlflow]'), or none."""
 
 
 class StorageError(RuntimeError):
@@ -128,9 +134,7 @@ def as_flag_error(error: ValueError, config) -> ConfigError:
 
 def validate(config: RunConfig, min_population: int = 1) -> None:
   """Raises ``ValueError`` naming the flag and the allowed range."""
-  _check(config.agent in agents_lib.AGENTS,
-         f'--agent {config.agent!r} is unknown; choose one of '
-         f'{", ".join(agents_lib.AGENTS)}')
+  agent_spec(config.agent)
   _check(config.population_size >= min_population,
          f'--population-size must be >= {min_population} for this rule, got '
          f'{config.population_size}')
@@ -160,6 +164,9 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
          f'--checkpoint-every must be >= 0, got {config.checkpoint_every}')
   _check(math.isfinite(config.actor_timeout) and config.actor_timeout > 0,
          f'--actor-timeout must be > 0 seconds, got {config.actor_timeout}')
+  from fastpbrl import tracking  # noqa: PLC0415
+  problem = tracking.check(config.track)
+  _check(problem is None, problem or '')
   if config.resume is not None:
     _check(os.path.isdir(os.path.join(config.resume, 'checkpoints')),
            f'--resume {config.resume!r}: no checkpoints/ folder there')
@@ -184,7 +191,7 @@ def log_sizes(run_dir: str) -> dict:
   names = [os.path.join('members', f) for f in sorted(
       os.listdir(os.path.join(run_dir, 'members')))] if os.path.isdir(
           os.path.join(run_dir, 'members')) else []
-  names += ['lineage.jsonl', 'mean_policy.csv']
+  names += ['lineage.jsonl', 'mean_policy.csv', 'hparams.csv']
   return {name: os.path.getsize(os.path.join(run_dir, name)) for name in names
           if os.path.exists(os.path.join(run_dir, name))}
 
@@ -227,23 +234,7 @@ def check_resume(config: RunConfig, driver_name: str) -> None:
 
 def resume_command(driver_name: str, run_dir: str) -> str:
   """The command line that continues the run in ``run_dir``."""
-  return f'python -m experiments.{driver_name} --resume {shlex.quote(run_dir)}'
-
-
-def write_json_atomic(path: str, value: Any) -> None:
-  """Writes ``value`` as JSON to ``path`` through a temporary file and a
-  rename: a reader (or a resume after a kill) sees the old file or the
-  new one, never a part."""
-  tmp = f'{path}.tmp{os.getpid()}'
-  try:
-    with open(tmp, 'w') as f:
-      json.dump(value, f, indent=2, default=str)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
+  return f'fastpbrl {driver_name} --resume {shlex.quote(run_dir)}'
 
 
 def make_env_spec(env_id: str):
@@ -257,35 +248,52 @@ def make_env_spec(env_id: str):
     env = make_env(env_id)
   except gym.error.Error as e:
     raise ConfigError(f'--env {env_id!r} cannot be made: {e}') from None
+  except ImportError as e:  # 'mymod:Point-v0' whose module does not import
+    module = env_id.split(':', 1)[0]
+    raise ConfigError(f'--env {env_id!r}: module {module!r} cannot be '
+                      f'imported ({e.__class__.__name__}: '
+                      f'{str(e).splitlines()[0] if str(e) else e!r}); put it '
+                      'on PYTHONPATH or install it') from None
   try:
     return spec_of(env)
   finally:
     env.close()
 
 
+def agent_spec(agent: str):
+  """The registered agent ``--agent`` names (``fastpbrl.agents.registry``)."""
+  try:
+    return agents_lib.get(agent)
+  except ValueError as e:
+    message = str(e)
+    if not message.startswith(repr(agent)):
+      message = f'{agent!r}: {message}'
+    raise ConfigError(f'--agent {message}') from None
+
+
 def make_agent(config: RunConfig, env_spec):
-  """The agent named by ``config.agent`` with the config's size overrides."""
-  module = __import__(f'fastpbrl.agents.{config.agent}', fromlist=['x'])
-  agent_config = getattr(module, AGENT_DEFAULTS[config.agent])()
+  """The agent ``config.agent`` names, with the config's size overrides."""
+  spec = agent_spec(config.agent)
   overrides = {}
   if config.batch_size is not None:
     overrides['batch_size'] = config.batch_size
   if config.steps_per_call is not None:
     overrides['steps_per_call'] = config.steps_per_call
-  sizes_field = 'mlp_hidden_sizes' if config.agent == 'dqn' else 'hidden_sizes'
-  overrides[sizes_field] = tuple(config.hidden_sizes)
+  if spec.hidden_sizes_field is not None:
+    overrides[spec.hidden_sizes_field] = tuple(config.hidden_sizes)
   try:
-    agent = module.make_agent(env_spec,
-                              dataclasses.replace(agent_config, **overrides))
+    agent = agents_lib.make_agent(
+        config.agent, env_spec, dataclasses.replace(spec.config(), **overrides))
   except ValueError as e:
     raise ConfigError(f'--agent {config.agent} on --env {config.env}: {e}') from None
-  if config.agent == 'dqn' and len(env_spec.observations.shape) == 3:
+  if spec.name == 'dqn' and len(env_spec.observations.shape) == 3:
+    from fastpbrl.agents.dqn import NATURE_ATARI_RUN  # noqa: PLC0415
     differ = [f'--{k.replace("_", "-")} {getattr(config, k)} (Nature DQN: '
-              f'{v})' for k, v in module.NATURE_ATARI_RUN.items()
+              f'{v})' for k, v in NATURE_ATARI_RUN.items()
               if getattr(config, k) != v]
     if differ:
       log.warning('DQN on Atari frames with %s; see NATURE_ATARI_RUN in '
-                  'fastpbrl/agents/dqn.py, or experiments.pbt --preset atari',
+                  'fastpbrl/agents/dqn.py, or fastpbrl pbt --preset atari',
                   ', '.join(differ))
   return agent
 
@@ -359,6 +367,15 @@ class Driver:
     """Called after every learner call, with this call's finished episodes;
     may replace ``loop.state`` and ``loop.hparams`` (published right after)."""
 
+  def emit(self, events: Sequence[dict]) -> None:
+    """Reports rule decisions made in ``after_call`` (each a dict with at
+    least ``'event'``), for ``Callback.after_rule_decision``."""
+    self.__dict__.setdefault('_events', []).extend(events)
+
+  def take_events(self) -> list[dict]:
+    """The decisions emitted since the last call, oldest first."""
+    return self.__dict__.pop('_events', [])
+
   def finished(self, loop: Loop) -> bool:
     return loop.env_steps >= loop.config.env_steps
 
@@ -398,6 +415,33 @@ class Driver:
     return ''
 
 
+class Callback:
+  """User code the run loop calls (host-side): subclass it, override what
+  you need, and pass instances as ``run(config, driver, callbacks=[...])``
+  (or ``fastpbrl.train(..., callbacks=[...])``).
+
+  Both hooks run in the learner's process, between learner calls: keep them
+  short, since the learner waits for them (the actors do not).
+  """
+
+  def after_call(self, loop: Loop) -> None:
+    """After every learner call and the rule's ``after_call``, before the
+    new policies go to the actors. ``loop`` holds the counters
+    (``calls``, ``update_steps``, ``env_steps`` per member), this call's
+    finished ``episodes``, and the stacked ``state`` and ``hparams``;
+    replacing ``loop.state`` or ``loop.hparams`` changes what is trained,
+    as a rule would."""
+
+  def after_rule_decision(self, loop: Loop, event: dict) -> None:
+    """Once per decision the rule made in this call, before
+    ``after_call``: PBT ``{'event': 'exploit', 'member', 'parent',
+    'new_hparams', ...}`` (the lineage line), HyperTrick ``{'event':
+    'reset', 'member', 'hparams'}``, CEM-RL ``{'event': 'generation',
+    'generation', 'mean_policy_return'}``, DvD ``{'event': 'lambda',
+    'value'}``; each also has ``step`` (update steps) and ``env_steps``
+    (per member)."""
+
+
 def hparam_rows(hparams) -> list[dict]:
   arrays = {k: np.asarray(v) for k, v in hparams._asdict().items()}
   n = len(next(iter(arrays.values())))
@@ -420,13 +464,22 @@ class RunResult:
   diverged: int = 0  # member divergences (NaN/Inf) replaced during the run
 
 
-def default_run_dir(script: str, env: str) -> str:
+def default_run_dir(rule: str, agent: str, env: str) -> str:
+  """``runs/<rule>-<agent>-<env>-<time>``; the env id's ``/`` and ``:``
+  (``ALE/Pong-v5``, ``mymod:Point-v0``) become ``_``."""
   stamp = time.strftime('%Y%m%d-%H%M%S')
-  return os.path.join('runs', f'{script}-{env}-{stamp}')
+  env = env.replace('/', '_').replace(':', '_')
+  return os.path.join('runs', f'{rule}-{agent}-{env}-{stamp}')
 
 
-def run(config: RunConfig, driver: Driver) -> RunResult:
+def run(config: RunConfig, driver: Driver,
+        callbacks: Sequence[Callback] = ()) -> RunResult:
   """Trains a population with ``driver``'s rule; returns the outcome.
+
+  ``callbacks`` (``Callback`` instances) see the loop after every learner
+  call and every rule decision. Besides the logs, the run writes
+  ``final_returns.json`` (each member's final evaluation) and, at the end,
+  the pictures of ``fastpbrl.plots``.
 
   With ``config.resume`` set, the run continues from the last checkpoint in
   that directory: the training state, the hyperparameters (as PBT left
@@ -447,8 +500,8 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
   validate(config, driver.min_population)
   env_spec = make_env_spec(config.env)
   agent = make_agent(config, env_spec)
-  run_dir = config.resume or config.run_dir or default_run_dir(driver.name,
-                                                               config.env)
+  run_dir = config.resume or config.run_dir or default_run_dir(
+      driver.name, config.agent, config.env)
   os.makedirs(run_dir, exist_ok=True)
   n = config.population_size
   learner = driver.make_learner(agent, agent.config.steps_per_call)
@@ -457,13 +510,15 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
   k_hparams, k_init, k_rule = jax.random.split(key, 3)
   try:
     hparams = driver.initial_hparams(k_hparams, agent, n)
+  except ConfigError:
+    raise  # already names its flag
   except ValueError as e:  # e.g. a search space that does not fit the agent
     raise ConfigError(f'initial hyperparameters: {e}') from None
   k_init, k_driver = jax.random.split(k_init)
   state = driver.initialize(k_driver, learner.init(k_init, hparams), agent)
   try:
     return _run(config, driver, agent, env_spec, run_dir, learner, hparams,
-                state, k_rule)
+                state, k_rule, callbacks)
   except ForcedExit as e:  # everything is closed by now
     raise ForcedExit(e.signum, (
         f'the earlier checkpoints in {run_dir}/checkpoints are intact; '
@@ -481,14 +536,15 @@ def run(config: RunConfig, driver: Driver) -> RunResult:
 
 
 def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
-         learner, hparams, state, k_rule) -> RunResult:
+         learner, hparams, state, k_rule,
+         callbacks: Sequence[Callback]) -> RunResult:
   """``run`` from the initial population on."""
   n = config.population_size
   # Everything opened from here on is closed on the way out, whatever fails.
   with contextlib.ExitStack() as stack:
     stop = stack.enter_context(StopRequest())  # restored last
     checkpointer = Checkpointer(run_dir)
-    stack.callback(checkpointer.close)
+    stack.push(_closing(checkpointer.close))
     counters = {'calls': 0, 'update_steps': 0, 'env_steps': 0, 'wall_time': 0.0}
     replay_state = None
     if config.resume:
@@ -518,7 +574,8 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
     # On a resume too, so that flags changed at the resume (a larger
     # --env-steps) are what the next resume starts from.
     write_json_atomic(os.path.join(run_dir, 'config.json'),
-                      {'driver': driver.name, **dataclasses.asdict(config)})
+                      {'driver': driver.name, **dataclasses.asdict(config)},
+                      default=str)
     log.info('run %s: %s', run_dir, json.dumps(dataclasses.asdict(config),
                                                default=str))
 
@@ -532,8 +589,13 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                        progress=config.progress,
                        eval_episodes=config.eval_episodes,
                        purge_step=counters['env_steps'] if config.resume
-                       else None)
-    stack.callback(logger.close)
+                       else None,
+                       track=config.track,
+                       config={'driver': driver.name,
+                               **dataclasses.asdict(config)})
+    stack.push(_closing(logger.close))
+    hparams_log = HParamsLog(run_dir)
+    stack.push(_closing(hparams_log.close))
     pipeline = Pipeline.create(
         config, agent, shared_replay=driver.shared_replay,
         seed=pipeline_seed(config.seed, counters['calls']),
@@ -555,6 +617,7 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
       if checkpointer.latest_step() == loop.calls:
         return  # already saved at this call (e.g. the last call, or resumed
                 # from a finished run): orbax refuses a step twice
+      checkpointer.check_space()
       replay = None
       if config.checkpoint_replay:
         replay = pipeline.replay.state_dict()
@@ -613,18 +676,28 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                       np.flatnonzero(diverged).tolist(), loop.calls, how,
                       diverged_total)
       driver.after_call(loop)
+      events = driver.take_events()
+      for callback in callbacks:
+        for event in events:
+          callback.after_rule_decision(loop, event)
+        callback.after_call(loop)
       # After the rule, so that what it changed reaches the actors now.
       pipeline.publish(learner.policy_params(loop.state),
                        driver.actor_hparams(loop.hparams))
+      if loop.calls % 10 == 0 or events or loop.calls == 1:
+        hparams_log.write(loop.env_steps, loop.update_steps,
+                          driver.hparam_rows(loop.hparams))
       if loop.calls % 10 == 0:
         scalars = {f'learner/{k}': float(np.mean(v)) for k, v in metrics.items()}
         scalars.update({f'rule/{k}': v for k, v in driver.scalars().items()})
         scalars['pipeline/learner_wait_fraction'] = pipeline.wait_fraction()
         scalars['learner/diverged_members_total'] = diverged_total
+        scalars['pipeline/population_env_steps'] = loop.env_steps * n
         for i, row in enumerate(driver.hparam_rows(loop.hparams)):
           scalars.update({f'member_{i:03d}/hparams/{k}': v
                           for k, v in row.items()})
-        logger.scalars(scalars, loop.env_steps * n)
+        # Against env steps per member, as the members' returns are.
+        logger.scalars(scalars, loop.env_steps)
         logger.progress(loop.env_steps * n,
                         calls=loop.calls,
                         wait=f'{pipeline.wait_fraction():.0%}')
@@ -632,6 +705,8 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
         break
       if config.checkpoint_every and loop.calls % config.checkpoint_every == 0:
         save()
+    hparams_log.write(loop.env_steps, loop.update_steps,
+                      driver.hparam_rows(loop.hparams))
     save()
     if stop.requested:
       stack.callback(stop.disarm)  # runs first: the clean-up is not cut
@@ -640,6 +715,10 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
     stack.callback(stop.disarm)
     pipeline.close()  # frees the cores for the final evaluation
     final_returns = final_evaluation(loop, driver, logger)
+    write_json_atomic(os.path.join(run_dir, FINAL_RETURNS), {
+        'env_steps': loop.env_steps, 'eval_episodes': config.eval_episodes,
+        'seed': config.seed, 'checkpoint_step': checkpointer.latest_step(),
+        'final_returns': final_returns})
 
   rows = driver.hparam_rows(loop.hparams)
   table = summary_table(run_dir, rows, eval_episodes=config.eval_episodes)
@@ -650,16 +729,35 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
   with open(os.path.join(run_dir, 'summary.txt'), 'w') as f:
     f.write(table + '\n' + (extra + '\n' if extra else ''))
   plot = plot_returns(run_dir, eval_episodes=config.eval_episodes)
+  pictures = [os.path.basename(p) for p in
+              [plot] + plots.plot_run(run_dir)]
   print(table)
   if extra:
     print(extra)
-  print(f'logs, checkpoints and {os.path.basename(plot)} in {run_dir}')
+  print(f'logs, checkpoints and {", ".join(pictures)} in {run_dir}')
   best = logger.best_return
   return RunResult(run_dir=run_dir, best_return=best, env_steps=loop.env_steps,
                    update_steps=loop.update_steps, calls=loop.calls,
                    hparams=rows, wall_time=logger.wall_time,
                    final_returns=final_returns,
                    rule_scalars=driver.scalars(), diverged=diverged_total)
+
+
+def _closing(close):
+  """An ``ExitStack`` exit callback running ``close``; an I/O error of
+  ``close`` while another exception is on its way out (a full disk fails
+  every writer) does not replace that first, more telling one."""
+
+  def callback(exc_type, exc, tb) -> bool:
+    del exc_type, tb
+    try:
+      close()
+    except OSError:
+      if exc is None:
+        raise
+    return False
+
+  return callback
 
 
 def replay_template_for(config: RunConfig, agent, env_spec,

@@ -2,6 +2,7 @@
 is never picked up; an empty directory is a clear error."""
 
 import os
+import shutil
 
 import chex
 import gymnasium as gym
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from fastpbrl.agents import td3
-from fastpbrl.checkpoint import Checkpointer
+from fastpbrl.checkpoint import CheckpointError, Checkpointer
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.replay import make_replay, transition_fields
 from fastpbrl.types import make_env_spec
@@ -74,3 +75,19 @@ def test_replay_round_trips_with_the_checkpoint(tmp_path, population):
   _, _, meta = ckpt.restore(state, {'hparams': hparams},
                             replay_template=replay.state_template(30))
   chex.assert_trees_all_equal(meta['replay'], replay.state_dict())
+
+
+def test_a_save_that_would_not_fit_is_refused_before_writing(
+    tmp_path, population, monkeypatch):
+  learner, hparams = population
+  state = learner.init(jax.random.PRNGKey(0), hparams)
+  ckpt = Checkpointer(str(tmp_path))
+  ckpt.check_space()  # nothing to compare with yet
+  ckpt.save(1, state, {'hparams': hparams}, {})
+  ckpt.check_space()  # plenty of space here
+  usage = shutil.disk_usage(ckpt.directory)
+  monkeypatch.setattr(shutil, 'disk_usage',
+                      lambda path: usage._replace(free=4096))
+  with pytest.raises(CheckpointError, match=r'No space left on device\); '
+                     r'the checkpoint of call 1 is intact'):
+    ckpt.check_space()

@@ -32,7 +32,7 @@ def _start(config: DvDRunConfig):
   key = jax.random.PRNGKey(0)
   hparams = driver.initial_hparams(key, agent, N)
   state = driver.initialize(key, learner.init(key, hparams), agent)
-  loop = types.SimpleNamespace(calls=0, update_steps=0, episodes=[],
+  loop = types.SimpleNamespace(calls=0, update_steps=0, env_steps=0, episodes=[],
                                learner=learner, state=state, hparams=hparams)
   return driver, loop, agent
 

@@ -1,24 +1,11 @@
-"""Agents: TD3, SAC and DQN as pure functions (see ``base.py`` for the contract)."""
+"""Agents: TD3, SAC and DQN as pure functions, and the registry that adds
+others, from user code too (see ``base.py`` for the contract)."""
 
 from fastpbrl.agents.base import Agent, SharedCritic
+from fastpbrl.agents.registry import (BUILTIN, AgentSpec, get, known,
+                                      make_agent, register)
 
-AGENTS = ('td3', 'sac', 'dqn')
+AGENTS = tuple(BUILTIN)  # the built-in agents' names
 
-
-def make_agent(name: str, env_spec, config=None) -> Agent:
-  """Builds agent ``name`` (one of ``AGENTS``) for ``env_spec``."""
-  if name == 'td3':
-    from fastpbrl.agents import td3 as module
-    default = module.TD3Config
-  elif name == 'sac':
-    from fastpbrl.agents import sac as module
-    default = module.SACConfig
-  elif name == 'dqn':
-    from fastpbrl.agents import dqn as module
-    default = module.DQNConfig
-  else:
-    raise ValueError(f'unknown agent {name!r}; choose one of {AGENTS}')
-  return module.make_agent(env_spec, config or default())
-
-
-__all__ = ['AGENTS', 'Agent', 'SharedCritic', 'make_agent']
+__all__ = ['AGENTS', 'Agent', 'AgentSpec', 'SharedCritic', 'get', 'known',
+           'make_agent', 'register']

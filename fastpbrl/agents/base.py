@@ -1,4 +1,5 @@
-"""The agent contract: read this file to add an agent to fastpbrl.
+"""The agent contract: read this file to add an agent to fastpbrl, in the
+package or in your own code; ``examples/ddpg.py`` does it in under 100 lines.
 
 An agent is a bundle of **pure functions over pytrees** for ONE member. The
 learner (``fastpbrl.learner``) stacks members on a leading population axis and
@@ -6,31 +7,66 @@ runs ``jit(vmap(scan(update)))``; actors call ``act`` on the policy parameters
 they read from shared memory. Nothing in an agent knows about the population,
 processes or devices.
 
-To add an agent ``foo``:
+To add an agent ``foo``, in any importable module (``mypkg/foo.py``):
 
-1. Write ``fastpbrl/agents/foo.py`` with
+1. Write
 
    * ``FooConfig``: a frozen dataclass of **static** settings (layer sizes,
-     batch size, anything that changes array shapes). Changing it recompiles.
+     anything that changes array shapes; changing it recompiles). It needs
+     ``batch_size`` (transitions per member per update step) and
+     ``steps_per_call`` (update steps per learner call); its defaults are the
+     agent's. ``--batch-size``, ``--steps-per-call`` and ``--hidden-sizes``
+     override those fields (the last one the field named at registration).
    * ``FooHParams``: a ``NamedTuple`` of **scalar arrays** (learning rates,
      discount, tau, noise scales, ...). They are traced: giving member ``i``
      another learning rate, or changing it between calls, never recompiles.
-     Do not branch on them in Python; use ``jnp.where``.
+     Do not branch on them in Python; use ``jnp.where``. Actors read
+     ``exploration_noise`` (or whatever ``act`` reads) from them.
    * ``FooState``: a ``NamedTuple`` training state holding everything a
      population rule must copy when one member replaces another: online and
      target parameters, optimizer states, any learned temperature, the step
      counter and the member's PRNG key.
-   * ``make_agent(env_spec, config) -> Agent`` filling the fields below.
+   * ``make_agent(env_spec, config) -> Agent`` filling the fields below
+     (``ValueError`` for an env it cannot handle; the run reports it naming
+     ``--agent`` and ``--env``).
 
-2. Build networks with ``fastpbrl.agents.networks`` (the only module that
+2. Register it, at the module's top level::
+
+       FOO = fastpbrl.agents.register(
+           'foo', make_agent=make_agent, config=FooConfig,
+           default_search_space={'lr': ss.LogUniform(1e-5, 1e-3), ...},
+           shared_critic=None,           # or (env_spec, config) -> SharedCritic
+           hidden_sizes_field='hidden_sizes')  # None: no such setting
+
+   ``default_search_space`` is PBT's and HyperTrick's prior over fields of
+   ``FooHParams`` (``fastpbrl.population.search_space``; ``--search-space
+   FILE`` replaces it). ``shared_critic`` is the capability CEM-RL and DvD
+   need (a ``SharedCritic``, below); without it they refuse the agent,
+   naming ``--agent``. PBT, HyperTrick and independent seeds take any agent.
+   The built-in TD3, SAC and DQN register the same way, at the end of their
+   modules.
+
+3. Select it with ``--agent mypkg.foo:FOO`` (``module:attribute``, the
+   attribute being the returned ``AgentSpec``, or ``mypkg.foo:foo``, the
+   registered name; a file ``path/foo.py:FOO`` works too). The module must
+   be importable (on ``sys.path``): actor processes are *spawned* and rebuild
+   the agent from this same string, so they import the module again and it
+   registers itself again there. Nothing in the package is edited. An unknown
+   name or a module that does not import stops the run before anything
+   starts, with one line naming ``--agent``.
+
+4. Build networks with ``fastpbrl.agents.networks`` (the only module that
    imports haiku) and optimizers with optax *inside* ``update`` from the traced
-   learning rate (``optax.adam(hparams.lr)``): the optimizer state does not
-   depend on the learning rate, so the hyperparameter stays a traced leaf and
-   ``FooHParams`` is the one place where it lives.
+   learning rate (``optax.adam(hparams.lr)``; ``deterministic.adam_step``):
+   the optimizer state does not depend on the learning rate, so the
+   hyperparameter stays a traced leaf and ``FooHParams`` is the one place
+   where it lives. Deterministic actor-critics share their state, policy
+   loss and acting in ``fastpbrl.agents.deterministic`` (TD3, DDPG); TD
+   targets and Polyak averaging are below (``td_target``, ``polyak``).
 
-3. Test it as ``tests/agents/test_foo.py`` does for TD3: the vectorized
-   population update against a per-member loop, the loss against a value
-   worked out by hand, and the compilation count.
+5. Test it as ``tests/agents/test_td3.py`` does: the vectorized population
+   update against a per-member loop, the loss against a value worked out by
+   hand (``tests/examples/test_ddpg.py``), and the compilation count.
 
 The contract departs from "``init(key, env_spec, hparams)``" in one way: the
 environment spec is bound when the agent is *made* (``make_agent(env_spec,
@@ -79,7 +115,8 @@ class Agent(Generic[State, HParams]):
       the state that goes to shared memory).
     shared_critic: optional whole-population update for the shared-critic
       mode of CEM-RL and DvD (see ``SharedCritic``); ``None`` if the agent
-      has none.
+      has none. ``fastpbrl.agents.make_agent`` fills it from the registered
+      spec's ``shared_critic`` when ``make_agent`` leaves it out.
     acting_hparams: optional ``(hparams, env_step) -> hparams``, the
       hyperparameters one member explores with once it has collected
       ``env_step`` training env steps (DQN's annealed epsilon). Actors apply
@@ -119,12 +156,21 @@ class SharedCritic:
     with_policy_loss: ``(extra) -> SharedCritic`` adding a population-level
       term ``extra(policy_params[N], observations[N, B, ...]) -> scalar`` to
       the policy loss (DvD's diversity term).
+    policy_apply: ``(one member's policy params, observations[B, ...]) ->
+      actions[B, A]``, the deterministic policy: DvD compares members by
+      these actions.
+
+  CEM-RL also writes sampled policies into the state: its ``SharedState``
+  is a ``NamedTuple`` with per-member ``policy``, ``target_policy``,
+  ``policy_opt`` and ``key`` fields and a scalar ``step`` (TD3's
+  ``SharedTD3State``).
   """
 
   init: Callable[..., Any]
   update: Callable[..., tuple[Any, Metrics]]
   policy_params: Callable[[Any], Params]
   with_policy_loss: Callable[[Callable[..., jax.Array]], 'SharedCritic']
+  policy_apply: Callable[[Params, jax.Array], jax.Array]
 
 
 def scalar_hparams(hparams_cls: type, **values: float):

@@ -20,8 +20,8 @@ epsilon-greedy at ``eval_epsilon``, not the greedy one.
 The rest of Nature's schedule are run settings, :data:`NATURE_ATARI_RUN`:
 one update per 4 agent steps (``--update-to-data-ratio 0.25``), 50,000
 random-action steps before learning (``--warmup-steps 50000``) and a replay
-of ``--replay-capacity 100000`` transitions per member. ``python -m
-experiments.pbt --preset atari`` uses them, with the Atari preprocessing
+of ``--replay-capacity 100000`` transitions per member. ``fastpbrl pbt
+--preset atari`` uses them, with the Atari preprocessing
 that ``fastpbrl.envs`` gives any ``ALE/...`` id; ``fastpbrl.run`` warns when
 a DQN run on frames uses other values.
 
@@ -65,6 +65,8 @@ from acme import specs
 
 from fastpbrl.agents import networks as nets_lib
 from fastpbrl.agents.base import Agent, scalar_hparams, select_tree, td_target
+from fastpbrl.agents.registry import register
+from fastpbrl.population import search_space as ss
 from fastpbrl.types import Params, PRNGKey, Transition
 
 
@@ -96,7 +98,7 @@ class DQNHParams(NamedTuple):
 EPSILON_START = 1.0  # epsilon at a member's first env step (Nature: 1.0)
 
 # Nature DQN's run settings on Atari (Extended Data Table 1), as the flags of
-# ``fastpbrl.run.RunConfig``: ``--preset atari`` of ``experiments.pbt``.
+# ``fastpbrl.run.RunConfig``: ``--preset atari`` of ``fastpbrl pbt``.
 NATURE_ATARI_RUN = {
     # One update step (batch 32) per 4 agent steps ("update frequency").
     'update_to_data_ratio': 0.25,
@@ -224,3 +226,15 @@ def make_agent(env_spec: specs.EnvironmentSpec,
       default_hparams=functools.partial(default_hparams, frames=frames),
       init=init, act=act, update=update,
       policy_params=lambda state: state.params, acting_hparams=acting_hparams)
+
+
+# Not in the 2022 paper (it does not tune DQN): bounds around the Nature-DQN
+# defaults (RMSProp 2.5e-4, acting epsilon 0.01-0.1, gamma 0.99).
+SEARCH_SPACE = {
+    'lr': ss.LogUniform(1e-5, 1e-3),
+    'epsilon': ss.Uniform(0.001, 0.1),
+    'discount': ss.PAPER_DISCOUNT,
+}
+
+register('dqn', make_agent=make_agent, config=DQNConfig,
+         default_search_space=SEARCH_SPACE, hidden_sizes_field='mlp_hidden_sizes')

@@ -42,6 +42,16 @@ def deterministic_policy(action_dim: int, hidden: Sequence[int]) -> Network:
   return _pure(forward)
 
 
+def critic(hidden: Sequence[int]) -> Network:
+  """One Q-network on ``concat(obs, action)``; returns ``q`` of shape ``[B]``
+  (DDPG)."""
+
+  def forward(obs, action):
+    return _mlp([*hidden, 1])(jnp.concatenate([obs, action], axis=-1))[..., 0]
+
+  return _pure(forward)
+
+
 def twin_critic(hidden: Sequence[int]) -> Network:
   """Two independent Q-networks on ``concat(obs, action)``; returns ``(q1, q2)``
   each of shape ``[B]`` (TD3 / SAC clipped double-Q)."""

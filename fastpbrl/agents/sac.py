@@ -26,6 +26,8 @@ from acme import specs
 
 from fastpbrl.agents import networks as nets_lib
 from fastpbrl.agents.base import Agent, polyak, scalar_hparams, td_target
+from fastpbrl.agents.registry import register
+from fastpbrl.population import search_space as ss
 from fastpbrl.types import Params, PRNGKey, Transition
 
 
@@ -180,3 +182,22 @@ def make_agent(env_spec: specs.EnvironmentSpec,
       name='sac', env_spec=env_spec, config=config,
       default_hparams=default_hparams, init=init, act=act, update=update,
       policy_params=lambda state: state.policy)
+
+
+# The 2022 paper's PBT search space (Flajolet et al., appendix B.1), with the
+# discount in horizon space (see fastpbrl.population.search_space).
+SEARCH_SPACE = {
+    'policy_lr': ss.PAPER_LR,
+    'critic_lr': ss.PAPER_LR,
+    'alpha_lr': ss.PAPER_LR,
+    # "between 0.2 and 2 times the default" target entropy -dim(A).
+    'target_entropy_scale': ss.Uniform(0.2, 2.0),
+    # The paper's text reads "uniform values between 0.1 and 10"; a
+    # log-uniform prior puts as much mass below 1 as above it, which is
+    # what a multiplicative scale around the default 1 calls for.
+    'reward_scale': ss.LogUniform(0.1, 10.0),
+    'discount': ss.PAPER_DISCOUNT,
+}
+
+register('sac', make_agent=make_agent, config=SACConfig,
+         default_search_space=SEARCH_SPACE)

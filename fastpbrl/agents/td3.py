@@ -28,10 +28,13 @@ import jax.numpy as jnp
 import optax
 from acme import specs
 
+from fastpbrl.agents import deterministic as det
 from fastpbrl.agents import networks as nets_lib
 from fastpbrl.agents.base import (Agent, SharedCritic, any_member,
                                   periodic_flag, polyak, scalar_hparams,
                                   select_tree, td_target)
+from fastpbrl.agents.registry import register
+from fastpbrl.population import search_space as ss
 from fastpbrl.types import Params, PRNGKey, Transition
 
 
@@ -65,17 +68,9 @@ def default_hparams() -> TD3HParams:
       noise_clip=0.5, reward_scale=1.0)
 
 
-class TD3State(NamedTuple):
-  """One member's full training state (what PBT's exploit copies)."""
-
-  policy: Params
-  critic: Params  # both Q-networks
-  target_policy: Params
-  target_critic: Params
-  policy_opt: optax.OptState
-  critic_opt: optax.OptState
-  key: PRNGKey
-  step: jax.Array  # int32 scalar, update steps taken
+# One member's full training state (what PBT's exploit copies): policy, both
+# Q-networks, their targets, two Adam states, key and step.
+TD3State = det.ActorCriticState
 
 
 class TD3Networks(NamedTuple):
@@ -87,11 +82,7 @@ class TD3Networks(NamedTuple):
 
 def make_networks(env_spec: specs.EnvironmentSpec,
                   config: TD3Config) -> TD3Networks:
-  if not isinstance(env_spec.actions, specs.BoundedArray) or isinstance(
-      env_spec.actions, specs.DiscreteArray):
-    raise ValueError('TD3 needs a continuous (Box) action space; use DQN for '
-                     'discrete actions')
-  action_dim = int(env_spec.actions.shape[0])
+  action_dim = det.continuous_action_dim(env_spec, 'TD3')
   return TD3Networks(
       policy=nets_lib.deterministic_policy(action_dim, config.hidden_sizes),
       critic=nets_lib.twin_critic(config.hidden_sizes),
@@ -99,17 +90,9 @@ def make_networks(env_spec: specs.EnvironmentSpec,
       action_dim=action_dim)
 
 
-def _adam() -> optax.GradientTransformation:
-  # The learning rate only scales the update; Adam's state does not depend on
-  # it, so states made here fit optimizers built with any traced rate.
-  return optax.adam(1.0)
-
-
 def _init_params(nets: TD3Networks, key: PRNGKey):
-  k_pi, k_q = jax.random.split(key)
-  obs = jnp.zeros((1, *nets.obs_shape), jnp.float32)
-  act = jnp.zeros((1, nets.action_dim), jnp.float32)
-  return nets.policy.init(k_pi, obs), nets.critic.init(k_q, obs, act)
+  return det.init_params(nets.policy, nets.critic, nets.obs_shape,
+                         nets.action_dim, key)
 
 
 def critic_loss(nets: TD3Networks, critic: Params, target_critic: Params,
@@ -134,9 +117,9 @@ def critic_loss(nets: TD3Networks, critic: Params, target_critic: Params,
 def policy_loss(nets: TD3Networks, policy: Params, critic: Params,
                 observation: jax.Array) -> jax.Array:
   """Deterministic policy gradient objective ``-E[Q1(s, pi(s))]``."""
-  q1, _ = nets.critic.apply(critic, observation,
-                            nets.policy.apply(policy, observation))
-  return -jnp.mean(q1)
+  return det.policy_loss(nets.policy.apply,
+                         lambda c, o, a: nets.critic.apply(c, o, a)[0],
+                         policy, critic, observation)
 
 
 def make_agent(env_spec: specs.EnvironmentSpec,
@@ -146,30 +129,16 @@ def make_agent(env_spec: specs.EnvironmentSpec,
 
   def init(key: PRNGKey, hparams: TD3HParams) -> TD3State:
     del hparams  # TD3's initial state does not depend on hyperparameters
-    k_params, k_state = jax.random.split(key)
-    policy, critic = _init_params(nets, k_params)
-    return TD3State(
-        policy=policy, critic=critic, target_policy=policy,
-        target_critic=critic, policy_opt=_adam().init(policy),
-        critic_opt=_adam().init(critic), key=k_state,
-        step=jnp.zeros((), jnp.int32))
-
-  def act(policy: Params, observation: jax.Array, key: PRNGKey,
-          hparams: TD3HParams, explore: bool) -> jax.Array:
-    action = nets.policy.apply(policy, observation)
-    if explore:
-      noise = hparams.exploration_noise * jax.random.normal(key, action.shape)
-      action = jnp.clip(action + noise, -1.0, 1.0)
-    return action
+    return det.init_state(nets.policy, nets.critic, nets.obs_shape,
+                          nets.action_dim, key)
 
   def update(state: TD3State, hp: TD3HParams, batch: Transition):
     key, k_noise = jax.random.split(state.key)
     (c_loss, q1), c_grads = jax.value_and_grad(
         lambda c: critic_loss(nets, c, state.target_critic, state.target_policy,
                               batch, k_noise, hp), has_aux=True)(state.critic)
-    c_updates, critic_opt = optax.adam(hp.critic_lr).update(
-        c_grads, state.critic_opt)
-    critic = optax.apply_updates(state.critic, c_updates)
+    critic, critic_opt = det.adam_step(state.critic, state.critic_opt,
+                                       c_grads, hp.critic_lr)
 
     # Delayed policy and target updates. ``any_member`` keeps this a real
     # cond under the learner's vmap: steps on which no member updates its
@@ -182,9 +151,8 @@ def make_agent(env_spec: specs.EnvironmentSpec,
     def policy_step(_):
       p_loss, p_grads = jax.value_and_grad(
           lambda p: policy_loss(nets, p, critic, batch.observation))(state.policy)
-      p_updates, policy_opt = optax.adam(hp.policy_lr).update(
-          p_grads, state.policy_opt)
-      policy = optax.apply_updates(state.policy, p_updates)
+      policy, policy_opt = det.adam_step(state.policy, state.policy_opt,
+                                         p_grads, hp.policy_lr)
       stepped = (policy, policy_opt, polyak(state.target_policy, policy, hp.tau),
                  polyak(state.target_critic, critic, hp.tau), p_loss)
       return select_tree(do_policy, stepped, current)
@@ -201,7 +169,8 @@ def make_agent(env_spec: specs.EnvironmentSpec,
 
   return Agent(
       name='td3', env_spec=env_spec, config=config,
-      default_hparams=default_hparams, init=init, act=act, update=update,
+      default_hparams=default_hparams, init=init,
+      act=det.make_act(nets.policy.apply), update=update,
       policy_params=lambda state: state.policy,
       shared_critic=make_shared_critic(nets))
 
@@ -252,8 +221,8 @@ def make_shared_critic(nets: TD3Networks,
     critic = _init_params(nets, k_q)[1]
     return SharedTD3State(
         policy=policies, target_policy=policies,
-        policy_opt=jax.vmap(_adam().init)(policies), critic=critic,
-        target_critic=critic, critic_opt=_adam().init(critic),
+        policy_opt=jax.vmap(det.adam_init)(policies), critic=critic,
+        target_critic=critic, critic_opt=det.adam_init(critic),
         key=jax.random.split(k_state, n), step=jnp.zeros((), jnp.int32))
 
   def update(state: SharedTD3State, hp: TD3HParams, batch: Transition):
@@ -269,9 +238,8 @@ def make_shared_critic(nets: TD3Networks,
 
     (_, (c_losses, q1)), c_grads = jax.value_and_grad(
         population_critic_loss, has_aux=True)(state.critic)
-    c_updates, critic_opt = optax.adam(jnp.mean(hp.critic_lr)).update(
-        c_grads, state.critic_opt)
-    critic = optax.apply_updates(state.critic, c_updates)
+    critic, critic_opt = det.adam_step(state.critic, state.critic_opt,
+                                       c_grads, jnp.mean(hp.critic_lr))
 
     do_policy = jax.vmap(periodic_flag, in_axes=(None, 0))(
         state.step, hp.policy_delay)  # [N]
@@ -289,10 +257,8 @@ def make_shared_critic(nets: TD3Networks,
     def policy_step(_):
       (_, p_losses), p_grads = jax.value_and_grad(
           total_policy_loss, has_aux=True)(state.policy)
-      p_updates, stepped_opt = jax.vmap(
-          lambda g, s, lr: optax.adam(lr).update(g, s))(
-              p_grads, state.policy_opt, hp.policy_lr)
-      stepped = optax.apply_updates(state.policy, p_updates)
+      stepped, stepped_opt = jax.vmap(det.adam_step)(
+          state.policy, state.policy_opt, p_grads, hp.policy_lr)
       stepped = (stepped, stepped_opt,
                  jax.vmap(polyak)(state.target_policy, stepped, hp.tau),
                  p_losses)
@@ -316,4 +282,32 @@ def make_shared_critic(nets: TD3Networks,
 
   return SharedCritic(
       init=init, update=update, policy_params=lambda state: state.policy,
-      with_policy_loss=lambda extra: make_shared_critic(nets, extra))
+      with_policy_loss=lambda extra: make_shared_critic(nets, extra),
+      policy_apply=nets.policy.apply)
+
+
+def shared_critic(env_spec: specs.EnvironmentSpec,
+                  config: TD3Config = TD3Config()) -> SharedCritic:
+  """The shared-critic population update for ``env_spec`` (the registry's
+  ``shared_critic`` capability)."""
+  return make_shared_critic(make_networks(env_spec, config))
+
+
+# The 2022 paper's PBT search space (Flajolet et al., appendix B.1), with the
+# discount in horizon space (see fastpbrl.population.search_space).
+SEARCH_SPACE = {
+    'policy_lr': ss.PAPER_LR,
+    'critic_lr': ss.PAPER_LR,
+    # Fraction of steps with a policy update (TD3's d = 1 / fraction).
+    'policy_delay': ss.Uniform(0.2, 1.0),
+    # "the noise parameters (sampling uniform values between 0 and 1)":
+    # exploration noise, target smoothing noise and its clip, as the
+    # paper's code searches all three.
+    'exploration_noise': ss.Uniform(0.0, 1.0),
+    'target_noise': ss.Uniform(0.0, 1.0),
+    'noise_clip': ss.Uniform(0.0, 1.0),
+    'discount': ss.PAPER_DISCOUNT,
+}
+
+register('td3', make_agent=make_agent, config=TD3Config,
+         default_search_space=SEARCH_SPACE, shared_critic=shared_critic)

@@ -244,7 +244,8 @@ def with_diversity(shared: SharedCritic,
   Args:
     shared: the agent's ``SharedCritic`` (``agent.shared_critic``), without
       an extra policy loss.
-    policy_apply: the policy network's apply function.
+    policy_apply: the policy network's apply function
+      (``shared.policy_apply``).
     sigma, num_states, jitter: see ``make_policy_term``.
 
   Returns:
@@ -267,7 +268,8 @@ def with_diversity(shared: SharedCritic,
 
     return SharedCritic(init=init, update=update,
                         policy_params=shared.policy_params,
-                        with_policy_loss=build)
+                        with_policy_loss=build,
+                        policy_apply=shared.policy_apply)
 
   return build(None)
 

@@ -470,6 +470,10 @@ class Lineage:
     (``record``), with ``"reason": "diverged"`` for a member replaced because
     its loss or parameters became NaN or infinite.
 
+  ``step`` counts update steps per member; events also carry ``env_steps``
+  (per member) when the caller gives it (the run loop does; the lineage
+  picture, ``fastpbrl.plots``, draws against it).
+
   ``schedule(path, member)`` rebuilds the hyperparameters that produced a
   member's current weights, following copies back through its ancestors.
   """
@@ -489,11 +493,13 @@ class Lineage:
 
   def record_init(self, step: int, hparams: HParams,
                   members: Optional[Iterable[int]] = None,
-                  event: str = 'init') -> None:
+                  event: str = 'init', env_steps: Optional[int] = None
+                  ) -> None:
     rows = _hparams_dicts(hparams)
     members = range(len(rows)) if members is None else members
+    extra = {} if env_steps is None else {'env_steps': int(env_steps)}
     self._write([{'event': event, 'step': int(step), 'member': int(i),
-                  'hparams': rows[int(i)]} for i in members])
+                  'hparams': rows[int(i)], **extra} for i in members])
 
   def record_reset(self, step: int, hparams: HParams,
                    members: Iterable[int]) -> None:
@@ -502,28 +508,43 @@ class Lineage:
 
   def record(self, step: int, result: PBTResult, old_hparams: HParams,
              fitness: Optional[Sequence[float]] = None,
+             env_steps: Optional[int] = None,
              reason: Optional[str] = None) -> int:
     """Appends one event per replaced member of ``result``; returns how many.
     ``reason`` (e.g. ``'diverged'``) is stored with each event."""
-    replaced = np.asarray(result.replaced)
-    parent = np.asarray(result.parent)
-    old_rows = _hparams_dicts(old_hparams)
-    new_rows = _hparams_dicts(result.hparams)
-    fit = None if fitness is None else np.asarray(fitness, np.float64)
-    events = []
-    for i in np.flatnonzero(replaced):
-      p = int(parent[i])
-      event = {'event': 'exploit', 'step': int(step), 'member': int(i),
-               'parent': p, 'old_hparams': old_rows[i],
-               'new_hparams': new_rows[i]}
-      if fit is not None:
-        event['fitness'] = _json_float(fit[i])
-        event['parent_fitness'] = _json_float(fit[p])
-      if reason is not None:
-        event['reason'] = reason
-      events.append(event)
-    self._write(events)
+    events = exploit_events(step, result, old_hparams, fitness, env_steps)
+    if reason is not None:
+      events = [{**e, 'reason': reason} for e in events]
+    self.write(events)
     return len(events)
+
+  def write(self, events: list[dict]) -> None:
+    """Appends events built elsewhere (``exploit_events``)."""
+    self._write(events)
+
+
+def exploit_events(step: int, result: PBTResult, old_hparams: HParams,
+                   fitness: Optional[Sequence[float]] = None,
+                   env_steps: Optional[int] = None) -> list[dict]:
+  """Host-side. The lineage events of ``result``: one per replaced member."""
+  replaced = np.asarray(result.replaced)
+  parent = np.asarray(result.parent)
+  old_rows = _hparams_dicts(old_hparams)
+  new_rows = _hparams_dicts(result.hparams)
+  fit = None if fitness is None else np.asarray(fitness, np.float64)
+  events = []
+  for i in np.flatnonzero(replaced):
+    p = int(parent[i])
+    event = {'event': 'exploit', 'step': int(step), 'member': int(i),
+             'parent': p, 'old_hparams': old_rows[i],
+             'new_hparams': new_rows[i]}
+    if env_steps is not None:
+      event['env_steps'] = int(env_steps)
+    if fit is not None:
+      event['fitness'] = _json_float(fit[i])
+      event['parent_fitness'] = _json_float(fit[p])
+    events.append(event)
+  return events
 
 
 def _json_float(x: float) -> Optional[float]:

@@ -29,15 +29,19 @@ onto its bounds:
   The paper's ``U(0.9, 1)`` puts members at gamma = 1, where Q targets
   bootstrapped through time-limit truncations do not contract.
 
-Default spaces (``default_search_space``) follow Flajolet et al. 2022,
-appendix B.1, for TD3 and SAC, with the discount in horizon space over
-``[0.9, 0.999]`` (above); the DQN space is ours (the paper tunes none).
+Each agent registers its default space (``fastpbrl.agents.register``;
+``default_search_space(name)`` looks it up): TD3's and SAC's follow Flajolet
+et al. 2022, appendix B.1, with the discount in horizon space over ``[0.9,
+0.999]`` (above); DQN's is ours (the paper tunes none). ``load(path)`` reads
+one from a JSON or YAML file (``--search-space``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import jax
@@ -427,57 +431,127 @@ def within_bounds(space: SearchSpace, hparams: HParams) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------
-# Default spaces (Flajolet et al. 2022, appendix B.1)
+# Building blocks of the agents' default spaces (Flajolet et al. 2022,
+# appendix B.1); each agent registers its own (``fastpbrl.agents.register``)
 # ---------------------------------------------------------------------------
 
-_LR = LogUniform(3e-5, 3e-3)  # "roughly centred around the default 3e-4"
+PAPER_LR = LogUniform(3e-5, 3e-3)  # "roughly centred around the default 3e-4"
 # The paper's U(0.9, 1) in horizon space, without gamma = 1 (module doc).
-_DISCOUNT = Discount(0.9, 0.999)
+PAPER_DISCOUNT = Discount(0.9, 0.999)
 
-_DEFAULT_SPACES = {
-    'td3': {
-        'policy_lr': _LR,
-        'critic_lr': _LR,
-        # Fraction of steps with a policy update (TD3's d = 1 / fraction).
-        'policy_delay': Uniform(0.2, 1.0),
-        # "the noise parameters (sampling uniform values between 0 and 1)":
-        # exploration noise, target smoothing noise and its clip, as the
-        # paper's code searches all three.
-        'exploration_noise': Uniform(0.0, 1.0),
-        'target_noise': Uniform(0.0, 1.0),
-        'noise_clip': Uniform(0.0, 1.0),
-        'discount': _DISCOUNT,
-    },
-    'sac': {
-        'policy_lr': _LR,
-        'critic_lr': _LR,
-        'alpha_lr': _LR,
-        # "between 0.2 and 2 times the default" target entropy -dim(A).
-        'target_entropy_scale': Uniform(0.2, 2.0),
-        # The paper's text reads "uniform values between 0.1 and 10"; a
-        # log-uniform prior puts as much mass below 1 as above it, which is
-        # what a multiplicative scale around the default 1 calls for.
-        'reward_scale': LogUniform(0.1, 10.0),
-        'discount': _DISCOUNT,
-    },
-    # Not in the paper (it does not tune DQN): bounds around the Nature-DQN
-    # defaults (RMSProp 2.5e-4, acting epsilon 0.01-0.1, gamma 0.99).
-    'dqn': {
-        'lr': LogUniform(1e-5, 1e-3),
-        'epsilon': Uniform(0.001, 0.1),
-        'discount': _DISCOUNT,
-    },
+
+def default_search_space(agent: str) -> SearchSpace:
+  """The default search space of the agent ``agent`` names (a registered
+  name such as ``'td3'``, or ``module:attribute``; see
+  ``fastpbrl.agents.registry``).
+
+  Raises:
+    ValueError: for an unknown agent, listing the known ones.
+  """
+  from fastpbrl.agents import registry  # noqa: PLC0415 (agents import this)
+
+  return registry.get(agent).default_search_space
+
+
+# ---------------------------------------------------------------------------
+# Search spaces from a file (host-side: ``--search-space``)
+# ---------------------------------------------------------------------------
+
+# kind in the file -> (distribution, the keys it takes)
+FILE_KINDS = {
+    'log_uniform': (LogUniform, ('low', 'high')),
+    'uniform': (Uniform, ('low', 'high')),
+    'discount': (Discount, ('low', 'high')),
+    'categorical': (Categorical, ('values',)),
 }
 
 
-def default_search_space(agent_name: str) -> SearchSpace:
-  """The 2022 paper's PBT search space for ``'td3'`` or ``'sac'``, or ours
-  for ``'dqn'``.
+def from_dict(entries: Any) -> SearchSpace:
+  """A ``SearchSpace`` from ``{field: {"kind": ..., ...}}`` as read from a
+  file (see ``load``).
 
   Raises:
-    ValueError: for an unknown agent name, listing the known ones.
+    ValueError: one line naming the field and what is wrong with it.
   """
-  if agent_name not in _DEFAULT_SPACES:
-    raise ValueError(f'no default search space for agent {agent_name!r}; '
-                     f'known: {sorted(_DEFAULT_SPACES)}')
-  return SearchSpace(dict(_DEFAULT_SPACES[agent_name]))
+  if not isinstance(entries, Mapping):
+    raise ValueError('the top level must be a mapping of hyperparameter '
+                     f'names to distributions, got {type(entries).__name__}')
+  if not entries:
+    raise ValueError('it defines no hyperparameter')
+  distributions = {}
+  kinds = ', '.join(FILE_KINDS)
+  for name, entry in entries.items():
+    where = f'search space field {name!r}'
+    if not isinstance(entry, Mapping) or 'kind' not in entry:
+      raise ValueError(f'{where}: expected {{"kind": one of {kinds}, ...}}, '
+                       f'got {entry!r}')
+    kind = entry['kind']
+    if kind not in FILE_KINDS:
+      raise ValueError(f'{where}: kind {kind!r} is unknown; choose one of '
+                       f'{kinds}')
+    cls, keys = FILE_KINDS[kind]
+    given = [k for k in entry if k != 'kind']
+    unknown = [k for k in given if k not in keys]
+    missing = [k for k in keys if k not in entry]
+    if unknown or missing:
+      raise ValueError(f'{where}: a {kind} takes {", ".join(keys)}; '
+                       + (f'unknown {unknown}' if unknown else
+                          f'missing {missing}'))
+    if kind == 'categorical':
+      values = entry['values']
+      if not isinstance(values, (list, tuple)) or not all(
+          _is_number(v) for v in values):
+        raise ValueError(f'{where}: categorical values must be a list of '
+                         f'numbers, got {values!r}')
+      distributions[str(name)] = cls(tuple(values))
+    else:
+      bad = [k for k in keys if not _is_number(entry[k])]
+      if bad:
+        raise ValueError(f'{where}: {bad[0]} must be a number, got '
+                         f'{entry[bad[0]]!r}')
+      distributions[str(name)] = cls(float(entry['low']), float(entry['high']))
+  return SearchSpace(distributions)  # checks bounds, naming the field
+
+
+def _is_number(x: Any) -> bool:
+  return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def load(path: str) -> SearchSpace:
+  """Reads a search space from a JSON file (YAML for ``.yaml``/``.yml``,
+  with PyYAML installed)::
+
+      {"policy_lr": {"kind": "log_uniform", "low": 3e-5, "high": 3e-3},
+       "discount": {"kind": "discount", "low": 0.9, "high": 0.999},
+       "exploration_noise": {"kind": "uniform", "low": 0.0, "high": 0.5},
+       "policy_delay": {"kind": "categorical", "values": [0.25, 0.5, 1.0]}}
+
+  Host-side. Whether the names are fields of the agent's hyperparameters is
+  checked against the agent (``validate``).
+
+  Raises:
+    ValueError: one line: an unreadable file, bad syntax, or a field whose
+      distribution is wrong (see ``from_dict``).
+  """
+  yaml_file = os.path.splitext(path)[1].lower() in ('.yaml', '.yml')
+  try:
+    with open(path) as f:
+      text = f.read()
+  except OSError as e:
+    raise ValueError(f'cannot read it: {e.strerror}') from None
+  if yaml_file:
+    try:
+      import yaml  # noqa: PLC0415 (optional)
+    except ImportError:
+      raise ValueError('a YAML file needs PyYAML (pip install pyyaml); or '
+                       'write the space as JSON') from None
+    try:
+      entries = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+      raise ValueError('not valid YAML: ' + ' '.join(str(e).split())) from None
+  else:
+    try:
+      entries = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ValueError(f'not valid JSON: {e}') from None
+  return from_dict(entries)

@@ -169,7 +169,7 @@ def test_out_of_memory_stops_the_sweep(monkeypatch):
     row.update(status='ok', time_per_call_ms=1.0)
     return row
 
-  monkeypatch.setattr(update_speed, 'measure', fake_measure)
+  monkeypatch.setattr(update_speed.sweep, 'measure', fake_measure)
   rows = []
   update_speed.run_sweep(case, cfg, {}, rows.append)
   assert [r['status'] for r in rows] == ['ok', 'oom', 'skipped']

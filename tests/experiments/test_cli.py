@@ -19,11 +19,21 @@ from experiments import cemrl, dvd, hypertrick, pbt
      '--ready-after 40000 .* beyond the budget .* PBT would never exploit'),
     (pbt, ['--eval-every', '5000'],
      '--eval-every 5000 is longer than one --ready-after span'),
-    (dvd, ['--agent', 'sac'], 'DvD needs .* only TD3 has here: --agent must be td3'),
-    (cemrl, ['--agent', 'sac'], 'CEM-RL needs .* --agent must be td3'),
+    (pbt, ['--agent', 'no_such_pkg.mod:Agent'],
+     "--agent 'no_such_pkg.mod:Agent': cannot import no_such_pkg.mod: "
+     "ModuleNotFoundError"),
+    (pbt, ['--agent', 'fastpbrl.agents.td3:NoSuchSpec'],
+     "--agent 'fastpbrl.agents.td3:NoSuchSpec': module fastpbrl.agents.td3 "
+     "has no AgentSpec 'NoSuchSpec'"),
+    (dvd, ['--agent', 'sac'],
+     'DvD needs .* one shared critic: --agent sac registers no shared_critic'),
+    (cemrl, ['--agent', 'sac'],
+     'CEM-RL needs .* --agent sac registers no shared_critic'),
     (dvd, ['--kernel-sigma', '0'], '--kernel-sigma must be > 0'),
     (hypertrick, ['--eviction-rate', '0.6'], '--eviction-rate must be in'),
     (hypertrick, ['--num-phases', '0'], '--num-phases must be >= 1'),
+    (hypertrick, ['--search-space', 'no/such/space.json'],
+     '--search-space no/such/space.json: cannot read it'),
     (hypertrick, ['--eval-every', '5000'],
      '--eval-every 5000 is longer than one --phase-update-steps span'),
     (dvd, ['--bandit-every', '10'],
@@ -102,7 +112,8 @@ def test_resume_cannot_change_shapes_or_driver(tmp_path, monkeypatch):
   assert "--population-size 8 differs from the resumed run's 4" in message
   (tmp_path / 'config.json').write_text(json.dumps({**config, 'driver': 'dvd'}))
   message = _pbt_error(['--resume', str(tmp_path)], monkeypatch)
-  assert "is a 'dvd' run; continue it with: python -m experiments.dvd --resume" in message
+  assert (f"is a 'dvd' run; continue it with: fastpbrl dvd --resume {tmp_path}"
+          in message)
 
 
 def test_rerun_of_a_missing_member_names_the_flags(tmp_path, monkeypatch):

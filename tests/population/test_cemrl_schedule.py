@@ -39,7 +39,8 @@ class FakePipeline:
 
 def make_loop(tmp_path, monkeypatch, seed: int = 0):
   # The mean policy's evaluation plays gym episodes: not needed here.
-  monkeypatch.setattr(drivers, 'evaluate_policy', lambda *a, **k: [0.0])
+  monkeypatch.setattr('fastpbrl.rules.cemrl.evaluate_policy',
+                      lambda *a, **k: [0.0])
   tmp_path.mkdir(parents=True, exist_ok=True)
   config = drivers.CEMRLRunConfig(population_size=N, rl_fraction=0.5,
                                   hidden_sizes=(8, 8), batch_size=B,

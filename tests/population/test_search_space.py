@@ -192,7 +192,7 @@ def test_unknown_field_and_agent():
   space = ss.SearchSpace({'learning_rate': ss.LogUniform(1e-5, 1e-3)})
   with pytest.raises(ValueError, match=r"\['learning_rate'\].*TD3HParams"):
     ss.sample(jax.random.PRNGKey(0), space, td3.default_hparams(), 2)
-  with pytest.raises(ValueError, match='no default search space.*ppo'):
+  with pytest.raises(ValueError, match="'ppo' is unknown; choose one of td3"):
     ss.default_search_space('ppo')
   with pytest.raises(ValueError, match='resample_probability'):
     ss.perturb(jax.random.PRNGKey(0), ss.default_search_space('td3'),
@@ -280,3 +280,84 @@ def test_pbt_starts_near_the_defaults_by_default():
   prior = drivers.PBTDriver(drivers.PBTRunConfig(init_hparams='prior'))
   hp = prior.initial_hparams(jax.random.PRNGKey(0), agent, 8)
   assert np.asarray(hp.exploration_noise).max() > 0.3  # the paper's prior
+
+
+def _write(tmp_path, name, text):
+  path = tmp_path / name
+  path.write_text(text)
+  return str(path)
+
+
+def test_search_space_file_reads_every_kind(tmp_path):
+  import json
+  path = _write(tmp_path, 'space.json', json.dumps({
+      'policy_lr': {'kind': 'log_uniform', 'low': 1e-4, 'high': 1e-3},
+      'exploration_noise': {'kind': 'uniform', 'low': 0, 'high': 0.5},
+      'discount': {'kind': 'discount', 'low': 0.95, 'high': 0.995},
+      'policy_delay': {'kind': 'categorical', 'values': [0.25, 0.5, 1]}}))
+  space = ss.load(path)
+  assert dict(space.distributions) == {
+      'policy_lr': ss.LogUniform(1e-4, 1e-3),
+      'exploration_noise': ss.Uniform(0.0, 0.5),
+      'discount': ss.Discount(0.95, 0.995),
+      'policy_delay': ss.Categorical((0.25, 0.5, 1.0))}
+  yaml = pytest.importorskip('yaml')
+  path = _write(tmp_path, 'space.yaml', yaml.safe_dump(
+      {'policy_lr': {'kind': 'log_uniform', 'low': 1e-4, 'high': 1e-3}}))
+  assert ss.load(path).fields == ('policy_lr',)
+
+
+def test_the_example_search_space_file_fits_td3():
+  space = ss.load('examples/search_space.json')
+  ss.validate(space, td3.default_hparams())
+
+
+@pytest.mark.parametrize('text, message', [
+    ('{"policy_lr": {"kind": "normal", "low": 0, "high": 1}}',
+     "field 'policy_lr': kind 'normal' is unknown; choose one of log_uniform"),
+    ('{"policy_lr": {"kind": "uniform", "low": 1, "high": 1}}',
+     "field 'policy_lr': Uniform needs low < high, got low=1.0, high=1.0"),
+    ('{"policy_lr": {"kind": "log_uniform", "low": 0, "high": 1}}',
+     "field 'policy_lr': LogUniform needs positive bounds"),
+    ('{"discount": {"kind": "discount", "low": 0.9, "high": 1}}',
+     "field 'discount': Discount needs 0 <= low < high < 1"),
+    ('{"tau": {"kind": "uniform", "lo": 0, "high": 1}}',
+     r"field 'tau': a uniform takes low, high; unknown \['lo'\]"),
+    ('{"tau": {"kind": "uniform", "low": "0", "high": 1}}',
+     "field 'tau': low must be a number"),
+    ('{"tau": {"kind": "categorical", "values": []}}',
+     "field 'tau': Categorical needs at least one value"),
+    ('{"tau": [0, 1]}', "field 'tau': expected"),
+    ('{}', 'defines no hyperparameter'),
+    ('{"tau": ', 'not valid JSON'),
+])
+def test_bad_search_space_file_names_the_field(tmp_path, text, message):
+  with pytest.raises(ValueError, match=message) as info:
+    ss.load(_write(tmp_path, 'space.json', text))
+  assert '\n' not in str(info.value)
+
+
+def test_search_space_flag_errors_name_the_flag(tmp_path, monkeypatch):
+  from experiments import pbt
+  import fastpbrl.run as run_lib
+
+  def no_start(*args, **kwargs):
+    raise AssertionError('a run started despite an invalid search space')
+
+  monkeypatch.setattr(run_lib, 'RunLogger', no_start)
+  bad = _write(tmp_path, 'bad.json',
+               '{"policy_lr": {"kind": "uniform", "low": 2, "high": 1}}')
+  unknown = _write(tmp_path, 'unknown.json',
+                   '{"learning_rate": {"kind": "uniform", "low": 0, "high": 1}}')
+  for path, message in [
+      (bad, f"--search-space {bad}: search space field 'policy_lr': Uniform "
+            'needs low < high'),
+      (unknown, f"--search-space {unknown}: search space fields "
+                "['learning_rate'] are not hyperparameters of TD3HParams"),
+      (str(tmp_path / 'missing.json'),
+       f"--search-space {tmp_path / 'missing.json'}: cannot read it")]:
+    with pytest.raises(SystemExit) as info:
+      pbt.main(['--search-space', path, '--run-dir', str(tmp_path / 'run'),
+                '--no-progress', '--population-size', '2'])
+    assert message in str(info.value.code), info.value.code
+    assert '\n' not in str(info.value.code)

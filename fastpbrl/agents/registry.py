@@ -1,0 +1,197 @@
+"""The agent registry: one ``register`` call adds an agent, from the package
+or from user code (host-side; imports modules, nothing here is jittable).
+
+``register(name, make_agent=..., config=..., default_search_space=...,
+shared_critic=...)`` records an ``AgentSpec``; ``get(ref)`` finds one and
+``make_agent(ref, env_spec, config)`` builds the agent. A *ref* is what
+``--agent`` takes:
+
+* a registered name: ``td3``, ``sac``, ``dqn`` (their modules are imported
+  on first use, so ``import fastpbrl.agents`` does not import haiku), or any
+  name registered earlier in this process;
+* ``module:attribute``, e.g. ``mypkg.ddpg:DDPG`` or ``examples.ddpg:DDPG``:
+  the module is imported (it must be importable: on ``sys.path``), and the
+  attribute is an ``AgentSpec`` (what ``register`` returns) or the name the
+  module registered; ``path/to/ddpg.py:DDPG`` imports the file by putting its
+  folder on ``sys.path``.
+
+Actor processes are spawned: they rebuild the agent from the same *ref*
+string (``Pipeline.create`` passes it, never a closure), so a user module is
+imported again there by its import path and registers itself again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import sys
+from typing import Any, Callable, Mapping, Optional, Union
+
+from acme import specs
+
+from fastpbrl.agents.base import Agent, SharedCritic
+from fastpbrl.population import search_space as ss
+
+# Built-in agents: name -> the module whose import registers it.
+BUILTIN = {'td3': 'fastpbrl.agents.td3', 'sac': 'fastpbrl.agents.sac',
+           'dqn': 'fastpbrl.agents.dqn'}
+
+# Fields every agent config needs: the learner and the pipeline read them.
+REQUIRED_CONFIG_FIELDS = ('batch_size', 'steps_per_call')
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentSpec:
+  """What the run loop, the rules and the actors need to know of an agent.
+
+  Attributes:
+    name: short name, in logs and summaries; ``--agent NAME`` once registered.
+    make_agent: ``(env_spec, config) -> Agent``.
+    config: the static config class (a dataclass): ``config()`` gives the
+      agent's defaults; it has ``batch_size`` and ``steps_per_call``, and
+      ``--batch-size``, ``--steps-per-call`` and ``--hidden-sizes`` override
+      fields of it.
+    default_search_space: the prior of PBT and HyperTrick (``--search-space``
+      replaces it), over fields of the agent's hyperparameters.
+    shared_critic: optional ``(env_spec, config) -> SharedCritic``, the
+      whole-population update with one critic that CEM-RL and DvD train
+      through; ``None``: those rules refuse the agent.
+    hidden_sizes_field: the config field ``--hidden-sizes`` sets (DQN:
+      ``mlp_hidden_sizes``); ``None``: the agent has no such setting and the
+      flag keeps its default.
+    module: the module that registered it.
+  """
+
+  name: str
+  make_agent: Callable[[specs.EnvironmentSpec, Any], Agent]
+  config: type
+  default_search_space: ss.SearchSpace
+  shared_critic: Optional[Callable[[specs.EnvironmentSpec, Any],
+                                   SharedCritic]] = None
+  hidden_sizes_field: Optional[str] = 'hidden_sizes'
+  module: str = ''
+
+
+_REGISTRY: dict[str, AgentSpec] = {}
+
+
+def register(name: str, *, make_agent: Callable[..., Agent], config: type,
+             default_search_space: Union[ss.SearchSpace, Mapping[str, Any]],
+             shared_critic: Optional[Callable[..., SharedCritic]] = None,
+             hidden_sizes_field: Optional[str] = 'hidden_sizes') -> AgentSpec:
+  """Registers an agent under ``name`` and returns its ``AgentSpec``.
+
+  Call it at a module's top level (not under ``if __name__ ==
+  '__main__':``): spawned actor processes re-import the module and must find
+  the agent registered again.
+
+  Raises:
+    ValueError: a bad name or config class, a search space that is not one,
+      or ``name`` already registered by another module.
+  """
+  if not name or ':' in name or name != name.strip():
+    raise ValueError(f'agent name must be non-empty, without ":" or spaces '
+                     f'at the ends, got {name!r}')
+  if not callable(make_agent):
+    raise ValueError(f'agent {name!r}: make_agent must be callable')
+  if not dataclasses.is_dataclass(config) or not isinstance(config, type):
+    raise ValueError(f'agent {name!r}: config must be a dataclass class, got '
+                     f'{config!r}')
+  fields = {f.name for f in dataclasses.fields(config)}
+  wanted = REQUIRED_CONFIG_FIELDS + ((hidden_sizes_field,)
+                                     if hidden_sizes_field else ())
+  missing = [f for f in wanted if f not in fields]
+  if missing:
+    raise ValueError(f'agent {name!r}: config {config.__name__} has no field '
+                     f'{", ".join(missing)}')
+  if not isinstance(default_search_space, ss.SearchSpace):
+    default_search_space = ss.SearchSpace(dict(default_search_space))
+  spec = AgentSpec(name=name, make_agent=make_agent, config=config,
+                   default_search_space=default_search_space,
+                   shared_critic=shared_critic,
+                   hidden_sizes_field=hidden_sizes_field,
+                   module=getattr(make_agent, '__module__', ''))
+  old = _REGISTRY.get(name)
+  # The same code registering again (a reload, or one file imported under
+  # two module names: __main__ and its import path, or a path and a package)
+  # replaces its own entry.
+  if old is not None and _identity(old.make_agent) != _identity(make_agent):
+    raise ValueError(f'agent {name!r} is already registered by '
+                     f'{old.module}; choose another name')
+  _REGISTRY[name] = spec
+  return spec
+
+
+def _identity(fn) -> tuple[str, str]:
+  code = getattr(fn, '__code__', None)
+  source = code.co_filename if code is not None else getattr(
+      fn, '__module__', '')
+  return source, getattr(fn, '__qualname__', repr(fn))
+
+
+def known() -> tuple[str, ...]:
+  """Names ``--agent`` accepts without a module: built-ins, then the others
+  registered in this process."""
+  return tuple(BUILTIN) + tuple(n for n in _REGISTRY if n not in BUILTIN)
+
+
+def get(ref: str) -> AgentSpec:
+  """The spec ``ref`` names (see the module docstring), importing what it
+  needs.
+
+  Raises:
+    ValueError: one line saying why ``ref`` names no agent.
+  """
+  if ref in _REGISTRY:
+    return _REGISTRY[ref]
+  if ref in BUILTIN:
+    importlib.import_module(BUILTIN[ref])
+    return _REGISTRY[ref]
+  if ':' not in ref:
+    raise ValueError(f'{ref!r} is unknown; choose one of '
+                     f'{", ".join(known())}, or give module:attribute of an '
+                     'agent registered with fastpbrl.agents.register')
+  module_name, attr = ref.rsplit(':', 1)
+  module = _import(ref, module_name)
+  value = getattr(module, attr, None)
+  if isinstance(value, AgentSpec):
+    return value
+  if value is None and attr in _REGISTRY:
+    return _REGISTRY[attr]
+  raise ValueError(f'{ref!r}: module {module.__name__} has no AgentSpec '
+                   f'{attr!r} (what fastpbrl.agents.register returns) and '
+                   f'registers no agent of that name')
+
+
+def _import(ref: str, module_name: str):
+  if module_name.endswith('.py'):  # a file: import it from its folder
+    folder = os.path.dirname(os.path.abspath(module_name))
+    if not os.path.isfile(module_name):
+      raise ValueError(f'{ref!r}: no file {module_name}')
+    if folder not in sys.path:
+      sys.path.insert(0, folder)
+    module_name = os.path.splitext(os.path.basename(module_name))[0]
+  try:
+    return importlib.import_module(module_name)
+  except Exception as e:  # noqa: BLE001 (any failure of user code at import)
+    detail = ' '.join(f'{type(e).__name__}: {e}'.split())
+    raise ValueError(f'{ref!r}: cannot import {module_name}: {detail}'
+                     ) from None
+
+
+def make_agent(ref: str, env_spec: specs.EnvironmentSpec,
+               config: Any = None) -> Agent:
+  """Builds the agent ``ref`` names for ``env_spec`` (``config``: the
+  spec's defaults if ``None``); its ``shared_critic`` comes from the spec
+  when ``make_agent`` left it out. Picklable as
+  ``functools.partial(make_agent, ref, config=config)``: what actors get."""
+  spec = get(ref)
+  config = spec.config() if config is None else config
+  agent = spec.make_agent(env_spec, config)
+  if agent.shared_critic is None and spec.shared_critic is not None:
+    agent = dataclasses.replace(agent,
+                                shared_critic=spec.shared_critic(env_spec, config))
+  if agent.name != spec.name:
+    agent = dataclasses.replace(agent, name=spec.name)
+  return agent

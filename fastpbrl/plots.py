@@ -1,0 +1,252 @@
+"""End-of-run pictures of a population's history (host-side; matplotlib Agg).
+
+Besides ``returns.png`` (``fastpbrl.logging.plot_returns``), a run ends with
+
+* ``lineage.png`` (PBT runs, from ``lineage.jsonl``): the family tree of
+  exploits. One horizontal line per member over env steps, coloured by the
+  initial member whose weights it carries at that moment, and an arrow from
+  the source member to the destination at every copy.
+* ``hparams.png`` (every run, from ``hparams.csv``): each hyperparameter's
+  value per member against env steps, one subplot per hyperparameter.
+
+Both stay readable from 4 to 80 members: a legend and thick lines up to
+``LEGEND_MEMBERS`` members, thin lines coloured along a colormap beyond.
+The data each picture draws comes from a pure helper (``lineage_lines``,
+``hparam_lines``) that the tests compare with the records; the pictures are
+written atomically (a temporary file, then ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import tempfile
+from typing import Any, NamedTuple, Optional, Sequence
+
+LEGEND_MEMBERS = 10  # members up to which lines get a legend entry each
+
+
+class Segment(NamedTuple):
+  """A stretch of one member's line in the lineage picture."""
+
+  member: int  # the row (destination member)
+  start: float  # env steps (or update steps, see ``LineageLines.x``)
+  end: float
+  root: int  # initial member whose weights this member carries here
+
+
+class Copy(NamedTuple):
+  """One exploit: ``member`` took ``parent``'s weights at ``at``."""
+
+  at: float
+  parent: int
+  member: int
+
+
+class LineageLines(NamedTuple):
+  x: str  # 'env_steps' when every event has it, else 'step' (update steps)
+  segments: list[Segment]
+  copies: list[Copy]
+  members: int
+
+
+def lineage_lines(events: Sequence[dict], end: Optional[float] = None
+                  ) -> LineageLines:
+  """What ``lineage.png`` draws, from a lineage's events (in file order).
+
+  Args:
+    events: ``fastpbrl.population.pbt.read_lineage``'s list: ``init`` /
+      ``reset`` and ``exploit`` events.
+    end: where the lines stop (default: the last event's position).
+  """
+  x = 'env_steps' if events and all('env_steps' in e for e in events) else 'step'
+  members = 1 + max((int(e['member']) for e in events), default=-1)
+  start = {}  # member -> start of its current segment
+  root = {}  # member -> initial member its weights come from
+  segments, copies = [], []
+  last = max((float(e[x]) for e in events), default=0.0)
+  end = last if end is None else max(float(end), last)
+  # Copies at one step read the population as it was before that step
+  # (``pbt.schedule``): resolve each step's roots from the previous ones.
+  i = 0
+  while i < len(events):
+    at, call = float(events[i][x]), events[i]['step']
+    batch = []
+    while i < len(events) and events[i]['step'] == call:
+      batch.append(events[i])
+      i += 1
+    before = dict(root)
+    for e in batch:
+      m = int(e['member'])
+      if m in start and start[m] < at:
+        segments.append(Segment(m, start[m], at, root[m]))
+      if e['event'] == 'exploit':
+        parent = int(e['parent'])
+        copies.append(Copy(at, parent, m))
+        root[m] = before.get(parent, parent)
+      else:  # init / reset: a line of weights of its own
+        root[m] = m
+      start[m] = at
+  for m in sorted(start):
+    segments.append(Segment(m, start[m], end, root[m]))
+  segments.sort(key=lambda s: (s.member, s.start))
+  return LineageLines(x, segments, copies, members)
+
+
+def read_hparams_csv(run_dir: str) -> list[dict]:
+  """``hparams.csv``'s rows, numbers as floats (``member`` as int)."""
+  with open(os.path.join(run_dir, 'hparams.csv'), newline='') as f:
+    rows = list(csv.DictReader(f))
+  return [{k: int(v) if k == 'member' else float(v) for k, v in r.items()}
+          for r in rows]
+
+
+def hparam_lines(rows: Sequence[dict]
+                 ) -> dict[str, dict[int, tuple[list[float], list[float]]]]:
+  """What ``hparams.png`` draws: ``{name: {member: (env_steps, values)}}``
+  from ``hparams.csv``'s rows, in row order."""
+  names = [k for k in (rows[0] if rows else {})
+           if k not in ('env_steps', 'update_steps', 'member')]
+  lines: dict[str, dict[int, tuple[list[float], list[float]]]] = {
+      name: {} for name in names}
+  for r in rows:
+    for name in names:
+      xs, ys = lines[name].setdefault(int(r['member']), ([], []))
+      xs.append(float(r['env_steps']))
+      ys.append(float(r[name]))
+  return lines
+
+
+def _pyplot():
+  import matplotlib  # noqa: PLC0415
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+  return plt
+
+
+def _style(members: int) -> dict:
+  """Line width and colours for ``members`` lines."""
+  plt = _pyplot()
+  if members <= LEGEND_MEMBERS:
+    cmap = plt.get_cmap('tab10')
+    return {'lw': 1.6, 'color': lambda i: cmap(i % 10), 'legend': True}
+  cmap = plt.get_cmap('viridis')
+  return {'lw': max(0.3, 8.0 / members),
+          'color': lambda i: cmap(i / max(1, members - 1)), 'legend': False}
+
+
+def _save(fig, path: str) -> str:
+  """Saves ``fig`` to ``path`` atomically and closes it."""
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                             prefix='.tmp-', suffix='.png')
+  os.close(fd)
+  try:
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+  finally:
+    _pyplot().close(fig)
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return path
+
+
+def plot_lineage(events: Sequence[dict], path: str,
+                 end: Optional[float] = None, title: str = '') -> str:
+  """Draws ``lineage_lines(events, end)`` to ``path``; returns ``path``."""
+  plt = _pyplot()
+  data = lineage_lines(events, end)
+  n = max(1, data.members)
+  style = _style(n)
+  fig, ax = plt.subplots(figsize=(10, min(16.0, 1.5 + 0.35 * n)))
+  labelled = set()
+  for s in data.segments:
+    label = None
+    if style['legend'] and s.root not in labelled:
+      label = f'weights of member {s.root}'
+      labelled.add(s.root)
+    ax.plot([s.start, s.end], [s.member, s.member], color=style['color'](s.root),
+            lw=style['lw'] * 2, solid_capstyle='butt', label=label)
+  for c in data.copies:
+    ax.annotate('', xy=(c.at, c.member), xytext=(c.at, c.parent),
+                arrowprops={'arrowstyle': '->', 'lw': style['lw'],
+                            'color': 'k', 'alpha': 0.7 if style['legend'] else 0.4,
+                            'shrinkA': 0, 'shrinkB': 0})
+  ax.set_xlabel('env steps per member' if data.x == 'env_steps'
+                else 'update steps per member')
+  ax.set_ylabel('member')
+  ax.set_ylim(-0.7, n - 0.3)
+  ax.invert_yaxis()
+  if n <= 20:
+    ax.set_yticks(range(n))
+  ax.grid(alpha=0.3, axis='x')
+  ax.set_title(title or f'PBT lineage: {len(data.copies)} copies '
+               '(arrow: source -> destination)')
+  if style['legend'] and labelled:
+    ax.legend(loc='upper left', bbox_to_anchor=(1.01, 1), fontsize='small')
+  fig.tight_layout()
+  return _save(fig, path)
+
+
+def plot_hparams(rows: Sequence[dict], path: str, title: str = '') -> str:
+  """Draws ``hparam_lines(rows)`` to ``path``, one subplot per
+  hyperparameter (log scale where a positive one spans over 20x)."""
+  plt = _pyplot()
+  lines = hparam_lines(rows)
+  names = list(lines) or ['(none)']
+  members = 1 + max((int(r['member']) for r in rows), default=0)
+  style = _style(members)
+  cols = min(3, len(names))
+  nrows = math.ceil(len(names) / cols)
+  fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 2.9 * nrows),
+                           squeeze=False)
+  for k, name in enumerate(names):
+    ax = axes[k // cols][k % cols]
+    values = []
+    for member, (xs, ys) in sorted(lines.get(name, {}).items()):
+      ax.plot(xs, ys, drawstyle='steps-post', lw=style['lw'],
+              color=style['color'](member),
+              label=f'member {member}' if style['legend'] else None)
+      values.extend(ys)
+    positive = [v for v in values if v > 0]
+    if values and len(positive) == len(values) and max(values) > 20 * min(values):
+      ax.set_yscale('log')
+    ax.set_title(name, fontsize='medium')
+    ax.set_xlabel('env steps per member')
+    ax.grid(alpha=0.3)
+  for k in range(len(names), nrows * cols):
+    axes[k // cols][k % cols].axis('off')
+  if style['legend'] and rows:
+    axes[0][0].legend(fontsize='x-small', loc='best')
+  fig.suptitle(title or f'hyperparameters of {members} members')
+  fig.tight_layout()
+  return _save(fig, path)
+
+
+def plot_run(run_dir: str) -> list[str]:
+  """Writes ``lineage.png`` (if the run has a lineage) and ``hparams.png``
+  (if it has ``hparams.csv``) in ``run_dir``; returns their paths."""
+  written = []
+  title = os.path.basename(os.path.abspath(run_dir))
+  end = None
+  hparams = os.path.join(run_dir, 'hparams.csv')
+  rows: list[dict[str, Any]] = read_hparams_csv(run_dir) if os.path.exists(
+      hparams) else []
+  if rows:
+    end = max(r['env_steps'] for r in rows)
+  lineage = os.path.join(run_dir, 'lineage.jsonl')
+  if os.path.exists(lineage):
+    with open(lineage, encoding='utf-8') as f:
+      events = [json.loads(line) for line in f if line.strip()]
+    if events:
+      x = 'env_steps' if all('env_steps' in e for e in events) else 'step'
+      written.append(plot_lineage(
+          events, os.path.join(run_dir, 'lineage.png'),
+          end=end if x == 'env_steps' else None,
+          title=f'{title}: PBT lineage (arrow: source -> destination)'))
+  if rows:
+    written.append(plot_hparams(rows, os.path.join(run_dir, 'hparams.png'),
+                                title=f'{title}: hyperparameters'))
+  return written

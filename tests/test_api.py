@@ -1,0 +1,186 @@
+"""The Python API end to end at a tiny budget: ``train`` with callbacks,
+then ``load_policy`` / ``evaluate`` on the run folder, checked against what
+the run itself computed (its final evaluation) and against a hand-played
+rollout; the README's example, run as written."""
+
+import json
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import fastpbrl
+from fastpbrl import commands
+from fastpbrl.evaluation import evaluation_seeds
+from fastpbrl.logging import read_final_returns
+from fastpbrl.plots import hparam_lines, read_hparams_csv
+from fastpbrl.population import pbt as pbt_lib
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {'env': 'Pendulum-v1', 'env_steps': 600, 'warmup_steps': 200,
+        'hidden_sizes': (16, 16), 'batch_size': 16, 'steps_per_call': 10,
+        'eval_every': 200, 'num_actors': 1, 'replay_capacity': 5000,
+        'eval_episodes': 2, 'ready_after': 200, 'fraction': 0.5,
+        'progress': False}
+
+
+class Recorder(fastpbrl.Callback):
+
+  def __init__(self):
+    self.calls, self.events, self.order = [], [], []
+
+  def after_call(self, loop):
+    self.calls.append(loop.calls)
+    self.order.append('call')
+
+  def after_rule_decision(self, loop, event):
+    self.events.append(event)
+    self.order.append('event')
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  recorder = Recorder()
+  run_dir = str(tmp_path_factory.mktemp('api') / 'pbt')
+  result = fastpbrl.train('pbt', population_size=4, run_dir=run_dir,
+                          callbacks=[recorder], **TINY)
+  return result, recorder
+
+
+def test_train_reports_the_best_member_its_checkpoint_and_lineage(trained):
+  result, recorder = trained
+  saved = read_final_returns(result.run_dir)
+  assert saved['final_returns'] == pytest.approx(result.run.final_returns)
+  assert result.best_member == int(np.argmax(saved['final_returns']))
+  assert result.best_final_return == max(saved['final_returns'])
+  assert fastpbrl.best_member(result.run_dir) == result.best_member
+  assert os.path.isdir(result.checkpoint)
+  assert os.path.basename(result.checkpoint) == str(saved['checkpoint_step'])
+  assert result.lineage == pbt_lib.read_lineage(
+      os.path.join(result.run_dir, 'lineage.jsonl'))
+  for name in ('returns.png', 'lineage.png', 'hparams.png'):
+    assert os.path.getsize(os.path.join(result.run_dir, name)) > 5000
+
+
+def test_callbacks_see_every_call_and_every_exploit(trained):
+  result, recorder = trained
+  assert recorder.calls == list(range(1, result.run.calls + 1))
+  exploits = [e for e in result.lineage if e['event'] == 'exploit']
+  assert exploits, 'PBT never exploited'
+  assert recorder.events == exploits  # the same dicts as the lineage lines
+  assert all('env_steps' in e for e in result.lineage)
+  assert recorder.order[-1] == 'call'  # decisions come before their call
+
+
+def test_hparams_csv_ends_with_the_final_hyperparameters(trained):
+  result, _ = trained
+  lines = hparam_lines(read_hparams_csv(result.run_dir))
+  for member, final in enumerate(result.run.hparams):
+    for name, value in final.items():
+      assert lines[name][member][1][-1] == pytest.approx(value, rel=1e-6)
+  # Every exploit's new hyperparameters appear at its env step.
+  for e in result.lineage:
+    if e['event'] == 'exploit':
+      xs, ys = lines['policy_lr'][e['member']]
+      assert ys[xs.index(e['env_steps'])] == pytest.approx(
+          e['new_hparams']['policy_lr'], rel=1e-6)
+
+
+def test_evaluate_replays_the_runs_final_evaluation(trained, monkeypatch):
+  result, _ = trained
+  # A relative run folder, as a user would type it.
+  monkeypatch.chdir(os.path.dirname(result.run_dir))
+  relative = os.path.basename(result.run_dir)
+  for member in ('best', 1):
+    scores = fastpbrl.evaluate(relative, member=member, episodes=2, seed=0)
+    index = result.best_member if member == 'best' else member
+    assert scores.member == index
+    assert scores.mean == pytest.approx(result.run.final_returns[index],
+                                        rel=1e-4)
+    assert scores.std == pytest.approx(np.std(scores.returns))
+
+
+def test_load_policy_acts_like_evaluate_single_or_batched(trained):
+  result, _ = trained
+  policy = fastpbrl.load_policy(result.run_dir, member=2)
+  env = gym.make('Pendulum-v1')
+  returns = []
+  for reset_seed in evaluation_seeds(7, 2, 2):
+    obs, _ = env.reset(seed=reset_seed)
+    total, done = 0.0, False
+    while not done:
+      action = policy(obs)
+      assert action.shape == (1,) and -2.0 <= action[0] <= 2.0
+      obs, reward, terminated, truncated, _ = env.step(action)
+      total += reward
+      done = terminated or truncated
+    returns.append(total)
+  scores = fastpbrl.evaluate(result.run_dir, member=2, episodes=2, seed=7)
+  assert scores.returns == pytest.approx(returns, rel=1e-6)
+  batch = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+  batched = policy(batch)
+  assert batched.shape == (5, 1)
+  np.testing.assert_allclose(batched, np.stack([policy(o) for o in batch]),
+                             rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match=r'expected \(3,\)'):
+    policy(np.zeros(4))
+
+
+def test_evaluate_command_prints_mean_and_std(trained, capsys):
+  result, _ = trained
+  assert commands.main(['evaluate', result.run_dir, '--episodes', '2',
+                        '--json']) == 0
+  printed = json.loads(capsys.readouterr().out)
+  assert printed['member'] == result.best_member
+  assert printed['mean'] == pytest.approx(
+      result.run.final_returns[result.best_member], rel=1e-4)
+  assert commands.main(['evaluate', result.run_dir, '--member', '9']) == 2
+  assert capsys.readouterr().err.strip() == (
+      'error: --member 9 is out of range: the run has 4 members (0..3)')
+
+
+def test_evaluate_writes_a_video(trained, tmp_path):
+  pytest.importorskip('moviepy')
+  pytest.importorskip('pygame')  # Pendulum's renderer
+  result, _ = trained
+  scores = fastpbrl.evaluate(result.run_dir, member=0, episodes=1,
+                             video_dir=str(tmp_path / 'videos'))
+  assert len(scores.videos) == 1 and scores.videos[0].endswith('.mp4')
+  assert os.path.getsize(scores.videos[0]) > 1000
+  # Recording does not change what is played.
+  plain = fastpbrl.evaluate(result.run_dir, member=0, episodes=1)
+  assert scores.returns == pytest.approx(plain.returns, rel=1e-6)
+
+
+def test_train_refuses_unknown_settings_naming_them():
+  with pytest.raises(fastpbrl.ConfigError, match="no setting 'env_step' "
+                     r'\(--env-step\)'):
+    fastpbrl.train('pbt', env_step=10)
+  with pytest.raises(fastpbrl.ConfigError, match="rule 'ppo' is unknown"):
+    fastpbrl.train('ppo')
+  with pytest.raises(fastpbrl.ConfigError, match='--env-steps must be > 0'):
+    fastpbrl.train('seeds', env_steps=0)
+
+
+def test_readme_example_is_the_file_and_runs(tmp_path):
+  with open(os.path.join(ROOT, 'examples', 'api_example.py')) as f:
+    example = f.read()
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    readme = f.read()
+  assert f'```python\n{example}```' in readme
+  tiny = {k: v for k, v in TINY.items() if k not in ('env', 'progress')}
+  code = ('import api_example\n'
+          f'result, scores = api_example.main(**{tiny!r})\n'
+          'assert scores.member == result.best_member\n')
+  env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
+      [ROOT, os.path.join(ROOT, 'examples')])}
+  out = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'best member' in out.stdout and 'action [' in out.stdout
+  assert os.listdir(tmp_path / 'runs')[0].startswith('pbt-td3-Pendulum-v1-')

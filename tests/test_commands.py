@@ -1,0 +1,156 @@
+"""The installed ``fastpbrl`` command: dispatch, one-line errors (status 2),
+run-folder names, custom env modules, and the atomic JSON writer."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from fastpbrl import commands
+from fastpbrl.commands import bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_console_script_is_declared_and_resolves():
+  with open(os.path.join(ROOT, 'pyproject.toml'), 'rb') as f:
+    scripts = tomllib.load(f)['project']['scripts']
+  module, function = scripts['fastpbrl'].split(':')
+  assert (module, function) == ('fastpbrl.commands', 'console_script')
+  assert callable(getattr(sys.modules[module], function))
+
+
+def test_help_lists_every_command(capsys):
+  assert commands.main(['--help']) == 0
+  out = capsys.readouterr().out
+  for name in ('pbt', 'cemrl', 'dvd', 'hypertrick', 'seeds', 'evaluate',
+               'bench'):
+    assert re.search(rf'^  {name} ', out, re.M), name
+
+
+@pytest.mark.parametrize('name', ['pbt', 'cemrl', 'dvd', 'hypertrick',
+                                  'seeds'])
+def test_rule_help_is_the_scripts_help(name, capsys):
+  """``fastpbrl X --help`` has the flags of ``python -m experiments.X``."""
+  import importlib
+  assert commands.main([name, '--help']) == 0
+  text = capsys.readouterr().out
+  assert text.startswith(f'usage: fastpbrl {name} ')
+  alias = importlib.import_module(f'experiments.{name}')
+  assert alias.main is importlib.import_module(f'fastpbrl.commands.{name}').main
+  for flag in ('--env', '--population-size', '--env-steps', '--resume',
+               '--run-dir'):
+    assert flag in text
+
+
+def _one_line_error(argv, capsys):
+  assert commands.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith('error: ') and '\n' not in err, err
+  return err
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['nope'], "unknown command 'nope'"),
+    (['evaluate', 'RUN', '--episodes', '0'], '--episodes must be >= 1, got 0'),
+    (['evaluate', 'RUN', '--episodes', 'x'], "--episodes must be an integer, got 'x'"),
+    (['evaluate', 'RUN', '--seed', '-1'], '--seed must be >= 0'),
+    (['evaluate', 'RUN', '--frobnicate'], 'unrecognized arguments: --frobnicate'),
+    (['evaluate'], 'the following arguments are required: RUN_DIR'),
+    (['evaluate', 'no/such/run'], "RUN_DIR 'no/such/run' has no config.json"),
+    (['pbt', '--population-size', '1', '--no-progress'],
+     '--population-size must be >= 2'),
+])
+def test_bad_input_is_one_line_with_status_2(argv, message, capsys):
+  assert message in _one_line_error(argv, capsys)
+
+
+def test_custom_env_module_that_does_not_import_names_the_flag(capsys):
+  err = _one_line_error(['seeds', '--env', 'no_such_module_x:Point-v0',
+                         '--no-progress'], capsys)
+  assert ("--env 'no_such_module_x:Point-v0': module 'no_such_module_x' "
+          'cannot be imported') in err
+
+
+def test_custom_env_from_a_user_module(tmp_path, monkeypatch):
+  """``--env mymod:Point-v0`` imports mymod, which registers the env."""
+  (tmp_path / 'fastpbrl_test_point.py').write_text(
+      'import gymnasium as gym\n'
+      "gym.register('FastpbrlTestPoint-v0', "
+      "entry_point='gymnasium.envs.classic_control:PendulumEnv', "
+      'max_episode_steps=50)\n')
+  monkeypatch.syspath_prepend(str(tmp_path))
+  from fastpbrl.run import make_env_spec
+  spec = make_env_spec('fastpbrl_test_point:FastpbrlTestPoint-v0')
+  assert spec.observations.shape == (3,)
+
+
+def test_evaluate_of_an_unfinished_run_names_the_member_flag(tmp_path, capsys):
+  (tmp_path / 'config.json').write_text(json.dumps({'driver': 'seeds'}))
+  from fastpbrl.api import resolve_member
+  from fastpbrl.run import ConfigError
+  with pytest.raises(ConfigError, match='no final_returns.json .* pass a member'):
+    resolve_member(str(tmp_path), 'best', 4)
+  with pytest.raises(ConfigError, match=r'--member 4 is out of range: .* 4 members'):
+    resolve_member(str(tmp_path), 4, 4)
+  with pytest.raises(ConfigError, match="--member must be best or a member index, got 'top'"):
+    resolve_member(str(tmp_path), 'top', 4)
+  (tmp_path / 'final_returns.json').write_text(
+      json.dumps({'final_returns': [-5.0, 3.0, 1.0, 2.9]}))
+  assert resolve_member(str(tmp_path), 'best', 4) == 1
+  assert resolve_member(str(tmp_path), '2', 4) == 2
+
+
+def test_bench_outside_a_checkout_says_where_to_run_it(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, 'benchmarks', None)  # not importable
+  monkeypatch.setitem(sys.modules, 'benchmarks.update_speed', None)
+  with pytest.raises(SystemExit) as info:
+    bench.load_benchmark(cwd=str(tmp_path))
+  assert info.value.code == bench.NOT_HERE
+  assert 'python -m benchmarks.update_speed' in bench.NOT_HERE
+
+
+def test_bench_dispatches_to_the_update_speed_benchmark(capsys):
+  assert commands.main(['bench', '--help']) == 0
+  assert '--population-sizes' in capsys.readouterr().out
+
+
+def test_console_script_runs_from_another_folder(tmp_path):
+  """What the installed script does, from a folder that is not the repo."""
+  env = {**os.environ, 'PYTHONPATH': ROOT}
+  out = subprocess.run(
+      [sys.executable, '-c', 'from fastpbrl.commands import console_script; '
+       'console_script()', 'evaluate', 'nowhere'],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2
+  assert out.stderr.strip() == ("error: RUN_DIR 'nowhere' has no config.json "
+                                '(is it a fastpbrl run folder?)')
+
+
+def test_default_run_dir_is_rule_agent_env_time():
+  from fastpbrl.run import default_run_dir
+  path = default_run_dir('pbt', 'td3', 'Pendulum-v1')
+  assert re.fullmatch(r'runs/pbt-td3-Pendulum-v1-\d{8}-\d{6}', path), path
+  path = default_run_dir('seeds', 'dqn', 'ALE/Pong-v5')
+  assert re.fullmatch(r'runs/seeds-dqn-ALE_Pong-v5-\d{8}-\d{6}', path), path
+  assert os.sep not in os.path.basename(
+      default_run_dir('dvd', 'td3', 'mymod:Point-v0'))
+
+
+def test_write_json_atomic_replaces_whole_files(tmp_path):
+  from fastpbrl.logging import write_json_atomic
+  path = str(tmp_path / 'final_returns.json')
+  write_json_atomic(path, {'final_returns': [1.0]})
+  write_json_atomic(path, {'final_returns': [2.0, 3.0]})
+  with open(path) as f:
+    assert json.load(f) == {'final_returns': [2.0, 3.0]}
+  assert os.listdir(tmp_path) == ['final_returns.json']  # no temp file left
+  with pytest.raises(TypeError):
+    write_json_atomic(path, {'x': object()})
+  with open(path) as f:  # a failed write leaves the old file whole
+    assert json.load(f) == {'final_returns': [2.0, 3.0]}
+  assert os.listdir(tmp_path) == ['final_returns.json']

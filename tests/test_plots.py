@@ -1,0 +1,103 @@
+"""The end-of-run pictures draw exactly the records they are made from."""
+
+import os
+
+import numpy as np
+import pytest
+
+from fastpbrl import plots
+from fastpbrl.logging import HParamsLog
+
+
+def _lineage(n, copies):
+  """Init events for ``n`` members at 0, then exploits ``(step, env_steps,
+  member, parent)``."""
+  events = [{'event': 'init', 'step': 0, 'env_steps': 100, 'member': i,
+             'hparams': {'lr': 1e-3 * (i + 1)}} for i in range(n)]
+  for step, env_steps, member, parent in copies:
+    events.append({'event': 'exploit', 'step': step, 'env_steps': env_steps,
+                   'member': member, 'parent': parent,
+                   'old_hparams': {}, 'new_hparams': {'lr': 1.0}})
+  return events
+
+
+def test_lineage_lines_follow_the_copies():
+  # 4 members. At step 50 (env 600): 0 copies 3 and 1 copies 0 -- copies
+  # read the population as it was before the step, so 1 gets member 0's
+  # ORIGINAL weights, not 3's. At step 90 (env 1000): 2 copies 0, which
+  # now carries 3's weights.
+  events = _lineage(4, [(50, 600, 0, 3), (50, 600, 1, 0), (90, 1000, 2, 0)])
+  data = plots.lineage_lines(events, end=1200)
+  assert data.x == 'env_steps' and data.members == 4
+  assert data.copies == [plots.Copy(600, 3, 0), plots.Copy(600, 0, 1),
+                         plots.Copy(1000, 0, 2)]
+  assert data.segments == [
+      plots.Segment(0, 100, 600, 0), plots.Segment(0, 600, 1200, 3),
+      plots.Segment(1, 100, 600, 1), plots.Segment(1, 600, 1200, 0),
+      plots.Segment(2, 100, 1000, 2), plots.Segment(2, 1000, 1200, 3),
+      plots.Segment(3, 100, 1200, 3)]
+  # Without env_steps on every event, the axis is update steps.
+  for e in events:
+    del e['env_steps']
+  assert plots.lineage_lines(events).x == 'step'
+
+
+def _hparam_rows(n, calls, seed=0):
+  rng = np.random.default_rng(seed)
+  rows = []
+  for c in range(calls):
+    for m in range(n):
+      rows.append({'env_steps': 100.0 * (c + 1), 'update_steps': 10.0 * c,
+                   'member': m, 'lr': float(rng.uniform(1e-5, 1e-2)),
+                   'discount': float(rng.uniform(0.9, 0.999))})
+  return rows
+
+
+def test_hparam_lines_equal_the_csv_records(tmp_path):
+  n, calls = 3, 5
+  rows = _hparam_rows(n, calls)
+  log = HParamsLog(str(tmp_path))
+  for c in range(calls):
+    mine = [r for r in rows if r['env_steps'] == 100.0 * (c + 1)]
+    log.write(100 * (c + 1), 10 * c,
+              [{'lr': r['lr'], 'discount': r['discount']} for r in mine])
+  log.close()
+  read = plots.read_hparams_csv(str(tmp_path))
+  lines = plots.hparam_lines(read)
+  assert set(lines) == {'lr', 'discount'}
+  for name in ('lr', 'discount'):
+    for m in range(n):
+      xs, ys = lines[name][m]
+      mine = [r for r in rows if r['member'] == m]
+      assert xs == [r['env_steps'] for r in mine]
+      np.testing.assert_allclose(ys, [r[name] for r in mine], rtol=1e-12)
+
+
+@pytest.mark.parametrize('n', [4, 80])
+def test_plot_run_writes_both_pictures(tmp_path, n):
+  rng = np.random.default_rng(n)
+  copies = [(10 * k, 100 * k, int(rng.integers(n)), int(rng.integers(n)))
+            for k in range(1, 30)]
+  events = [e for e in _lineage(n, copies)
+            if e['event'] != 'exploit' or e['member'] != e['parent']]
+  from fastpbrl.population.pbt import Lineage
+  Lineage(str(tmp_path / 'lineage.jsonl')).write(events)
+  log = HParamsLog(str(tmp_path))
+  for c in range(6):
+    log.write(500 * c, 50 * c, [{'lr': float(rng.uniform(1e-5, 1e-3)),
+                                 'tau': 0.005} for _ in range(n)])
+  log.close()
+  written = plots.plot_run(str(tmp_path))
+  assert [os.path.basename(p) for p in written] == ['lineage.png',
+                                                    'hparams.png']
+  for path in written:
+    assert os.path.getsize(path) > 5000
+  assert not [f for f in os.listdir(tmp_path) if f.startswith('.tmp-')]
+
+
+def test_plot_run_without_lineage_draws_only_hparams(tmp_path):
+  log = HParamsLog(str(tmp_path))
+  log.write(0, 0, [{'diversity_weight': 0.5}, {'diversity_weight': 0.5}])
+  log.close()
+  assert [os.path.basename(p) for p in plots.plot_run(str(tmp_path))] == [
+      'hparams.png']
