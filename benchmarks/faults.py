@@ -212,6 +212,13 @@ def lost(before: tuple[int, int], call: int, env: int) -> tuple[str, str]:
           str(max(0, upd_before // STEPS_PER_CALL - call)))
 
 
+def conclude(row: Row, checks: dict, note_if_ok: str = '') -> Row:
+  """Survived iff every check held; the note names those that failed."""
+  row.survived = all(checks.values())
+  row.note = '; '.join(k for k, ok in checks.items() if not ok) or note_if_ok
+  return row
+
+
 # ------------------------------------------------------------- scenarios
 
 
@@ -241,9 +248,7 @@ def signal_scenario(out: str, signum: int, group: bool) -> Row:
         f'call {call} ' in line and 'replay restored' in resumed.text())
     row.data_lost, row.calls_lost = lost(before, call, env)
     row.recover_s = f'{stopped_s:.1f} + {first_new:.1f}'
-    row.survived = all(checks.values())
-    row.note = '; '.join(k for k, ok in checks.items() if not ok) or (
-        f'stopped in {stopped_s:.1f} s at call {call}')
+    conclude(row, checks, f'stopped in {stopped_s:.1f} s at call {call}')
   finally:
     run.kill_all()
   return row
@@ -269,7 +274,6 @@ def kill_learner_during_save(out: str) -> Row:
     being_saved = [int(d.split('.')[0]) for d in os.listdir(folder)
                    if 'orbax-checkpoint-tmp' in d]
     run.wait(60)
-    before = csv_progress(run_dir)
     actors = [pid for _, _, pid in run.actor_starts()]
     actors_gone = wait_until(lambda: not any(map(alive, actors)), 60, 0.1)
     tmp_left = [d for d in os.listdir(folder) if 'tmp' in d]
@@ -287,11 +291,8 @@ def kill_learner_during_save(out: str) -> Row:
     calls_lost = max(being_saved) - call if being_saved else -1
     row.calls_lost = str(calls_lost)
     row.data_lost = f'{calls_lost * STEPS_PER_CALL} (the steps those calls used)'
-    del before
     row.recover_s = f'{first_new:.1f} (resume to training)'
-    row.survived = all(checks.values())
-    row.note = '; '.join(k for k, ok in checks.items() if not ok) or (
-        f'previous checkpoint (call {call}) restored')
+    conclude(row, checks, f'previous checkpoint (call {call}) restored')
   finally:
     run.kill_all()
   return row
@@ -320,13 +321,11 @@ def kill_actor_three_times(out: str) -> Row:
     checks = {'run finished (exit 0)': rc == 0,
               '3 restarts': len(recover) == 3,
               'no segment left': not segments(run.pid)}
-    row.survived = all(checks.values())
     row.data_lost = '<= 32 per kill'  # the chunk being filled (chunk_steps)
     row.calls_lost = '0'
     row.recover_s = f'{max(recover):.1f}' if recover else '-'
-    row.note = '; '.join(k for k, ok in checks.items() if not ok) or (
-        'replacement started in ' + ', '.join(f'{r:.1f}' for r in recover)
-        + ' s')
+    conclude(row, checks, 'replacement started in ' + ', '.join(
+        f'{r:.1f}' for r in recover) + ' s')
   finally:
     run.kill_all()
   return row
@@ -352,11 +351,10 @@ def hung_actor(out: str) -> Row:
                   detected and 'hung: no heartbeat' in run.text(),
               'hung process removed': not alive(victim),
               'no segment left': not segments(run.pid)}
-    row.survived = all(checks.values())
     row.data_lost = '<= 32'
     row.calls_lost = '0'
     row.recover_s = f'{recover:.1f}' if recover is not None else '-'
-    row.note = '; '.join(k for k, ok in checks.items() if not ok)
+    conclude(row, checks)
   finally:
     run.kill_all()
   return row
@@ -376,13 +374,11 @@ def diverging_member(out: str) -> Row:
   checks = {'run finished (exit 0)': proc.returncode == 0,
             'divergence detected and replaced': bool(m) and int(m[1]) >= 1,
             'every member ends finite': bool(m) and 'nan' not in m[2]}
-  row.survived = all(checks.values())
   row.data_lost = '0'
   row.calls_lost = '0 (the diverged call is discarded)'
   row.recover_s = '0 (same call)'
-  row.note = '; '.join(k for k, ok in checks.items() if not ok) or (
-      f'{m[1]} replacement(s); final returns {m[2]}')
-  return row
+  return conclude(row, checks, f'{m[1]} replacement(s); final returns {m[2]}'
+                  if m else '')
 
 
 def child_diverge(run_dir: str) -> None:
@@ -444,11 +440,9 @@ def full_disk(out: str) -> Row:
                     and 'resume with:' in line,
                 'no segment left': not segments(run.pid),
                 'resumed from the previous checkpoint': call >= 0}
-      row.survived = all(checks.values())
       row.data_lost, row.calls_lost = lost(before, call, env)
       row.recover_s = f'{stopped_s:.1f} + {first_new:.1f} after freeing space'
-      row.note = '; '.join(k for k, ok in checks.items() if not ok) or line[
-          :120]
+      conclude(row, checks, line[:120])
     finally:
       run.kill_all()
   finally:
