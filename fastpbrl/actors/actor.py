@@ -515,9 +515,13 @@ class ActorSpec:
 def configure_actor_process() -> None:
   """Pins JAX to the CPU with one thread (call before any JAX computation).
 
-  The pool also puts these variables in the environment the process is
-  spawned with, so they hold even while the parent's ``__main__`` is
-  re-imported; setting them again here covers direct calls.
+  The first thing an actor process does. It works because importing
+  fastpbrl (and jax) initialises no backend: only the first computation
+  does, and it reads ``XLA_FLAGS`` and the ``jax_platforms`` setting then.
+  The parent's environment is never changed for its children: other
+  threads of the learner process (its JAX among them) read it. A script
+  whose top level (outside ``if __name__ == '__main__':``) computes with
+  JAX would initialise a backend while an actor re-imports it.
   """
   os.environ['JAX_PLATFORMS'] = 'cpu'
   flags = os.environ.get('XLA_FLAGS', '')

@@ -42,8 +42,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 from acme import specs
 
-from fastpbrl.actors.actor import (ActorSpec, SINGLE_THREAD_XLA_FLAGS,
-                                   run_actor)
+from fastpbrl.actors.actor import ActorSpec, run_actor
 from fastpbrl.actors.channel import Channel, chunk_layout
 from fastpbrl.actors.param_store import ParamStore
 
@@ -52,8 +51,6 @@ logger = logging.getLogger(__name__)
 Sink = Callable[[int, np.ndarray, Mapping[str, np.ndarray]], None]
 # admit(members, steps, timeout) -> bool: may this chunk be handed over now?
 Admit = Callable[[np.ndarray, int, float], bool]
-
-_ENV_LOCK = threading.Lock()
 
 # Exit status of a spawned actor process whose re-import of the parent's
 # main script tried to start a run (no ``if __name__ == '__main__':``).
@@ -144,30 +141,6 @@ def check_picklable(value: Any, name: str) -> None:
         f'{name} must be picklable to reach spawned actor processes (use a '
         f'module-level function or functools.partial, not a lambda or a '
         f'closure); got {value!r}: {e}') from e
-
-
-@contextlib.contextmanager
-def _child_environment():
-  """Environment variables spawned actors start with (JAX on one CPU thread).
-
-  Set in the parent for the instant of ``Process.start`` so they already hold
-  while the child re-imports the parent's ``__main__``.
-  """
-  flags = os.environ.get('XLA_FLAGS', '')
-  updates = {'JAX_PLATFORMS': 'cpu'}
-  if '--xla_cpu_multi_thread_eigen' not in flags:
-    updates['XLA_FLAGS'] = f'{flags} {SINGLE_THREAD_XLA_FLAGS}'.strip()
-  with _ENV_LOCK:
-    saved = {k: os.environ.get(k) for k in updates}
-    os.environ.update(updates)
-    try:
-      yield
-    finally:
-      for k, v in saved.items():
-        if v is None:
-          os.environ.pop(k, None)
-        else:
-          os.environ[k] = v
 
 
 class _Slot:
@@ -342,8 +315,10 @@ class ActorPool:
         target=run_actor, args=(spec,), daemon=True,
         name=f'fastpbrl-actor-{slot.actor_id}')
     try:
-      with _child_environment():
-        process.start()
+      # The process pins its JAX to one CPU thread itself, first thing
+      # (``configure_actor_process``): no environment variable is changed
+      # here, where other threads (the learner's JAX) may read them.
+      process.start()
     except BaseException:
       channel.close()
       raise

@@ -2,6 +2,7 @@
 every member, backpressure, a failing actor's traceback, a killed actor
 restarted then fatal, clean shutdown."""
 
+import collections
 import functools
 import os
 import signal
@@ -283,3 +284,34 @@ def test_hung_actor_is_detected_by_heartbeat_and_restarted():
   finally:
     store.close()
   assert our_segments() == []
+
+
+def test_starting_actors_leaves_the_parents_environment_alone(monkeypatch):
+  """Actors pin their JAX to one CPU thread themselves: the learner
+  process's environment, which its other threads (its own JAX) read, is
+  never changed, not even for the instant of a spawn."""
+  writes = []
+
+  class Recording(collections.UserDict):
+    def __setitem__(self, key, value):
+      writes.append(key)
+      super().__setitem__(key, value)
+
+    def __delitem__(self, key):
+      writes.append(key)
+      super().__delitem__(key)
+
+  environ = Recording(dict(os.environ))
+  writes.clear()  # UserDict's constructor writes each key
+  monkeypatch.setattr(os, 'environ', environ)
+  n = 2
+  collector = Collector(n)
+  store = make_store(n)
+  try:
+    with make_pool(n, collector, store, num_processes=1) as pool:
+      pool.start()
+      wait_for(lambda: (collector.steps > 50).all(), 120, pool,
+               'the actor producing')
+  finally:
+    store.close()
+  assert writes == []
