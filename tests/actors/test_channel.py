@@ -70,6 +70,15 @@ def test_chunks_arrive_whole_and_in_order_across_wraps():
   assert got == list(range(total))
 
 
+def wait_until(condition, timeout):
+  deadline = time.monotonic() + timeout
+  while not condition():
+    if time.monotonic() > deadline:
+      return False
+    time.sleep(0.01)
+  return True
+
+
 def test_full_ring_blocks_the_producer_until_a_slot_frees():
   channel = make_channel(num_slots=2)
   committed = []
@@ -89,14 +98,18 @@ def test_full_ring_blocks_the_producer_until_a_slot_frees():
   thread = threading.Thread(target=produce)
   thread.start()
   try:
-    time.sleep(0.3)
+    assert wait_until(lambda: len(committed) == 2, 60)
+    blocked_from = time.monotonic()
+    time.sleep(0.3)  # however long: nothing beyond the ring is committed
     assert committed == [0, 1]  # bounded: nothing beyond the ring
     assert channel.pending() == 2
     assert channel.blocked_s == 0.0  # only counted once a wait ends
     channel.release()  # frees one slot: exactly one more chunk fits
-    time.sleep(0.2)
+    assert wait_until(lambda: len(committed) == 3, 60)
+    time.sleep(0.1)
     assert committed == [0, 1, 2]
-    assert channel.blocked_s > 0.1
+    # It waited at least from the moment the ring was seen full.
+    assert channel.blocked_s >= min(0.3, time.monotonic() - blocked_from) - 0.05
     assert int(channel.peek()['meta'][2]) == 1
   finally:
     stop.set()
@@ -114,9 +127,9 @@ def test_stop_request_releases_a_blocked_producer():
       target=lambda: results.append(channel.acquire_slot()))
   thread.start()
   time.sleep(0.1)
-  assert thread.is_alive()
+  assert thread.is_alive()  # blocked on the full ring, however long
   channel.request_stop()
-  thread.join(1)
+  thread.join(60)
   assert not thread.is_alive() and results == [None]
   assert channel.stop_requested
   channel.close()
