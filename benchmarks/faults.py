@@ -420,13 +420,15 @@ def full_disk(out: str) -> Row:
     try:
       wait_for_checkpoint(run, 1)
       filler = os.path.join(mount, 'filler')
-      with open(filler, 'wb') as f:  # every free byte: the next write fails
-        try:
-          while True:
-            f.write(b'\0' * 65536)
-            f.flush()
-        except OSError:
-          pass
+      # Every free byte (unbuffered, so closing has nothing left to
+      # write): the run's next write fails.
+      with open(filler, 'wb', buffering=0) as f:
+        for size in (1 << 20, 1 << 12, 1):
+          try:
+            while True:
+              f.write(b'\0' * size)
+          except OSError:
+            pass
       t0 = time.monotonic()
       rc = run.wait(600)
       stopped_s = time.monotonic() - t0
@@ -440,7 +442,15 @@ def full_disk(out: str) -> Row:
                     and 'resume with:' in line,
                 'no segment left': not segments(run.pid),
                 'resumed from the previous checkpoint': call >= 0}
-      row.data_lost, row.calls_lost = lost(before, call, env)
+      # The logs could not be written either: count from the save that
+      # failed (everything after the intact checkpoint is redone).
+      failed = re.search(r'writing checkpoint (\d+) ', line)
+      if failed:
+        calls = int(failed[1]) - call
+        row.calls_lost = str(calls)
+        row.data_lost = f'{calls * STEPS_PER_CALL} (the steps those calls used)'
+      else:
+        row.data_lost, row.calls_lost = lost(before, call, env)
       row.recover_s = f'{stopped_s:.1f} + {first_new:.1f} after freeing space'
       conclude(row, checks, line[:120])
     finally:

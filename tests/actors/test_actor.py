@@ -394,7 +394,7 @@ def test_waits_for_first_parameters_and_stops_on_request():
     threading.Timer(0.2, stop.set).start()
     start = time.monotonic()
     assert not actor.fill(new_chunk(spec, 2, 2))  # waited, then stopped
-    assert 0.15 < time.monotonic() - start < 2.0
+    assert 0.15 < time.monotonic() - start < 60  # waited; then stopped
     # Once parameters are published the actor proceeds.
     store.write(tree)
     stop.clear()

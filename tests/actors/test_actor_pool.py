@@ -232,7 +232,7 @@ def test_killed_actor_is_restarted_then_fatal_once_restarts_run_out():
                'all members running')
       first_pid = pool.pids()[1]
       os.kill(first_pid, signal.SIGKILL)
-      wait_for(lambda: len(pool.failures) == 1, 10, pool, 'the kill noticed')
+      wait_for(lambda: len(pool.failures) == 1, 60, pool, 'the kill noticed')
       failure = pool.failures[0]
       assert failure.actor_id == 1 and failure.members == (2, 3)
       assert failure.exitcode == -signal.SIGKILL and failure.restarted

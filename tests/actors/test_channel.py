@@ -64,7 +64,7 @@ def test_chunks_arrive_whole_and_in_order_across_wraps():
         got.append(k)
         channel.release()
   finally:
-    thread.join(5)
+    thread.join(60)
     producer.close()
     channel.close()
   assert got == list(range(total))
@@ -113,7 +113,7 @@ def test_full_ring_blocks_the_producer_until_a_slot_frees():
     assert int(channel.peek()['meta'][2]) == 1
   finally:
     stop.set()
-    thread.join(2)
+    thread.join(60)
   assert not thread.is_alive()
   channel.close()
 

@@ -140,11 +140,6 @@ def test_an_exception_mid_write_leaves_the_store_usable(monkeypatch):
     assert all((leaf == 3).all() for leaf in jax_leaves(got))
 
 
-def jax_leaves(tree):
-  import jax  # noqa: PLC0415
-  return jax.tree.leaves(tree)
-
-
 def test_reader_retries_while_its_slot_is_rewritten():
   tree = make_tree(2, 1.0)
   with ParamStore.create(tree) as store:
@@ -167,30 +162,33 @@ def test_reader_retries_while_its_slot_is_rewritten():
 RACE_WIDTH = 256  # 256 KiB per member and slot: copies take a while
 
 
-def _race_writer(handle, seconds, ready):
+def _race_writer(handle, stop, ready):
   store = ParamStore.attach(handle)
   try:
     ready.wait()
     n = handle.num_members
-    end = time.monotonic() + seconds
+    end = time.monotonic() + RACE_DEADLINE_S
     v = store.version
-    while time.monotonic() < end:
+    while not stop.is_set() and time.monotonic() < end:
       v += 1
       store.write(make_tree(n, float(v), RACE_WIDTH))
   finally:
     store.close()
 
 
-def _race_reader(handle, seconds, ready, results):
+def _race_reader(handle, ready, results):
+  """Reads until it has RACE_READS reads of RACE_VERSIONS distinct versions
+  (a count, not a duration: on a busy machine it only takes longer)."""
   store = ParamStore.attach(handle)
   torn = reads = 0
   versions = set()
   try:
     ready.wait()
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    end = time.monotonic() + RACE_DEADLINE_S
+    while ((reads < RACE_READS or len(versions) < RACE_VERSIONS)
+           and time.monotonic() < end):
       members = slice(1, 3) if reads % 2 else None
-      version, tree = store.read(members, timeout=10)
+      version, tree = store.read(members, timeout=RACE_DEADLINE_S)
       values = np.concatenate([np.ravel(x).astype(np.float64)
                                for x in jax_leaves(tree)])
       if not (values == version).all():
@@ -202,6 +200,9 @@ def _race_reader(handle, seconds, ready, results):
   results.put((torn, reads, len(versions)))
 
 
+RACE_READS, RACE_VERSIONS, RACE_DEADLINE_S = 200, 20, 120.0
+
+
 def jax_leaves(tree):
   import jax  # pylint: disable=g-import-not-at-top
   return jax.tree.leaves(tree)
@@ -209,30 +210,32 @@ def jax_leaves(tree):
 
 @pytest.mark.slow
 def test_no_torn_reads_under_a_racing_writer():
-  n, seconds = 4, 1.5
+  n = 4
   ctx = mp.get_context('spawn')
   tree = make_tree(n, 1.0, RACE_WIDTH)
   with ParamStore.create(tree) as store:
     store.write(tree)
-    ready = ctx.Event()
+    ready, stop = ctx.Event(), ctx.Event()
     results = ctx.Queue()
     procs = [ctx.Process(target=_race_writer,
-                         args=(store.handle, seconds, ready))]
+                         args=(store.handle, stop, ready))]
     procs += [ctx.Process(target=_race_reader,
-                          args=(store.handle, seconds, ready, results))
+                          args=(store.handle, ready, results))
               for _ in range(2)]
     for p in procs:
       p.start()
     try:
       ready.set()
-      outcomes = [results.get(timeout=60) for _ in range(2)]
+      outcomes = [results.get(timeout=RACE_DEADLINE_S + 60)
+                  for _ in range(2)]
     finally:
+      stop.set()
       for p in procs:
-        p.join(30)
+        p.join(60)
         if p.is_alive():
           p.kill()
     assert all(p.exitcode == 0 for p in procs)
     assert store.writes > 50  # the writer really raced the readers
   for torn, reads, distinct in outcomes:
     assert torn == 0
-    assert reads > 50 and distinct > 10
+    assert reads >= RACE_READS and distinct >= RACE_VERSIONS

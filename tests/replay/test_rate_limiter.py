@@ -103,7 +103,7 @@ def test_data_held_back_until_the_learner_catches_up():
   # A waiting inserter is woken by the learner's acquire.
   timer = threading.Timer(0.05, limiter.try_acquire, args=(30,))
   timer.start()
-  assert limiter.wait_to_insert([0, 1], 40, timeout=5.0)
+  assert limiter.wait_to_insert([0, 1], 40, timeout=60.0)
   timer.join()
   # Without a slack nothing is ever held back.
   assert RateLimiter(1, 1.0, 0).wait_to_insert([0], 10**9, timeout=0)
