@@ -41,7 +41,8 @@ from fastpbrl.learner import PopulationLearner, SharedCriticLearner
 from fastpbrl import plots
 from fastpbrl.logging import (FINAL_RETURNS, HParamsLog, RunLogger,
                               plot_returns, summary_table, write_json_atomic)
-from fastpbrl.replay.buffers import format_bytes
+from fastpbrl.replay.buffers import format_bytes, transition_fields
+from fastpbrl.replay.buffers import state_template as replay_state_template
 from fastpbrl.signals import ForcedExit, RunInterrupted, StopRequest
 
 log = std_logging.getLogger('fastpbrl')
@@ -553,8 +554,9 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
       saved_meta = checkpointer.restore_meta()
       replay_template = None
       if config.checkpoint_replay and saved_meta.get('has_replay'):
-        replay_template = replay_template_for(
-            config, agent, env_spec, driver.shared_replay,
+        replay_template = replay_state_template(
+            'shared' if driver.shared_replay else 'per_member',
+            transition_fields(env_spec), config.population_size,
             saved_meta['replay_rows'])
       state, extra, meta = checkpointer.restore(
           state, extra_template, replay_template=replay_template)
@@ -758,18 +760,6 @@ def _closing(close):
     return False
 
   return callback
-
-
-def replay_template_for(config: RunConfig, agent, env_spec,
-                        shared_replay: bool, rows: int) -> dict:
-  """Shapes of a checkpointed replay with ``rows`` rows per ring."""
-  from fastpbrl.replay.buffers import (make_replay,  # noqa: PLC0415
-                                       transition_fields)
-  del agent
-  replay = make_replay('shared' if shared_replay else 'per_member',
-                       transition_fields(env_spec), config.population_size,
-                       config.replay_capacity)
-  return replay.state_template(rows)
 
 
 def final_evaluation(loop: Loop, driver: Driver, logger) -> list[float]:

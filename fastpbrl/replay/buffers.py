@@ -161,17 +161,8 @@ class Replay(abc.ABC):
 
   def state_template(self, rows: int) -> dict:
     """Shapes and dtypes of a :meth:`state_dict` whose rings hold
-    ``rows`` rows (``jax.ShapeDtypeStruct``-like, for restoring)."""
-    import jax  # noqa: PLC0415 (only checkpoint restores need it)
-
-    def spec(shape, dtype):
-      return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
-
-    ring = () if self.layout == 'shared' else (self.num_members,)
-    return {'data': {k: spec((*ring, rows, *shape), dtype)
-                     for k, (shape, dtype) in self.fields.items()},
-            'pos': spec(ring, np.int64), 'size': spec(ring, np.int64),
-            'inserted': spec((self.num_members,), np.int64)}
+    ``rows`` rows (``state_template`` below)."""
+    return state_template(self.layout, self.fields, self.num_members, rows)
 
   @staticmethod
   def state_rows(state: Mapping) -> int:
@@ -257,6 +248,23 @@ class Replay(abc.ABC):
     if not 0 <= num_steps <= total:
       raise ValueError(f'num_steps must be in [0, {total}]; got {num_steps}')
     return members, num_steps, total
+
+
+def state_template(layout: str, fields: FieldSpecs, num_members: int,
+                   rows: int) -> dict:
+  """Shapes and dtypes (``jax.ShapeDtypeStruct``) of ``Replay.state_dict``
+  of a ``layout`` replay (``'shared'`` or the per-member one) whose rings
+  hold ``rows`` rows; for restoring a checkpoint without building a replay."""
+  import jax  # noqa: PLC0415 (only checkpoint restores need it)
+
+  def spec(shape, dtype):
+    return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+
+  ring = () if layout == 'shared' else (num_members,)
+  return {'data': {k: spec((*ring, rows, *shape), dtype)
+                   for k, (shape, dtype) in _check_fields(fields).items()},
+          'pos': spec(ring, np.int64), 'size': spec(ring, np.int64),
+          'inserted': spec((num_members,), np.int64)}
 
 
 class PerMemberReplay(Replay):
