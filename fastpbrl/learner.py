@@ -22,6 +22,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from fastpbrl import sharding
 from fastpbrl.agents.base import (POPULATION_AXIS, Agent, SharedCritic,
                                   stack_hparams)
 from fastpbrl.types import PRNGKey, Transition
@@ -56,17 +57,59 @@ class _CompiledPopulationStep:
 
   Counts how many times the step was traced, so tests and users can check
   that changing hyperparameters never recompiles.
+
+  With a ``mesh`` (``fastpbrl.sharding``) the population axis is split over
+  its devices: ``update`` places its arguments that way (a no-op for those
+  already placed so) and the step's outputs are pinned to the same
+  shardings, so the donated state stays sharded call after call and XLA
+  partitions the one program (GSPMD). ``mesh=None``: one device, the
+  program of an unsharded learner.
   """
 
-  def __init__(self, step: Callable, num_steps: int):
+  def __init__(self, step: Callable, num_steps: int, mesh=None):
     self.num_steps = num_steps
     self.compilations = 0
+    self.mesh = mesh
 
     def traced(state, hparams, batch):
       self.compilations += 1  # runs once per trace, never at run time
-      return step(state, hparams, batch)
+      out = step(state, hparams, batch)
+      if mesh is not None:
+        new_state, metrics = out
+        n = _population_size(hparams, 'hparams')
+        out = (self._constrain_state(new_state, hparams),
+               sharding.constrain(metrics, mesh, n))
+      return out
 
     self._step = jax.jit(traced, donate_argnums=0)
+
+  def _state_per_member(self, hparams) -> Any:
+    """Which state leaves have a population axis (a tree of bools), or
+    None: every leaf whose leading size is the population's."""
+    del hparams
+    return None
+
+  def _constrain_state(self, state, hparams) -> Any:
+    """Inside a jitted function: ``state`` pinned to the mesh's layout."""
+    if self.mesh is None:
+      return state
+    return sharding.constrain(state, self.mesh,
+                              _population_size(hparams, 'hparams'),
+                              self._state_per_member(hparams))
+
+  def shard(self, state, hparams, batch=None):
+    """Host-side: ``(state, hparams, batch)`` placed on the mesh (the
+    population axis split over its devices, the rest replicated); leaves
+    already placed so are not copied. Unchanged without a mesh."""
+    if self.mesh is None:
+      return state, hparams, batch
+    n = _population_size(hparams, 'hparams')
+    state = sharding.shard_population(state, self.mesh, n,
+                                      self._state_per_member(hparams))
+    hparams = sharding.shard_population(hparams, self.mesh, n)
+    if batch is not None:
+      batch = sharding.shard_population(batch, self.mesh, n)
+    return state, hparams, batch
 
   def update(self, state, hparams, batch: Transition):
     """Runs ``num_steps`` update steps for every member.
@@ -83,17 +126,23 @@ class _CompiledPopulationStep:
     n_batch = _population_size(batch, 'batch')
     if n_batch != n:
       raise ValueError(f'batch has population axis {n_batch} but hparams {n}')
+    state, hparams, batch = self.shard(state, hparams, batch)
     return self._step(state, hparams, batch)
 
 
 class PopulationLearner(_CompiledPopulationStep):
   """``N`` independent members of one agent, updated as one program."""
 
-  def __init__(self, agent: Agent, num_steps: int | None = None):
+  def __init__(self, agent: Agent, num_steps: int | None = None, *,
+               mesh=None):
     """Args:
       agent: the agent whose ``update`` every member runs.
       num_steps: update steps per call; the agent config's
         ``steps_per_call`` by default (50 for TD3/SAC, 10 for DQN).
+      mesh: a ``fastpbrl.sharding.make_mesh`` mesh to split the population
+        over (``init``, ``update``, ``policy_params`` and
+        ``reinit_members`` then return population-sharded arrays); None:
+        one device.
     """
     self.agent = agent
     num_steps = num_steps or agent.config.steps_per_call
@@ -116,13 +165,20 @@ class PopulationLearner(_CompiledPopulationStep):
       new_state = select_members(keep, new_state, state)
       return new_state, {**metrics, 'finite': finite}
 
-    super().__init__(masked_step, num_steps)
-    self._init = jax.jit(jax.vmap(agent.init))
-    self._policy_params = jax.jit(jax.vmap(agent.policy_params))
+    super().__init__(masked_step, num_steps, mesh)
+    if mesh is None:
+      self._init = jax.jit(jax.vmap(agent.init))
+      self._policy_params = jax.jit(jax.vmap(agent.policy_params))
+    else:  # every output leaf is per member: pin it to the mesh
+      self._init = jax.jit(lambda keys, hparams: sharding.constrain(
+          jax.vmap(agent.init)(keys, hparams), mesh))
+      self._policy_params = jax.jit(lambda state: sharding.constrain(
+          jax.vmap(agent.policy_params)(state), mesh))
     self._reinit = jax.jit(
-        lambda key, state, hparams, rows: select_members(
-            rows, jax.vmap(agent.init)(
-                jax.random.split(key, rows.shape[0]), hparams), state))
+        lambda key, state, hparams, rows: self._constrain_state(
+            select_members(rows, jax.vmap(agent.init)(
+                jax.random.split(key, rows.shape[0]), hparams), state),
+            hparams))
 
   def update(self, state, hparams, batch: Transition, active=None):
     """As ``_CompiledPopulationStep.update``; ``active`` (``[N]`` bool,
@@ -153,7 +209,17 @@ class PopulationLearner(_CompiledPopulationStep):
 class SharedCriticLearner(_CompiledPopulationStep):
   """CEM-RL / DvD population: per-member policies and one shared critic."""
 
-  def __init__(self, shared: SharedCritic, num_steps: int):
+  def __init__(self, shared: SharedCritic, num_steps: int, *, mesh=None):
+    """Args:
+      shared: the population update (``Agent.shared_critic``, or a rule's
+        wrapping of it).
+      num_steps: update steps per call.
+      mesh: as ``PopulationLearner``'s: the per-member leaves (policies,
+        their targets and optimizer states, keys) are split over it, the
+        shared critic and the step counter replicated; the critic loss's
+        mean over members then becomes a cross-device reduction that XLA
+        inserts.
+    """
     if num_steps < 1:
       raise ValueError(f'num_steps must be >= 1, got {num_steps}')
     self.shared = shared
@@ -165,8 +231,29 @@ class SharedCriticLearner(_CompiledPopulationStep):
           state, hparams, per_step)
       return state, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), metrics)
 
-    super().__init__(step, num_steps)
-    self._init = jax.jit(shared.init)
+    super().__init__(step, num_steps, mesh)
+    self._per_member = {}  # population size -> tree of bools
+    if mesh is None:
+      self._init = jax.jit(shared.init)
+    else:
+      self._init = jax.jit(lambda key, hparams: self._constrain_state(
+          shared.init(key, hparams), hparams))
+
+  def _state_per_member(self, hparams) -> Any:
+    # A leaf is per member if its leading size follows the population's:
+    # the state's shapes for N and N + 2 members, without running init
+    # (a shared leaf whose size happens to be N is not mistaken for one).
+    n = _population_size(hparams, 'hparams')
+    if n not in self._per_member:
+      def shapes(size):
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+            (size,) + tuple(x.shape[1:]), x.dtype), hparams)
+        return jax.eval_shape(
+            lambda h: self.shared.init(jax.random.PRNGKey(0), h), abstract)
+      self._per_member[n] = jax.tree.map(
+          lambda a, b: a.ndim > 0 and a.shape[0] != b.shape[0],
+          shapes(n), shapes(n + 2))
+    return self._per_member[n]
 
   def init(self, key: PRNGKey, hparams) -> Any:
     _population_size(hparams, 'hparams')
