@@ -102,6 +102,11 @@ class RunConfig:
   """A run directory to continue from its last checkpoint."""
   progress: bool = True
   """Show the progress bar."""
+  devices: str = 'auto'
+  """Devices to split the population over (one program, members sharded
+  along the population axis): auto (every visible device if the population
+  divides evenly by their count, else 1) or a count k (the first k; it must
+  divide --population-size)."""
   track: str = 'tensorboard'
   """Where scalars go besides the CSVs: tensorboard (event files in the run
   directory), wandb or mlflow (each with the TensorBoard files too; pip
@@ -165,6 +170,11 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
          f'--checkpoint-every must be >= 0, got {config.checkpoint_every}')
   _check(math.isfinite(config.actor_timeout) and config.actor_timeout > 0,
          f'--actor-timeout must be > 0 seconds, got {config.actor_timeout}')
+  from fastpbrl import sharding  # noqa: PLC0415
+  try:
+    sharding.parse_devices(config.devices, config.population_size)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   from fastpbrl import tracking  # noqa: PLC0415
   problem = tracking.check(config.track)
   _check(problem is None, problem or '')
@@ -347,13 +357,16 @@ class Driver:
     from fastpbrl.learner import population_hparams  # noqa: PLC0415
     return population_hparams(agent, population_size)
 
-  def make_learner(self, agent, num_steps: int):
+  def make_learner(self, agent, num_steps: int, mesh=None):
+    """The learner; ``mesh`` (``fastpbrl.sharding``, None: one device)
+    splits the population over devices."""
     if self.shared_critic:
       if agent.shared_critic is None:
         raise ConfigError(f'{self.name} needs an agent with a shared-critic '
                          f'update (td3); --agent {agent.name} has none')
-      return SharedCriticLearner(self.shared_critic_update(agent), num_steps)
-    return PopulationLearner(agent, num_steps)
+      return SharedCriticLearner(self.shared_critic_update(agent), num_steps,
+                                 mesh=mesh)
+    return PopulationLearner(agent, num_steps, mesh=mesh)
 
   def shared_critic_update(self, agent):
     return agent.shared_critic
@@ -505,7 +518,9 @@ def run(config: RunConfig, driver: Driver,
       driver.name, config.agent, config.env)
   os.makedirs(run_dir, exist_ok=True)
   n = config.population_size
-  learner = driver.make_learner(agent, agent.config.steps_per_call)
+  mesh = population_mesh(config)
+  learner = driver.make_learner(agent, agent.config.steps_per_call,
+                                **({} if mesh is None else {'mesh': mesh}))
 
   key = jax.random.PRNGKey(config.seed)
   k_hparams, k_init, k_rule = jax.random.split(key, 3)
@@ -517,6 +532,7 @@ def run(config: RunConfig, driver: Driver,
     raise ConfigError(f'initial hyperparameters: {e}') from None
   k_init, k_driver = jax.random.split(k_init)
   state = driver.initialize(k_driver, learner.init(k_init, hparams), agent)
+  state, hparams = shard_state(learner, state, hparams)
   try:
     return _run(config, driver, agent, env_spec, run_dir, learner, hparams,
                 state, k_rule, callbacks)
@@ -534,6 +550,28 @@ def run(config: RunConfig, driver: Driver,
         f'writing {e.filename or "a log"} failed ({e.strerror}); the '
         f'checkpoints in {run_dir}/checkpoints are intact; free space, then '
         f'resume with: {resume_command(driver.name, run_dir)}') from e
+
+
+def population_mesh(config: RunConfig):
+  """The mesh ``--devices`` asks for, logged; None for one device (the
+  unsharded program, exactly as without sharding)."""
+  from fastpbrl import sharding  # noqa: PLC0415
+  try:
+    devices = sharding.choose_devices(config.devices, config.population_size)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  mesh = sharding.make_mesh(devices) if len(devices) > 1 else None
+  log.info('%s', sharding.describe(mesh, config.population_size))
+  return mesh
+
+
+def shard_state(learner, state, hparams):
+  """``(state, hparams)`` placed on the learner's mesh (a restored
+  checkpoint is host arrays); unchanged for a learner without one."""
+  if getattr(learner, 'mesh', None) is None:
+    return state, hparams
+  state, hparams, _ = learner.shard(state, hparams)
+  return state, hparams
 
 
 def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
@@ -562,6 +600,7 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
           state, extra_template, replay_template=replay_template)
       state = jax.tree.map(jnp.asarray, state)
       hparams = jax.tree.map(jnp.asarray, extra['hparams'])
+      state, hparams = shard_state(learner, state, hparams)
       k_rule = jnp.asarray(extra['rule_key'])
       driver.restore(extra['driver'], meta['driver'])
       counters = meta['counters']
