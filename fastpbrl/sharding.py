@@ -178,7 +178,7 @@ def describe(mesh: Optional[Mesh], population_size: int) -> str:
     device = jax.devices()[0]
     return (f'population of {population_size} over 1 device: {device} '
             '(not sharded)')
-  d = num_devices(mesh)
+  d, per = num_devices(mesh), population_size // num_devices(mesh)
   return (f'population of {population_size} over {d} device'
-          f'{"s" if d > 1 else ""}: {population_size // d} members each on '
-          + ', '.join(str(x) for x in mesh.devices.flat))
+          f'{"s" if d > 1 else ""}: {per} member{"s" if per > 1 else ""} '
+          'each on ' + ', '.join(str(x) for x in mesh.devices.flat))
