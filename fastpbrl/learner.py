@@ -13,6 +13,10 @@ in the call, which then keeps its state from before the call. The state argument
 are invalid, use the returned one.
 
 The jit boundary is here and only here: agents never call ``jax.jit``.
+
+Both learners take an optional ``mesh`` (``fastpbrl.sharding``): the
+population axis is then split over its devices, one program partitioned by
+XLA, every output pinned to that layout (see ``_CompiledPopulationStep``).
 """
 
 from __future__ import annotations
