@@ -341,7 +341,8 @@ class DeviceReplay(Replay):
       staging_rows: rows (transitions) the staging area holds before an
         insert blocks; default: what ``max_bucket_bytes`` holds. When full,
         the staging area is first compacted to the latest write per ring
-        row, so a bound at least the rings' total rows never blocks.
+        row, so a bound of at least the rings' total rows plus the largest
+        chunk never blocks.
       insert_timeout_s: how long a blocked insert waits for a flush before
         ``TimeoutError`` (``None``: forever).
       min_bucket: smallest padded row count of a flush's jitted write.
