@@ -12,6 +12,10 @@ bool): False for a member whose loss or parameters became NaN or infinite
 in the call, which then keeps its state from before the call. The state argument is donated: after ``update`` the old state's buffers
 are invalid, use the returned one.
 
+``update_from_replay`` runs the same step with the batch sampled inside the
+compiled call from a device replay (``fastpbrl.replay.device``), so the call
+takes no batch from the host.
+
 The jit boundary is here and only here: agents never call ``jax.jit``.
 """
 
@@ -24,6 +28,7 @@ import jax.numpy as jnp
 
 from fastpbrl.agents.base import (POPULATION_AXIS, Agent, SharedCritic,
                                   stack_hparams)
+from fastpbrl.replay import device as device_replay
 from fastpbrl.types import PRNGKey, Transition
 
 
@@ -58,8 +63,10 @@ class _CompiledPopulationStep:
   that changing hyperparameters never recompiles.
   """
 
-  def __init__(self, step: Callable, num_steps: int):
+  def __init__(self, step: Callable, num_steps: int,
+               batch_size: int | None = None):
     self.num_steps = num_steps
+    self.batch_size = batch_size
     self.compilations = 0
 
     def traced(state, hparams, batch):
@@ -67,6 +74,29 @@ class _CompiledPopulationStep:
       return step(state, hparams, batch)
 
     self._step = jax.jit(traced, donate_argnums=0)
+    self._inner_step = step
+
+  def _compile_from_replay(self, step_input: Callable) -> None:
+    """Jits ``step(state, hparams, step_input(replay_state, key, extra,
+    n))``: the same inner step as ``update``, its input sampled inside the
+    program. ``replay_state`` is not donated. Traces count in
+    ``compilations`` too."""
+
+    def traced(state, hparams, replay_state, key, extra):
+      self.compilations += 1  # runs once per trace, never at run time
+      n = _population_size(hparams, 'hparams')
+      return self._inner_step(state, hparams,
+                              step_input(replay_state, key, extra, n))
+
+    self._step_from_replay = jax.jit(traced, donate_argnums=0)
+
+  def _check_replay_args(self, replay_state) -> None:
+    if self.batch_size is None:
+      raise ValueError('update_from_replay needs the learner built with '
+                       'batch_size=...')
+    if not hasattr(replay_state, 'size') or not hasattr(replay_state, 'data'):
+      raise ValueError('replay_state must be a fastpbrl.replay.device.'
+                       f'DeviceReplayState; got {type(replay_state).__name__}')
 
   def update(self, state, hparams, batch: Transition):
     """Runs ``num_steps`` update steps for every member.
@@ -89,14 +119,19 @@ class _CompiledPopulationStep:
 class PopulationLearner(_CompiledPopulationStep):
   """``N`` independent members of one agent, updated as one program."""
 
-  def __init__(self, agent: Agent, num_steps: int | None = None):
+  def __init__(self, agent: Agent, num_steps: int | None = None,
+               batch_size: int | None = None):
     """Args:
       agent: the agent whose ``update`` every member runs.
       num_steps: update steps per call; the agent config's
         ``steps_per_call`` by default (50 for TD3/SAC, 10 for DQN).
+      batch_size: transitions per member per step that
+        ``update_from_replay`` samples; the agent config's ``batch_size``
+        by default.
     """
     self.agent = agent
     num_steps = num_steps or agent.config.steps_per_call
+    batch_size = batch_size or getattr(agent.config, 'batch_size', None)
     if num_steps < 1:
       raise ValueError(f'num_steps must be >= 1, got {num_steps}')
     population_step = jax.vmap(multi_step(agent.update, num_steps),
@@ -116,7 +151,11 @@ class PopulationLearner(_CompiledPopulationStep):
       new_state = select_members(keep, new_state, state)
       return new_state, {**metrics, 'finite': finite}
 
-    super().__init__(masked_step, num_steps)
+    super().__init__(masked_step, num_steps, batch_size)
+    self._compile_from_replay(
+        lambda replay_state, key, active, n: (device_replay.sample(
+            replay_state, key, num_steps, self.batch_size, ~active,
+            num_members=n), active))
     self._init = jax.jit(jax.vmap(agent.init))
     self._policy_params = jax.jit(jax.vmap(agent.policy_params))
     self._reinit = jax.jit(
@@ -128,12 +167,32 @@ class PopulationLearner(_CompiledPopulationStep):
     """As ``_CompiledPopulationStep.update``; ``active`` (``[N]`` bool,
     default all) marks the members whose update is kept, the others keep
     their state. Traced, so any mask runs the same compiled program."""
+    active = self._active(_population_size(hparams, 'hparams'), active)
+    return super().update(state, hparams, (batch, active))
+
+  def update_from_replay(self, state, hparams, replay_state, key: PRNGKey,
+                         active=None):
+    """As :meth:`update`, the ``[N, num_steps, batch_size]`` batch sampled
+    inside the same compiled program from a device replay
+    (``fastpbrl.replay.device.sample``; members not ``active`` are sampled
+    as inactive and keep their state). ``state`` is donated,
+    ``replay_state`` is not. ``key`` is the sampling key: a new one every
+    call."""
+    self._check_replay_args(replay_state)
     n = _population_size(hparams, 'hparams')
+    active = self._active(n, active)
+    if replay_state.size.ndim == 1 and replay_state.size.shape != (n,):
+      raise ValueError(f'replay_state has {replay_state.size.shape[0]} '
+                       f'member rings but hparams {n} members')
+    return self._step_from_replay(state, hparams, replay_state, key, active)
+
+  @staticmethod
+  def _active(n: int, active) -> jax.Array:
     active = (jnp.ones((n,), bool) if active is None
               else jnp.asarray(active, bool))
     if active.shape != (n,):
       raise ValueError(f'active must be [{n}] bools, got shape {active.shape}')
-    return super().update(state, hparams, (batch, active))
+    return active
 
   def init(self, key: PRNGKey, hparams) -> Any:
     """A fresh population, one member per row of ``hparams``."""
@@ -153,7 +212,14 @@ class PopulationLearner(_CompiledPopulationStep):
 class SharedCriticLearner(_CompiledPopulationStep):
   """CEM-RL / DvD population: per-member policies and one shared critic."""
 
-  def __init__(self, shared: SharedCritic, num_steps: int):
+  def __init__(self, shared: SharedCritic, num_steps: int,
+               batch_size: int | None = None):
+    """Args:
+      shared: the shared-critic population update.
+      num_steps: update steps per call.
+      batch_size: transitions per member per step that
+        ``update_from_replay`` samples (needed only for it).
+    """
     if num_steps < 1:
       raise ValueError(f'num_steps must be >= 1, got {num_steps}')
     self.shared = shared
@@ -165,8 +231,22 @@ class SharedCriticLearner(_CompiledPopulationStep):
           state, hparams, per_step)
       return state, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), metrics)
 
-    super().__init__(step, num_steps)
+    super().__init__(step, num_steps, batch_size)
+    self._compile_from_replay(
+        lambda replay_state, key, _, n: device_replay.sample(
+            replay_state, key, num_steps, self.batch_size, num_members=n))
     self._init = jax.jit(shared.init)
+
+  def update_from_replay(self, state, hparams, replay_state, key: PRNGKey):
+    """As :meth:`update`, the ``[N, num_steps, batch_size]`` batch sampled
+    inside the same compiled program from a device replay (usually the
+    shared layout). ``state`` is donated, ``replay_state`` is not."""
+    self._check_replay_args(replay_state)
+    n = _population_size(hparams, 'hparams')
+    if replay_state.size.ndim == 1 and replay_state.size.shape != (n,):
+      raise ValueError(f'replay_state has {replay_state.size.shape[0]} '
+                       f'member rings but hparams {n} members')
+    return self._step_from_replay(state, hparams, replay_state, key, None)
 
   def init(self, key: PRNGKey, hparams) -> Any:
     _population_size(hparams, 'hparams')
