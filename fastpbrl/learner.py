@@ -12,6 +12,10 @@ bool): False for a member whose loss or parameters became NaN or infinite
 in the call, which then keeps its state from before the call. The state argument is donated: after ``update`` the old state's buffers
 are invalid, use the returned one.
 
+``update_from_replay`` runs the same step with the batch sampled inside the
+compiled call from a device replay (``fastpbrl.replay.device``), so the call
+takes no batch from the host.
+
 The jit boundary is here and only here: agents never call ``jax.jit``.
 
 Both learners take an optional ``mesh`` (``fastpbrl.sharding``): the
@@ -29,7 +33,8 @@ import jax.numpy as jnp
 from fastpbrl import sharding
 from fastpbrl.agents.base import (POPULATION_AXIS, Agent, SharedCritic,
                                   stack_hparams)
-from fastpbrl.types import PRNGKey, Transition
+from fastpbrl.replay import device as device_replay
+from fastpbrl.types import PRNGKey, ReplaySample, Transition
 
 
 def multi_step(update: Callable, num_steps: int) -> Callable:
@@ -70,22 +75,62 @@ class _CompiledPopulationStep:
   program of an unsharded learner.
   """
 
-  def __init__(self, step: Callable, num_steps: int, mesh=None):
+  def __init__(self, step: Callable, num_steps: int, mesh=None,
+               batch_size: int | None = None):
     self.num_steps = num_steps
+    self.batch_size = batch_size
     self.compilations = 0
     self.mesh = mesh
 
     def traced(state, hparams, batch):
       self.compilations += 1  # runs once per trace, never at run time
-      out = step(state, hparams, batch)
-      if mesh is not None:
-        new_state, metrics = out
-        n = _population_size(hparams, 'hparams')
-        out = (self._constrain_state(new_state, hparams),
-               sharding.constrain(metrics, mesh, n))
-      return out
+      return self._pinned(step(state, hparams, batch), hparams)
 
     self._step = jax.jit(traced, donate_argnums=0)
+    self._inner_step = step
+
+  def _pinned(self, out, hparams):
+    """Inside a jitted step: ``(state, metrics)`` pinned to the mesh."""
+    if self.mesh is None:
+      return out
+    new_state, metrics = out
+    n = _population_size(hparams, 'hparams')
+    return (self._constrain_state(new_state, hparams),
+            sharding.constrain(metrics, self.mesh, n))
+
+  def _compile_from_replay(self, step_input: Callable) -> None:
+    """Jits ``step(state, hparams, step_input(replay_state, key, extra,
+    n))``: the same inner step as ``update``, its input sampled inside the
+    program. ``replay_state`` is not donated. Traces count in
+    ``compilations`` too."""
+
+    def traced(state, hparams, replay_state, key, extra):
+      self.compilations += 1  # runs once per trace, never at run time
+      n = _population_size(hparams, 'hparams')
+      return self._pinned(self._inner_step(
+          state, hparams, step_input(replay_state, key, extra, n)), hparams)
+
+    self._step_from_replay = jax.jit(traced, donate_argnums=0)
+
+  def _shard_replay(self, state, hparams, replay_state):
+    """``update_from_replay``'s arguments placed on the mesh: a per-member
+    replay's rings split with their members, a shared ring replicated."""
+    state, hparams, _ = self.shard(state, hparams)
+    if self.mesh is not None:
+      n = _population_size(hparams, 'hparams')
+      per_member = replay_state.size.ndim == 1
+      replay_state = sharding.shard_population(
+          replay_state, self.mesh, n,
+          jax.tree.map(lambda _: per_member, replay_state))
+    return state, hparams, replay_state
+
+  def _check_replay_args(self, replay_state) -> None:
+    if self.batch_size is None:
+      raise ValueError('update_from_replay needs the learner built with '
+                       'batch_size=...')
+    if not hasattr(replay_state, 'size') or not hasattr(replay_state, 'data'):
+      raise ValueError('replay_state must be a fastpbrl.replay.device.'
+                       f'DeviceReplayState; got {type(replay_state).__name__}')
 
   def _state_per_member(self, hparams) -> Any:
     """Which state leaves have a population axis (a tree of bools), or
@@ -121,11 +166,15 @@ class _CompiledPopulationStep:
     Args:
       state: the stacked training state (donated: do not reuse it).
       hparams: the stacked hyperparameters, leading axis ``N``.
-      batch: a ``Transition`` of ``[N, num_steps, batch_size, ...]`` arrays.
+      batch: a ``Transition`` of ``[N, num_steps, batch_size, ...]`` arrays,
+        or a ``ReplaySample`` (a device replay and a key: the batch is
+        sampled inside the call, ``update_from_replay``).
 
     Returns:
       ``(new_state, metrics)`` with metrics ``[N, num_steps]`` device arrays.
     """
+    if isinstance(batch, ReplaySample):  # the replay lives on the device
+      return self.update_from_replay(state, hparams, batch.replay, batch.key)
     n = _population_size(hparams, 'hparams')
     n_batch = _population_size(batch, 'batch')
     if n_batch != n:
@@ -137,12 +186,15 @@ class _CompiledPopulationStep:
 class PopulationLearner(_CompiledPopulationStep):
   """``N`` independent members of one agent, updated as one program."""
 
-  def __init__(self, agent: Agent, num_steps: int | None = None, *,
-               mesh=None):
+  def __init__(self, agent: Agent, num_steps: int | None = None,
+               batch_size: int | None = None, *, mesh=None):
     """Args:
       agent: the agent whose ``update`` every member runs.
       num_steps: update steps per call; the agent config's
         ``steps_per_call`` by default (50 for TD3/SAC, 10 for DQN).
+      batch_size: transitions per member per step that
+        ``update_from_replay`` samples; the agent config's ``batch_size``
+        by default.
       mesh: a ``fastpbrl.sharding.make_mesh`` mesh to split the population
         over (``init``, ``update``, ``policy_params`` and
         ``reinit_members`` then return population-sharded arrays); None:
@@ -150,6 +202,7 @@ class PopulationLearner(_CompiledPopulationStep):
     """
     self.agent = agent
     num_steps = num_steps or agent.config.steps_per_call
+    batch_size = batch_size or getattr(agent.config, 'batch_size', None)
     if num_steps < 1:
       raise ValueError(f'num_steps must be >= 1, got {num_steps}')
     population_step = jax.vmap(multi_step(agent.update, num_steps),
@@ -169,7 +222,11 @@ class PopulationLearner(_CompiledPopulationStep):
       new_state = select_members(keep, new_state, state)
       return new_state, {**metrics, 'finite': finite}
 
-    super().__init__(masked_step, num_steps, mesh)
+    super().__init__(masked_step, num_steps, mesh, batch_size)
+    self._compile_from_replay(
+        lambda replay_state, key, active, n: (device_replay.sample(
+            replay_state, key, num_steps, self.batch_size, ~active,
+            num_members=n), active))
     if mesh is None:
       self._init = jax.jit(jax.vmap(agent.init))
       self._policy_params = jax.jit(jax.vmap(agent.policy_params))
@@ -188,12 +245,37 @@ class PopulationLearner(_CompiledPopulationStep):
     """As ``_CompiledPopulationStep.update``; ``active`` (``[N]`` bool,
     default all) marks the members whose update is kept, the others keep
     their state. Traced, so any mask runs the same compiled program."""
+    if isinstance(batch, ReplaySample):  # the replay lives on the device
+      return self.update_from_replay(state, hparams, batch.replay, batch.key,
+                                     active)
+    active = self._active(_population_size(hparams, 'hparams'), active)
+    return super().update(state, hparams, (batch, active))
+
+  def update_from_replay(self, state, hparams, replay_state, key: PRNGKey,
+                         active=None):
+    """As :meth:`update`, the ``[N, num_steps, batch_size]`` batch sampled
+    inside the same compiled program from a device replay
+    (``fastpbrl.replay.device.sample``; members not ``active`` are sampled
+    as inactive and keep their state). ``state`` is donated,
+    ``replay_state`` is not. ``key`` is the sampling key: a new one every
+    call."""
+    self._check_replay_args(replay_state)
     n = _population_size(hparams, 'hparams')
+    active = self._active(n, active)
+    if replay_state.size.ndim == 1 and replay_state.size.shape != (n,):
+      raise ValueError(f'replay_state has {replay_state.size.shape[0]} '
+                       f'member rings but hparams {n} members')
+    state, hparams, replay_state = self._shard_replay(state, hparams,
+                                                      replay_state)
+    return self._step_from_replay(state, hparams, replay_state, key, active)
+
+  @staticmethod
+  def _active(n: int, active) -> jax.Array:
     active = (jnp.ones((n,), bool) if active is None
               else jnp.asarray(active, bool))
     if active.shape != (n,):
       raise ValueError(f'active must be [{n}] bools, got shape {active.shape}')
-    return super().update(state, hparams, (batch, active))
+    return active
 
   def init(self, key: PRNGKey, hparams) -> Any:
     """A fresh population, one member per row of ``hparams``."""
@@ -213,11 +295,14 @@ class PopulationLearner(_CompiledPopulationStep):
 class SharedCriticLearner(_CompiledPopulationStep):
   """CEM-RL / DvD population: per-member policies and one shared critic."""
 
-  def __init__(self, shared: SharedCritic, num_steps: int, *, mesh=None):
+  def __init__(self, shared: SharedCritic, num_steps: int,
+               batch_size: int | None = None, *, mesh=None):
     """Args:
       shared: the population update (``Agent.shared_critic``, or a rule's
         wrapping of it).
       num_steps: update steps per call.
+      batch_size: transitions per member per step that
+        ``update_from_replay`` samples (needed only for it).
       mesh: as ``PopulationLearner``'s: the per-member leaves (policies,
         their targets and optimizer states, keys) are split over it, the
         shared critic and the step counter replicated; the critic loss's
@@ -235,7 +320,10 @@ class SharedCriticLearner(_CompiledPopulationStep):
           state, hparams, per_step)
       return state, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), metrics)
 
-    super().__init__(step, num_steps, mesh)
+    super().__init__(step, num_steps, mesh, batch_size)
+    self._compile_from_replay(
+        lambda replay_state, key, _, n: device_replay.sample(
+            replay_state, key, num_steps, self.batch_size, num_members=n))
     self._per_member = {}  # population size -> tree of bools
     if mesh is None:
       self._init = jax.jit(shared.init)
@@ -258,6 +346,19 @@ class SharedCriticLearner(_CompiledPopulationStep):
           lambda a, b: a.ndim > 0 and a.shape[0] != b.shape[0],
           shapes(n), shapes(n + 2))
     return self._per_member[n]
+
+  def update_from_replay(self, state, hparams, replay_state, key: PRNGKey):
+    """As :meth:`update`, the ``[N, num_steps, batch_size]`` batch sampled
+    inside the same compiled program from a device replay (usually the
+    shared layout). ``state`` is donated, ``replay_state`` is not."""
+    self._check_replay_args(replay_state)
+    n = _population_size(hparams, 'hparams')
+    if replay_state.size.ndim == 1 and replay_state.size.shape != (n,):
+      raise ValueError(f'replay_state has {replay_state.size.shape[0]} '
+                       f'member rings but hparams {n} members')
+    state, hparams, replay_state = self._shard_replay(state, hparams,
+                                                      replay_state)
+    return self._step_from_replay(state, hparams, replay_state, key, None)
 
   def init(self, key: PRNGKey, hparams) -> Any:
     _population_size(hparams, 'hparams')

@@ -42,6 +42,15 @@ class Transition(NamedTuple):
   truncated: Any  # [...] float32, 1.0 where a time limit cut the episode
 
 
+class ReplaySample(NamedTuple):
+  """A learner call's data when the replay lives on the device: the call
+  samples its ``[N, S, B, ...]`` batch itself (``fastpbrl.replay.device``).
+  Learners take it wherever they take a ``Transition`` batch."""
+
+  replay: Any  # fastpbrl.replay.device.DeviceReplayState (not donated)
+  key: Any  # PRNGKey of this call's sampling
+
+
 def make_env_spec(env) -> specs.EnvironmentSpec:
   """Builds an acme ``EnvironmentSpec`` from a gymnasium environment.
 
