@@ -53,11 +53,13 @@ from fastpbrl.actors import shm
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.actors.param_store import ParamStore
 from fastpbrl.actors.pool import ActorFailure, ActorPool
-from fastpbrl.replay.buffers import (LAYOUTS, PerMemberReplay, Replay,
-                                     make_replay, transition_fields)
+from fastpbrl.replay import device as device_replay
+from fastpbrl.replay.buffers import (LAYOUTS, Replay, bytes_per_transition,
+                                     format_bytes, make_replay,
+                                     transition_fields)
 from fastpbrl.replay.prefetch import Prefetcher, WaitStats
 from fastpbrl.replay.rate_limiter import RateLimiter
-from fastpbrl.types import Transition, make_env_spec
+from fastpbrl.types import ReplaySample, Transition, make_env_spec
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +114,9 @@ class PipelineConfig:
   actor_hang_timeout_s: float | None = 120.0
   """An actor alive but without a heartbeat for this long is killed and
   restarted like a dead one (None: never)."""
+  replay_location: str = 'auto'
+  """``host`` (numpy, sampled by the prefetch thread), ``device`` (sampled
+  inside the learner call) or ``auto`` (``choose_replay_location``)."""
 
   def validate(self, num_members: int) -> None:
     """Raises ValueError naming the first setting out of its range."""
@@ -124,6 +129,8 @@ class PipelineConfig:
     need(self.num_steps >= 1, 'num_steps', '>= 1')
     need(self.batch_size >= 1, 'batch_size', '>= 1')
     need(self.layout in LAYOUTS, 'layout', f'one of {LAYOUTS}')
+    need(self.replay_location in device_replay.LOCATIONS, 'replay_location',
+         f'one of {device_replay.LOCATIONS}')
     need(self.replay_capacity >= 1, 'replay_capacity', '>= 1')
     need(np.isfinite(self.update_to_data_ratio)
          and self.update_to_data_ratio > 0, 'update_to_data_ratio',
@@ -208,6 +215,8 @@ class Pipeline:
     """
     self._closed = False
     self._pool = self._prefetcher = self._store = self._limiter = None
+    self._publisher: _AsyncPublisher | None = None
+    self.replay_on_device = False
     self.config = config
     self.seed = int(seed)
     self._env_fn = (functools.partial(_make_gym_env, env)
@@ -258,8 +267,7 @@ class Pipeline:
           np.asarray(resume_env_steps, np.int64), (n,)).copy()
     try:
       fields = transition_fields(self.env_spec)
-      self.replay: Replay = make_replay(config.layout, fields, n,
-                                        config.replay_capacity)
+      self.replay = self._make_replay(fields, device)
       if replay_state is not None:
         self.replay.load_state_dict(replay_state)
         logger.info('replay restored: %s transitions per ring',
@@ -354,7 +362,8 @@ class Pipeline:
                              min(run_config.num_actors, n)),
         eval_interval=run_config.eval_every,
         eval_episodes=run_config.eval_episodes,
-        actor_hang_timeout_s=getattr(run_config, 'actor_timeout', 120.0))
+        actor_hang_timeout_s=getattr(run_config, 'actor_timeout', 120.0),
+        replay_location=getattr(run_config, 'replay_location', 'auto'))
     return cls(run_config.env, agent_fn, params_layout, hparams_layout,
                config, seed=seed, device=device,
                resume_env_steps=resume_env_steps, replay_state=replay_state)
@@ -427,8 +436,37 @@ class Pipeline:
               | ((self._data_restart == self._restart_requests)
                  & (self._fresh >= self.config.warmup_steps)))
 
-  def _sample(self) -> Transition:
+  def _make_replay(self, fields, device) -> Replay:
+    """The host or the device replay, as ``config.replay_location`` and
+    ``choose_replay_location`` decide; the choice is logged."""
+    config, n = self.config, self.num_members
+    rings = n if config.layout == 'per_member' else 1
+    nbytes = bytes_per_transition(fields) * config.replay_capacity * rings
+    target = device if device is not None else jax.devices()[0]
+    where, why = device_replay.choose_replay_location(
+        config.replay_location, target.platform, nbytes,
+        device_replay.device_memory_bytes(target))
+    logger.info('replay on the %s (%s): %s of %s', where, why,
+                format_bytes(nbytes), target)
+    self.replay_on_device = where == 'device'
+    if self.replay_on_device:
+      self._sample_key = jax.device_put(jax.random.PRNGKey(
+          np.random.SeedSequence(self.seed, spawn_key=(REPLAY_STREAM,)
+                                 ).generate_state(1)[0]), target)
+      self._samples = 0
+      return device_replay.DeviceReplay(config.layout, fields, n,
+                                        config.replay_capacity, device=target)
+    return make_replay(config.layout, fields, n, config.replay_capacity)
+
+  def _sample(self) -> Transition | jax.Array:
+    """Prefetch thread: the next call's batch (host replay), or the key
+    the call samples its batch with (device replay)."""
     active = self._active()
+    if self.replay_on_device:
+      with self._lock:
+        self._batch_active.append((active, self._restart_requests.copy()))
+      self._samples += 1
+      return jax.random.fold_in(self._sample_key, self._samples)
     if active.all():
       batch = self.replay.sample(self._rng, self.config.num_steps,
                                  self.config.batch_size)
@@ -445,6 +483,8 @@ class Pipeline:
     if self._closed:
       raise RuntimeError('the pipeline is closed')
     self._pool.check()
+    if self._publisher is not None:
+      self._publisher.check()
 
   # -------------------------------------------------------------- learner
 
@@ -476,13 +516,19 @@ class Pipeline:
       try:
         batch = self._prefetcher.get(timeout=0.25)
       except TimeoutError:
-        pass
+        if self.replay_on_device:
+          self.replay.flush()  # keeps the staging area free during warm-up
       else:
         with self._lock:
           active, requests = self._batch_active.popleft()
           # A batch sampled before a member's restart holds the old
           # experiment's data: the restarted member must not learn from it.
           self.last_active = active & (requests == self._restart_requests)
+        if self.replay_on_device:
+          # Staged inserts go to the device now, from this (the learner's)
+          # thread; the call samples from everything the limiter counted.
+          self.replay.flush()
+          return ReplaySample(self.replay.state, batch)
         return batch
       now = time.monotonic()
       if timeout is not None and now - start >= timeout:
@@ -501,10 +547,43 @@ class Pipeline:
     call to finish) and returns the new version number.
     """
     self._check()
+    if self._publisher is not None:
+      self._publisher.wait(None)  # an older asynchronous one lands first
     with self._lock:
       restarts = self._restart_requests.copy()
     return self._store.write(
         (*jax.device_get((policy_params, actor_hparams)), restarts))
+
+  def publish_async(self, policy_params: Any, actor_hparams: Any) -> None:
+    """:meth:`publish` off the caller's critical path.
+
+    Starts the device-to-host copies (``copy_to_host_async``) and returns at
+    once; a publisher thread waits for them and writes the store. So the
+    training loop can dispatch learner call ``k + 1`` while call ``k``'s
+    parameters are still being computed and copied: actors then act, for
+    up to one call longer, with parameters one call older, which
+    off-policy learning (TD3, SAC, DQN; the replay holds far older data)
+    tolerates. Only the newest submission counts: one the thread has not
+    taken yet is replaced by the next (the mailbox holds one), so nothing
+    queues up. The restart requests (:meth:`restart_members`) go out with
+    the parameters submitted after them, as with :meth:`publish`.
+
+    Raises (on a later call, or in :meth:`wait_published`) what the
+    publisher thread failed with.
+    """
+    self._check()
+    with self._lock:
+      restarts = self._restart_requests.copy()
+    if self._publisher is None:
+      self._publisher = _AsyncPublisher(self._store.write)
+    self._publisher.submit((policy_params, actor_hparams, restarts))
+
+  def wait_published(self, timeout: float | None = None) -> bool:
+    """Waits until the newest :meth:`publish_async` is in the store (True),
+    or ``timeout`` seconds passed (False)."""
+    if self._publisher is None:
+      return True
+    return self._publisher.wait(timeout)
 
   def restart_members(self, members: Sequence[int] | np.ndarray) -> None:
     """Starts ``members`` over as new experiments (HyperTrick's restarted
@@ -517,7 +596,7 @@ class Pipeline:
 
     Needs the per-member replay layout.
     """
-    if not isinstance(self.replay, PerMemberReplay):
+    if self.replay.layout != 'per-member':
       raise ValueError('restart_members needs layout="per_member"; the '
                        f'{self.config.layout} layout has no per-member data')
     members = np.asarray(members, np.int64).reshape(-1)
@@ -538,7 +617,7 @@ class Pipeline:
                        src_indices: Sequence[int] | np.ndarray) -> None:
     """PBT exploit option: member ``dst[k]`` gets member ``src[k]``'s replay
     data (see ``PerMemberReplay.copy_members``)."""
-    if not isinstance(self.replay, PerMemberReplay):
+    if self.replay.layout != 'per-member':
       raise ValueError('copy_member_data needs layout="per_member"; the '
                        f'{self.config.layout} layout has no per-member data')
     self.replay.copy_members(dst_indices, src_indices)
@@ -609,6 +688,8 @@ class Pipeline:
     self._closed = True
     atexit.unregister(self.close)
     try:
+      if self._publisher is not None:
+        self._publisher.close()
       if self._prefetcher is not None:
         self._prefetcher.close()
     finally:
@@ -628,6 +709,91 @@ class Pipeline:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+class PublishError(RuntimeError):
+  """The publisher thread failed; the original exception is ``__cause__``."""
+
+
+class _AsyncPublisher:
+  """Host-side (not jittable): a thread writing the newest submitted tree.
+
+  A one-slot mailbox: ``submit`` replaces a submission the thread has not
+  taken yet, so at most one tree waits and one is being written.
+  """
+
+  def __init__(self, write: Callable[[Any], int],
+               name: str = 'fastpbrl-publish'):
+    self._write = write
+    self._cond = threading.Condition()
+    self._pending: Any = None
+    self._busy = False
+    self._stop = False
+    self._error: BaseException | None = None
+    self.replaced = 0  # submissions superseded before the thread took them
+    self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+    self._thread.start()
+
+  def submit(self, tree: Any) -> None:
+    for leaf in jax.tree.leaves(tree):
+      if isinstance(leaf, jax.Array):
+        leaf.copy_to_host_async()  # starts the copy; does not wait
+    with self._cond:
+      self._raise_if_failed()
+      if self._stop:
+        raise RuntimeError('the publisher is closed')
+      if self._pending is not None:
+        self.replaced += 1
+      self._pending = tree
+      self._cond.notify_all()
+
+  def _run(self) -> None:
+    while True:
+      with self._cond:
+        while self._pending is None and not self._stop:
+          self._cond.wait(0.1)
+        if self._stop:
+          return
+        tree, self._pending, self._busy = self._pending, None, True
+      try:
+        self._write(jax.device_get(tree))
+      except BaseException as e:  # reported by check(), submit() and wait()
+        with self._cond:
+          self._error = e
+          self._stop = True
+      finally:
+        with self._cond:
+          self._busy = False
+          self._cond.notify_all()
+
+  def _raise_if_failed(self) -> None:
+    if self._error is not None:
+      raise PublishError(f'publishing parameters failed: {self._error!r}'
+                         ) from self._error
+
+  def check(self) -> None:
+    with self._cond:
+      self._raise_if_failed()
+
+  def wait(self, timeout: float | None) -> bool:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with self._cond:
+      while self._pending is not None or self._busy:
+        self._raise_if_failed()
+        if self._stop:
+          break
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+          return False
+        self._cond.wait(0.1 if left is None else min(0.1, left))
+      self._raise_if_failed()
+      return self._pending is None and not self._busy
+
+  def close(self, timeout: float = 5.0) -> None:
+    with self._cond:
+      self._stop = True
+      self._cond.notify_all()
+    self._thread.join(timeout)
 
 
 def _make_gym_env(env_id: str):

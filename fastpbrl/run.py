@@ -28,7 +28,7 @@ import math
 import os
 import shlex
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +42,7 @@ from fastpbrl import plots
 from fastpbrl.logging import (FINAL_RETURNS, HParamsLog, RunLogger,
                               plot_returns, summary_table, write_json_atomic)
 from fastpbrl.replay.buffers import format_bytes, transition_fields
+from fastpbrl.replay.device import LOCATIONS as REPLAY_LOCATIONS
 from fastpbrl.replay.buffers import state_template as replay_state_template
 from fastpbrl.signals import ForcedExit, RunInterrupted, StopRequest
 
@@ -96,6 +97,11 @@ class RunConfig:
   actor_timeout: float = 120.0
   """Seconds without a heartbeat after which an actor process counts as
   hung and is killed and restarted."""
+  replay_location: str = 'auto'
+  """Where the replay lives: host (numpy; batches sampled by a thread and
+  copied to the device), device (sampled inside the compiled learner call)
+  or auto (device on a GPU/TPU when the replay fits in half its memory,
+  host otherwise and on CPU); the choice and its reason are logged."""
   run_dir: Optional[str] = None
   """Where logs and checkpoints go (default: runs/<rule>-<agent>-<env>-<time>)."""
   resume: Optional[str] = None
@@ -168,6 +174,9 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
          f'--eval-episodes must be >= 1, got {config.eval_episodes}')
   _check(config.checkpoint_every >= 0,
          f'--checkpoint-every must be >= 0, got {config.checkpoint_every}')
+  _check(config.replay_location in REPLAY_LOCATIONS,
+         f'--replay-location must be one of {", ".join(REPLAY_LOCATIONS)}, '
+         f'got {config.replay_location!r}')
   _check(math.isfinite(config.actor_timeout) and config.actor_timeout > 0,
          f'--actor-timeout must be > 0 seconds, got {config.actor_timeout}')
   from fastpbrl import sharding  # noqa: PLC0415
@@ -328,10 +337,20 @@ class Loop:
   member_update_steps: Any = None
   env_steps: int = 0  # env steps per member collected (least over members)
   episodes: list = dataclasses.field(default_factory=list)  # this call's
+  diverged: int = 0  # member divergences (NaN/Inf) replaced so far
 
   def next_key(self) -> jax.Array:
     self.key, sub = jax.random.split(self.key)
     return sub
+
+
+class Finished(NamedTuple):
+  """A learner call whose results the host reads once the next is queued."""
+
+  calls: int  # the call's number
+  metrics: Any  # its metrics (device arrays)
+  env_steps: int  # env steps per member when it was dispatched
+  scalars: dict | None  # host scalars to log with its metrics (every 10th)
 
 
 class Driver:
@@ -357,16 +376,19 @@ class Driver:
     from fastpbrl.learner import population_hparams  # noqa: PLC0415
     return population_hparams(agent, population_size)
 
-  def make_learner(self, agent, num_steps: int, mesh=None):
+  def make_learner(self, agent, num_steps: int, mesh=None,
+                   batch_size: int | None = None):
     """The learner; ``mesh`` (``fastpbrl.sharding``, None: one device)
-    splits the population over devices."""
+    splits the population over devices; ``batch_size`` (default: the
+    agent's) is what a call samples from a device replay."""
     if self.shared_critic:
       if agent.shared_critic is None:
         raise ConfigError(f'{self.name} needs an agent with a shared-critic '
                          f'update (td3); --agent {agent.name} has none')
       return SharedCriticLearner(self.shared_critic_update(agent), num_steps,
+                                 batch_size or agent.config.batch_size,
                                  mesh=mesh)
-    return PopulationLearner(agent, num_steps, mesh=mesh)
+    return PopulationLearner(agent, num_steps, batch_size, mesh=mesh)
 
   def shared_critic_update(self, agent):
     return agent.shared_critic
@@ -652,7 +674,7 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                 member_update_steps=np.asarray(counters.get(
                     'member_update_steps', [counters['update_steps']] * n),
                                                np.int64))
-    diverged_total = counters.get('diverged', 0)
+    loop.diverged = counters.get('diverged', 0)
 
     def save():
       if checkpointer.latest_step() == loop.calls:
@@ -673,7 +695,7 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                             loop.member_update_steps.tolist(),
                         'env_steps': loop.env_steps,
                         'member_env_steps': member_steps.tolist(),
-                        'diverged': diverged_total,
+                        'diverged': loop.diverged,
                         'wall_time': logger.wall_time},
            'driver': driver.checkpoint_meta(),
            'log_sizes': log_sizes(run_dir),
@@ -689,6 +711,29 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
     steps_before = counters['env_steps']
     pipeline.publish(learner.policy_params(loop.state),
                      driver.actor_hparams(loop.hparams))
+
+    def read_back(done: Finished) -> None:
+      """What needs call ``done.calls``'s results on the host: run once the
+      next call is dispatched, so the device is never idle while we wait."""
+      if 'finite' in done.metrics:  # one [N] flag per call, not per step
+        diverged = ~np.asarray(done.metrics['finite'])
+        if diverged.any():
+          # The learner kept these members' last finite state; they are
+          # replaced in the newest state, one call after they diverged.
+          how = driver.replace_diverged(loop, diverged)
+          loop.diverged += int(diverged.sum())
+          log.warning('members %s diverged (NaN or Inf in their loss or '
+                      'parameters) in learner call %d: %s (%d so far)',
+                      np.flatnonzero(diverged).tolist(), done.calls, how,
+                      loop.diverged)
+      if done.scalars is not None:
+        scalars = {f'learner/{k}': float(np.mean(v))
+                   for k, v in done.metrics.items()}
+        scalars.update(done.scalars)
+        scalars['learner/diverged_members_total'] = loop.diverged
+        logger.scalars(scalars, done.env_steps)
+
+    pending: Finished | None = None
     while not driver.finished(loop):
       batch = pipeline.next_batch(should_stop=stop)
       if batch is None:
@@ -701,51 +746,48 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
         loop.member_update_steps += learner.num_steps * pipeline.last_active
       loop.calls += 1
       loop.update_steps += learner.num_steps
+      if pending is not None:
+        read_back(pending)
       # A resumed run's pipeline counts from zero: steps before the
       # checkpoint are added back, so budgets and logs continue (episode
       # records already carry the members' own, continued, counts).
       loop.episodes = pipeline.drain_episodes()
       loop.env_steps = steps_before + pipeline.env_steps_per_member()
       logger.episodes(loop.episodes, loop.env_steps, loop.update_steps)
-      if 'finite' in metrics:  # one [N] flag per call, not per step
-        diverged = ~np.asarray(metrics['finite'])
-        if diverged.any():
-          how = driver.replace_diverged(loop, diverged)
-          diverged_total += int(diverged.sum())
-          log.warning('members %s diverged (NaN or Inf in their loss or '
-                      'parameters) in learner call %d: %s (%d so far)',
-                      np.flatnonzero(diverged).tolist(), loop.calls, how,
-                      diverged_total)
       driver.after_call(loop)
       events = driver.take_events()
       for callback in callbacks:
         for event in events:
           callback.after_rule_decision(loop, event)
         callback.after_call(loop)
-      # After the rule, so that what it changed reaches the actors now.
-      pipeline.publish(learner.policy_params(loop.state),
-                       driver.actor_hparams(loop.hparams))
+      # After the rule, so that what it changed reaches the actors; written
+      # by the publisher thread once this call is done (Pipeline.publish_async).
+      pipeline.publish_async(learner.policy_params(loop.state),
+                             driver.actor_hparams(loop.hparams))
       if loop.calls % 10 == 0 or events or loop.calls == 1:
         hparams_log.write(loop.env_steps, loop.update_steps,
                           driver.hparam_rows(loop.hparams))
+      scalars = None
       if loop.calls % 10 == 0:
-        scalars = {f'learner/{k}': float(np.mean(v)) for k, v in metrics.items()}
-        scalars.update({f'rule/{k}': v for k, v in driver.scalars().items()})
+        scalars = {f'rule/{k}': v for k, v in driver.scalars().items()}
         scalars['pipeline/learner_wait_fraction'] = pipeline.wait_fraction()
-        scalars['learner/diverged_members_total'] = diverged_total
         scalars['pipeline/population_env_steps'] = loop.env_steps * n
         for i, row in enumerate(driver.hparam_rows(loop.hparams)):
           scalars.update({f'member_{i:03d}/hparams/{k}': v
                           for k, v in row.items()})
-        # Against env steps per member, as the members' returns are.
-        logger.scalars(scalars, loop.env_steps)
         logger.progress(loop.env_steps * n,
                         calls=loop.calls,
                         wait=f'{pipeline.wait_fraction():.0%}')
+      # Against env steps per member, as the members' returns are.
+      pending = Finished(loop.calls, metrics, loop.env_steps, scalars)
       if stop.requested:
         break
       if config.checkpoint_every and loop.calls % config.checkpoint_every == 0:
+        read_back(pending)
+        pending = None
         save()
+    if pending is not None:
+      read_back(pending)
     hparams_log.write(loop.env_steps, loop.update_steps,
                       driver.hparam_rows(loop.hparams))
     save()
@@ -764,9 +806,9 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
   rows = driver.hparam_rows(loop.hparams)
   table = summary_table(run_dir, rows, eval_episodes=config.eval_episodes)
   extra = driver.summary(loop)
-  if diverged_total:
+  if loop.diverged:
     extra = (extra + '\n' if extra else '') + (
-        f'{diverged_total} member divergences (NaN/Inf) were replaced')
+        f'{loop.diverged} member divergences (NaN/Inf) were replaced')
   with open(os.path.join(run_dir, 'summary.txt'), 'w') as f:
     f.write(table + '\n' + (extra + '\n' if extra else ''))
   plot = plot_returns(run_dir, eval_episodes=config.eval_episodes)
@@ -781,7 +823,7 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                    update_steps=loop.update_steps, calls=loop.calls,
                    hparams=rows, wall_time=logger.wall_time,
                    final_returns=final_returns,
-                   rule_scalars=driver.scalars(), diverged=diverged_total)
+                   rule_scalars=driver.scalars(), diverged=loop.diverged)
 
 
 def _closing(close):

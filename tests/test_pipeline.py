@@ -23,7 +23,7 @@ from fastpbrl.agents.sac import SACConfig
 from fastpbrl.agents.td3 import TD3Config
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.pipeline import Pipeline, PipelineConfig, PipelineStalledError
-from fastpbrl.types import make_env_spec
+from fastpbrl.types import ReplaySample, make_env_spec
 
 TD3_SMALL = TD3Config(hidden_sizes=(16,), batch_size=16, steps_per_call=10)
 
@@ -117,6 +117,52 @@ def test_unpicklable_agent_fn_fails_before_any_process_starts():
     Pipeline(hopper, lambda spec: agents.make_agent('td3', spec), params,
              hparams, PipelineConfig(num_steps=10, batch_size=16,
                                      replay_capacity=100))
+  assert our_segments() == []
+
+
+@pytest.mark.slow
+def test_device_replay_and_asynchronous_publishing_end_to_end():
+  # The replay on the device (sampled inside the learner call) and the
+  # parameters published by the publisher thread, as fastpbrl.run does.
+  n, target = 4, 1200
+  learner, state, hparams, agent_fn = td3_population(hopper, n)
+  config = PipelineConfig(num_steps=10, batch_size=16, warmup_steps=200,
+                          num_actor_processes=2, replay_capacity=10_000,
+                          chunk_steps=16, replay_location='device')
+  calls = 0
+  episodes = []
+  with Pipeline(hopper, agent_fn, learner.policy_params(state), hparams,
+                config, seed=1) as pipeline:
+    assert pipeline.replay_on_device
+    pids = pipeline.pool.pids()
+    while pipeline.env_steps.min() < target:
+      batch = pipeline.next_batch(timeout=60)
+      assert isinstance(batch, ReplaySample)
+      state, metrics = learner.update(state, hparams, batch)
+      pipeline.publish_async(learner.policy_params(state), hparams)
+      episodes += pipeline.drain_episodes()
+      calls += 1
+    assert pipeline.wait_published(60)
+    ratio = pipeline.update_to_data_ratio()
+    inserted = pipeline.replay.inserted()
+    sizes = pipeline.replay.sizes()
+    saved = pipeline.replay.state_dict()  # flushes: everything counted
+    assert pipeline.failures == []
+  assert (inserted >= target).all()
+  np.testing.assert_array_equal(sizes, np.minimum(inserted, 10_000))
+  np.testing.assert_array_equal(saved['size'], sizes)
+  # Every stored row is a real step (Hopper's observations are never all 0).
+  rows = saved['data']['observation']
+  for m in range(n):
+    assert (np.abs(rows[m, :sizes[m]]).sum(axis=-1) > 0).all()
+  assert calls >= (target - 200) // 10
+  assert 0.9 <= ratio <= 1.0
+  assert np.asarray(metrics['finite']).all()
+  assert learner.compilations == 1  # update_from_replay only
+  for m in range(n):
+    mine = [r for r in episodes if r.member == m]
+    assert mine and max(r.policy_version for r in mine) > 5
+  assert all(gone(pid) for pid in pids)
   assert our_segments() == []
 
 

@@ -237,9 +237,18 @@ class CEMRLDriver(Driver):
     self.fresh.renew(loop, np.ones(self.fitness.shape, bool))
 
   def after_call(self, loop: Loop) -> None:
-    self.critic_steps = int(loop.state.step)
+    # state.step, counted on the host so that no call waits for the last
+    # one to finish: a call's steps are active while step < train_until
+    # (``cem_lib.with_rl_schedule``), each adding one.
+    train_until = int(np.asarray(loop.hparams.train_until)[0])
+    self.critic_steps = min(self.critic_steps + loop.learner.num_steps,
+                            max(self.critic_steps, train_until))
     if self.phase == 'train':
-      if self.critic_steps >= int(np.asarray(loop.hparams.train_until)[0]):
+      if self.critic_steps >= train_until:
+        device_steps = int(loop.state.step)  # a rule decision: may sync
+        if device_steps != self.critic_steps:
+          raise RuntimeError(f'CEM-RL counted {self.critic_steps} shared '
+                             f'critic steps but the state has {device_steps}')
         self._start_evaluation(loop)
       return
     if self.resumed:
