@@ -182,7 +182,7 @@ class Pipeline:
                policy_params: Any, actor_hparams: Any,
                config: PipelineConfig = PipelineConfig(), seed: int = 0,
                device=None, resume_env_steps: Sequence[int] | None = None,
-               replay_state: dict | None = None):
+               replay_state: dict | None = None, mesh=None):
     """Starts the actors, reader threads and prefetch thread.
 
     Args:
@@ -209,6 +209,8 @@ class Pipeline:
         ``warmup_steps`` new steps per member (collected by those policies)
         and then counts the ratio from there, so no burst of updates;
         :attr:`env_steps` counts from zero again.
+      mesh: the learner's population mesh (``fastpbrl.sharding``), if
+        any: a device replay is then split over it like the members.
       replay_state: a ``Replay.state_dict()`` restored into the replay
         before any actor starts (a resume with ``--checkpoint-replay``); the
         learner then continues at once, at the target ratio of new data.
@@ -267,7 +269,7 @@ class Pipeline:
           np.asarray(resume_env_steps, np.int64), (n,)).copy()
     try:
       fields = transition_fields(self.env_spec)
-      self.replay = self._make_replay(fields, device)
+      self.replay = self._make_replay(fields, device, mesh)
       if replay_state is not None:
         self.replay.load_state_dict(replay_state)
         logger.info('replay restored: %s transitions per ring',
@@ -310,7 +312,7 @@ class Pipeline:
   def create(cls, run_config: Any, agent: Any, *, shared_replay: bool = False,
              seed: int = 0, device=None,
              resume_env_steps: Sequence[int] | None = None,
-             replay_state: dict | None = None) -> 'Pipeline':
+             replay_state: dict | None = None, mesh=None) -> 'Pipeline':
     """A pipeline from the run loop's settings and an agent of the registry.
 
     Args:
@@ -327,7 +329,7 @@ class Pipeline:
         per member.
       seed: the run seed.
       device: where batches are placed.
-      resume_env_steps, replay_state: see ``Pipeline``.
+      resume_env_steps, replay_state, mesh: see ``Pipeline``.
 
     Nothing is published yet: call :meth:`publish` before the warm-up ends.
     """
@@ -366,7 +368,8 @@ class Pipeline:
         replay_location=getattr(run_config, 'replay_location', 'auto'))
     return cls(run_config.env, agent_fn, params_layout, hparams_layout,
                config, seed=seed, device=device,
-               resume_env_steps=resume_env_steps, replay_state=replay_state)
+               resume_env_steps=resume_env_steps, replay_state=replay_state,
+               mesh=mesh)
 
   # ------------------------------------------------------ background work
 
@@ -436,7 +439,7 @@ class Pipeline:
               | ((self._data_restart == self._restart_requests)
                  & (self._fresh >= self.config.warmup_steps)))
 
-  def _make_replay(self, fields, device) -> Replay:
+  def _make_replay(self, fields, device, mesh) -> Replay:
     """The host or the device replay, as ``config.replay_location`` and
     ``choose_replay_location`` decide; the choice is logged."""
     config, n = self.config, self.num_members
@@ -455,7 +458,8 @@ class Pipeline:
                                  ).generate_state(1)[0]), target)
       self._samples = 0
       return device_replay.DeviceReplay(config.layout, fields, n,
-                                        config.replay_capacity, device=target)
+                                        config.replay_capacity, device=target,
+                                        mesh=mesh)
     return make_replay(config.layout, fields, n, config.replay_capacity)
 
   def _sample(self) -> Transition | jax.Array:

@@ -663,7 +663,7 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
         config, agent, shared_replay=driver.shared_replay,
         seed=pipeline_seed(config.seed, counters['calls']),
         resume_env_steps=member_env_steps if config.resume else None,
-        replay_state=replay_state)
+        replay_state=replay_state, mesh=learner.mesh)
     replay_state = None  # the pipeline's replay holds it now
     stack.callback(pipeline.close)
     loop = Loop(config=config, run_dir=run_dir, agent=agent, learner=learner,

@@ -101,6 +101,51 @@ def check_population_learner():
   chex.assert_trees_all_close(host(r0), host(r1), rtol=1e-5, atol=1e-6)
 
 
+def check_device_replay():
+  """A per-member device replay kept on the mesh: its rings split with
+  their members through inserts, flushes and copies, and a learner call
+  sampling from it equals the same call on one device."""
+  from fastpbrl.replay import device as device_replay  # noqa: PLC0415
+  from fastpbrl.replay.buffers import transition_fields  # noqa: PLC0415
+  a, m = agent(), mesh()
+  fields = transition_fields(a.env_spec)
+  replays = [device_replay.DeviceReplay('per_member', fields, N, 64),
+             device_replay.DeviceReplay('per_member', fields, N, 64, mesh=m)]
+  rng = np.random.default_rng(3)
+  for t in range(5):  # chunks of 2 members x 10 steps, wrapping the rings
+    members = rng.choice(N, 2, replace=False)
+    chunk = {k: rng.normal(size=(2, 10, *shape)).astype(dtype)
+             for k, (shape, dtype) in fields.items()}
+    for r in replays:
+      r.insert(members, chunk)
+  plain, sharded = replays
+  fill = {k: rng.normal(size=(N, 70, *shape)).astype(dtype)
+          for k, (shape, dtype) in fields.items()}
+  for r in replays:  # 70 steps of every member: every ring wraps
+    r.insert(np.arange(N), fill)
+  plain_state, sharded_state = plain.flush(), sharded.flush()
+  chex.assert_trees_all_equal(host(plain_state), host(sharded_state))
+  assert_population_sharded(sharded_state, m)
+  plain.copy_members([7], [1])
+  sharded.copy_members([7], [1])  # member 1 (device 0) onto 7 (device 3)
+  chex.assert_trees_all_equal(host(plain.state), host(sharded.state))
+  assert_population_sharded(sharded.state, m)
+  hparams = hparams_of(a)
+  learners = PopulationLearner(a, batch_size=BATCH), PopulationLearner(
+      a, batch_size=BATCH, mesh=m)
+  key = jax.random.PRNGKey(5)
+  states = [learner.init(key, hparams) for learner in learners]
+  for call in range(2):
+    k = jax.random.fold_in(key, call)
+    s0, m0 = learners[0].update_from_replay(states[0], hparams, plain.state, k)
+    s1, m1 = learners[1].update_from_replay(states[1], hparams,
+                                            sharded.state, k)
+    states = [s0, s1]
+    assert_population_sharded((s1, m1), m)
+    chex.assert_trees_all_close(host(s0), host(s1), rtol=1e-5, atol=1e-6)
+  assert learners[1].compilations == 1
+
+
 def shared_critics(a):
   """(name, SharedCritic, hparams) as the CEM-RL and DvD drivers build them
   (``CEMRLDriver.shared_critic_update``, ``DvDDriver``'s)."""
@@ -240,6 +285,7 @@ CHECKS = {
     'shared_critic_learner': check_shared_critic_learner,
     'rules': check_rules,
     'choose_devices': check_choose_devices,
+    'device_replay': check_device_replay,
 }
 
 if __name__ == '__main__':

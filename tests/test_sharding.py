@@ -45,6 +45,13 @@ def test_sharded_population_learner_equals_unsharded_and_compiles_once():
   worker('population_learner')
 
 
+def test_device_replay_on_the_mesh_stays_split_with_its_members():
+  """A per-member device replay on 4 devices: rings sharded with their
+  members through flushes and a copy across devices, and sampling inside
+  the sharded call gives the one-device result."""
+  worker('device_replay')
+
+
 def test_sharded_shared_critic_learner_equals_unsharded():
   """The shared critic of TD3, CEM-RL and DvD: the same values as on one
   device, policies sharded, critic replicated, an all-reduce for the mean

@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fastpbrl import sharding
 from fastpbrl.replay.buffers import (DEFAULT_CAPACITY, FieldSpecs, Replay,
                                      bytes_per_transition, format_bytes)
 from fastpbrl.types import Transition
@@ -330,7 +331,7 @@ class DeviceReplay(Replay):
   """
 
   def __init__(self, layout: str, fields: FieldSpecs, num_members: int,
-               capacity: int = DEFAULT_CAPACITY, *, device=None,
+               capacity: int = DEFAULT_CAPACITY, *, device=None, mesh=None,
                staging_rows: int | None = None,
                insert_timeout_s: float | None = 300.0,
                min_bucket: int = 256, max_bucket_bytes: int = 64 << 20):
@@ -338,6 +339,11 @@ class DeviceReplay(Replay):
       layout: ``'per_member'`` or ``'shared'``.
       fields, num_members, capacity: as the numpy replays.
       device: where the rings live (default device if ``None``).
+      mesh: a population mesh (``fastpbrl.sharding``) to keep the rings
+        on instead: per-member rings split with their members (each device
+        holds its own members' data), a shared ring replicated. Every
+        flush, copy and restore keeps that layout, so the learner never
+        reshards the replay.
       staging_rows: rows (transitions) the staging area holds before an
         insert blocks; default: what ``max_bucket_bytes`` holds. When full,
         the staging area is first compacted to the latest write per ring
@@ -379,14 +385,31 @@ class DeviceReplay(Replay):
       self.compilations += 1  # runs once per trace, never at run time
       return write_rows(state, rows, values, pos, size)
 
-    self._write = jax.jit(traced_write, donate_argnums=0)
-    self._copy = jax.jit(copy_members, donate_argnums=0)
+    self.mesh = mesh
+    abstract = jax.eval_shape(lambda: init_state(
+        self.layout, self.fields, self.num_members, self.capacity))
+    if mesh is None:
+      pin = lambda state: state  # noqa: E731
+    else:
+      per_member = jax.tree.map(lambda _: self._per_member, abstract)
+      self._shardings = sharding.shardings(abstract, mesh, None, per_member)
+      pin = lambda state: sharding.constrain(  # noqa: E731
+          state, mesh, None, per_member)
+    self._write = jax.jit(lambda *args: pin(traced_write(*args)),
+                          donate_argnums=0)
+    self._copy = jax.jit(lambda *args: pin(copy_members(*args)),
+                         donate_argnums=0)
     self._sample = jax.jit(sample, static_argnums=(2, 3),
                            static_argnames=('num_members',))
-    with (jax.default_device(device) if device is not None
-          else contextlib.nullcontext()):
-      self._state = init_state(self.layout, self.fields, self.num_members,
-                               self.capacity)
+    if mesh is not None:  # allocated in place, each device its part
+      self._state = jax.jit(lambda: init_state(
+          self.layout, self.fields, self.num_members, self.capacity),
+                            out_shardings=self._shardings)()
+    else:
+      with (jax.default_device(device) if device is not None
+            else contextlib.nullcontext()):
+        self._state = init_state(self.layout, self.fields, self.num_members,
+                                 self.capacity)
     self._log_size()
 
   # ------------------------------------------------------------- reporting
@@ -658,5 +681,6 @@ class DeviceReplay(Replay):
         self._drained.notify_all()
         new = DeviceReplayState(
             data, self._pos.astype(np.int32), self._size.astype(np.int32))
-      self._state = jax.device_put(new, self._device)
+      self._state = jax.device_put(
+          new, self._device if self.mesh is None else self._shardings)
 
