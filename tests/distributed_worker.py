@@ -111,7 +111,8 @@ def distributed_run(out_dir: str) -> None:
     decisions.append(decision_dict(decision))
   assert learner.compilations == 1, learner.compilations
   assert exploit.compilations == 1, exploit.compilations
-  out = {'process_id': info.process_id, 'num_processes': info.num_processes,
+  out = {'process_id': info.process_id, 'pid': os.getpid(),
+         'num_processes': info.num_processes,
          'local_devices': len(info.local_devices),
          'global_devices': len(info.global_devices),
          'rows': rows.tolist(), 'decisions': decisions,
