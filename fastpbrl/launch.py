@@ -5,7 +5,8 @@ starts the command ``--num-processes`` times, each with the variables
 ``fastpbrl.distributed.initialize_from_env`` reads:
 ``FASTPBRL_COORDINATOR=localhost:<free port>``,
 ``FASTPBRL_NUM_PROCESSES=N`` and ``FASTPBRL_PROCESS_ID=0..N-1``.
-SIGINT and SIGTERM are forwarded to every child. If a child exits with a
+SIGINT and SIGTERM are forwarded to every child (still running ``--grace``
+seconds later, they get SIGTERM, then SIGKILL). If a child exits with a
 non-zero status the others (likely blocked in a collective waiting for it)
 get ``--grace`` seconds to finish, then SIGTERM, then SIGKILL; the launcher
 exits with the first failure's status (128 + signal for a child killed by
@@ -113,7 +114,7 @@ def launch(command: Sequence[str], num_processes: int, *,
       children.append(subprocess.Popen(
           list(command), env=child_env(i, num_processes, coordinator),
           start_new_session=True))
-    return _wait(children, grace_s, timeout_s)
+    return _wait(children, grace_s, timeout_s, forwarded)
   finally:
     for child in children:  # never leave one behind
       if child.poll() is None:
@@ -123,7 +124,8 @@ def launch(command: Sequence[str], num_processes: int, *,
       signal.signal(s, handler)
 
 
-def _wait(children, grace_s: float, timeout_s: Optional[float]) -> int:
+def _wait(children, grace_s: float, timeout_s: Optional[float],
+          forwarded: list) -> int:
   start = time.monotonic()
   first_failure = None
   stop_at = None if timeout_s is None else start + timeout_s
@@ -141,8 +143,14 @@ def _wait(children, grace_s: float, timeout_s: Optional[float]) -> int:
     if all(code is not None for code in codes):
       return first_failure or 0
     now = time.monotonic()
+    if forwarded and not terminated and (stop_at is None
+                                         or stop_at > now + grace_s):
+      # A forwarded signal the children do not act on: stop them anyway.
+      stop_at = now + grace_s
     if stop_at is not None and now >= stop_at:
-      if first_failure is None:
+      if first_failure is None and forwarded:
+        first_failure = 128 + forwarded[0]
+      elif first_failure is None:
         first_failure = 124
         print(f'fastpbrl.launch: timed out after {timeout_s:g} s',
               file=sys.stderr, flush=True)

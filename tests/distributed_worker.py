@@ -88,6 +88,8 @@ def distributed_run(out_dir: str) -> None:
   exploit = pbt_lib.CompiledExploitExplore(CONFIG, SPACE)
   ready_of = jax.jit(lambda steps, last: pbt_lib.ready_mask(steps, last,
                                                             CONFIG))
+  mark_ready = jax.jit(lambda ready, steps, last: jax.numpy.where(
+      ready, steps, last))
   local = distributed.local_members(N, mesh)
   hparams = distributed.to_global(
       jax.tree.map(lambda x: np.asarray(x)[local], hparams_of(a)), mesh, N)
@@ -106,8 +108,7 @@ def distributed_run(out_dir: str) -> None:
     result, decision = distributed.pbt_step(exploit, key, state, hparams,
                                             fitness, ready, mesh)
     state, hparams = result.state, result.hparams
-    last_ready = jax.jit(lambda r, s, l: jax.numpy.where(r, s, l))(
-        ready, state.step, last_ready)
+    last_ready = mark_ready(ready, state.step, last_ready)
     decisions.append(decision_dict(decision))
   assert learner.compilations == 1, learner.compilations
   assert exploit.compilations == 1, exploit.compilations

@@ -245,3 +245,21 @@ def test_launch_timeout_and_usage():
                         capture_output=True, text=True, timeout=60)
   assert proc.returncode == 2 and 'no command given' in proc.stderr
   assert launch.exit_status(-signal.SIGTERM) == 128 + signal.SIGTERM
+
+
+def test_launch_stops_children_that_ignore_a_forwarded_signal():
+  script = ('import signal, time; '
+            'signal.signal(signal.SIGTERM, signal.SIG_IGN); '
+            "print('ready', flush=True); time.sleep(60)")
+  proc = subprocess.Popen(LAUNCH + ['--num-processes', '1', '--grace', '0.5',
+                                    '--', sys.executable, '-c', script],
+                          cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True)
+  try:
+    assert proc.stdout.readline().strip() == 'ready'
+    proc.send_signal(signal.SIGTERM)
+    # Ignored twice (forwarded, then the grace period's SIGTERM): killed.
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
