@@ -311,8 +311,9 @@ def pbt_step(exploit, key, state, hparams, local_fitness, ready, mesh: Mesh):
   process the whole ``[N]`` fitness; every process then calls the same
   jitted rule (``exploit``, a ``pbt.CompiledExploitExplore``) with the same
   key on the global state, so all take the same decision and XLA moves a
-  copied member's rows between processes. No message of ours goes between
-  processes but the fitness gather.
+  copied member's rows between processes. Besides the rule's own
+  collectives, only two host gathers cross processes: the fitness, and
+  the decision read back for the host's records (lineage, logs).
 
   Args:
     exploit: ``pbt.CompiledExploitExplore`` (or any callable with its
