@@ -1,0 +1,158 @@
+"""A 4-member TD3 PBT over several processes (``fastpbrl.distributed``),
+run by ``tests/test_distributed.py``.
+
+``python -m fastpbrl.launch --num-processes 2 -- python -m
+tests.distributed_worker OUT_DIR``: every process owns a block of members,
+builds its members' batches itself (synthetic, derived from the seed, the
+call and the member's row), runs ``CALLS`` learner calls per generation and
+one PBT exploit per generation on fitness it measures for its own members,
+and writes ``OUT_DIR/process_<id>.json``: its rule decisions and its rows
+of the final state. ``reference()`` is the same run in one process on one
+device, unsharded, for the test to compare with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+
+from fastpbrl import distributed
+from fastpbrl.agents import td3
+from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.population import pbt as pbt_lib
+from fastpbrl.population import search_space as ss
+from fastpbrl.types import random_transitions
+from tests.agents.helpers import env_spec
+
+N, STEPS, BATCH, CALLS, GENERATIONS, SEED = 4, 2, 4, 2, 2, 7
+TINY = td3.TD3Config(hidden_sizes=(8,), batch_size=BATCH, steps_per_call=STEPS)
+CONFIG = pbt_lib.PBTConfig(ready_after=STEPS * CALLS, fraction=0.5)
+SPACE = ss.SearchSpace({'policy_lr': ss.LogUniform(1e-5, 1e-2),
+                        'critic_lr': ss.LogUniform(1e-5, 1e-2)})
+# Fitness = this table (which decides the ranking: generation 0 has the
+# members of process 0 copy those of process 1, generation 1 the other way)
+# + a small function of the member's policy parameters.
+TABLE = np.array([[0.0, 1.0, 2.0, 3.0], [3.0, 2.0, 1.0, 0.0]])
+
+
+def agent():
+  return td3.make_agent(env_spec('Pendulum-v1'), TINY)
+
+
+def hparams_of(a):
+  return population_hparams(a, N, policy_lr=np.linspace(1e-4, 1e-3, N),
+                            critic_lr=np.linspace(3e-4, 2e-3, N),
+                            discount=np.linspace(0.9, 0.99, N))
+
+
+def batch_rows(a, call: int, rows) -> jax.Array:
+  """``[len(rows), STEPS, BATCH, ...]``: member ``row``'s batch of a call,
+  the same whichever process builds it."""
+  parts = [random_transitions(a.env_spec, (1, STEPS, BATCH),
+                              seed=[SEED, call, int(r)]) for r in rows]
+  return jax.tree.map(lambda *x: np.concatenate(x), *parts)
+
+
+def fitness_of(policy_rows, generation: int, rows) -> np.ndarray:
+  """Per member: the table's value + 1e-3 * mean |policy parameter|."""
+  leaves = [np.abs(np.asarray(x, np.float64)).reshape(len(rows), -1).mean(1)
+            for x in jax.tree.leaves(policy_rows)]
+  return (TABLE[generation][np.asarray(rows)]
+          + 1e-3 * np.mean(leaves, axis=0)).astype(np.float32)
+
+
+def tree_dict(tree) -> dict:
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {jax.tree_util.keystr(path): np.asarray(x).tolist()
+          for path, x in flat}
+
+
+def decision_dict(decision) -> dict:
+  return {'fitness': decision['fitness'].tolist(),
+          'parent': decision['parent'].tolist(),
+          'replaced': decision['replaced'].tolist(),
+          'hparams': {k: np.asarray(v).tolist()
+                      for k, v in decision['hparams']._asdict().items()}}
+
+
+def distributed_run(out_dir: str) -> None:
+  info = distributed.initialize_from_env()
+  mesh = distributed.global_population_mesh()
+  rows = distributed.member_rows(mesh, N)
+  a = agent()
+  learner = PopulationLearner(a, mesh=mesh)
+  exploit = pbt_lib.CompiledExploitExplore(CONFIG, SPACE)
+  ready_of = jax.jit(lambda steps, last: pbt_lib.ready_mask(steps, last,
+                                                            CONFIG))
+  mark_ready = jax.jit(lambda ready, steps, last: jax.numpy.where(
+      ready, steps, last))
+  local = distributed.local_members(N, mesh)
+  hparams = distributed.to_global(
+      jax.tree.map(lambda x: np.asarray(x)[local], hparams_of(a)), mesh, N)
+  state = learner.init(distributed.replicate(jax.random.PRNGKey(SEED), mesh),
+                       hparams)
+  last_ready = distributed.to_global(np.zeros(len(rows), np.int32), mesh, N)
+  decisions = []
+  for generation in range(GENERATIONS):
+    for call in range(CALLS):
+      batch = distributed.to_global(
+          batch_rows(a, generation * CALLS + call, rows), mesh, N)
+      state, _ = learner.update(state, hparams, batch)
+    fitness = fitness_of(distributed.to_local(state.policy), generation, rows)
+    ready = ready_of(state.step, last_ready)
+    key = jax.random.fold_in(jax.random.PRNGKey(SEED + 1), generation)
+    result, decision = distributed.pbt_step(exploit, key, state, hparams,
+                                            fitness, ready, mesh)
+    state, hparams = result.state, result.hparams
+    last_ready = mark_ready(ready, state.step, last_ready)
+    decisions.append(decision_dict(decision))
+  assert learner.compilations == 1, learner.compilations
+  assert exploit.compilations == 1, exploit.compilations
+  out = {'process_id': info.process_id, 'pid': os.getpid(),
+         'num_processes': info.num_processes,
+         'local_devices': len(info.local_devices),
+         'global_devices': len(info.global_devices),
+         'rows': rows.tolist(), 'decisions': decisions,
+         'state': tree_dict(distributed.to_local(state)),
+         'hparams': tree_dict(distributed.to_local(hparams))}
+  path = os.path.join(out_dir, f'process_{info.process_id}.json')
+  with open(path + '.tmp', 'w') as f:
+    json.dump(out, f)
+  os.replace(path + '.tmp', path)
+  print('OK process', info.process_id, 'of', info.num_processes, flush=True)
+
+
+def reference() -> dict:
+  """The same run in this process, one device, no mesh: the whole
+  population's batches, fitness and rule calls."""
+  a = agent()
+  rows = np.arange(N)
+  learner = PopulationLearner(a)
+  exploit = pbt_lib.CompiledExploitExplore(CONFIG, SPACE)
+  hparams = hparams_of(a)
+  state = learner.init(jax.random.PRNGKey(SEED), hparams)
+  last_ready = np.zeros(N, np.int32)
+  decisions = []
+  for generation in range(GENERATIONS):
+    for call in range(CALLS):
+      state, _ = learner.update(state, hparams,
+                                batch_rows(a, generation * CALLS + call, rows))
+    fitness = fitness_of(state.policy, generation, rows)
+    ready = pbt_lib.ready_mask(np.asarray(state.step), last_ready, CONFIG)
+    key = jax.random.fold_in(jax.random.PRNGKey(SEED + 1), generation)
+    result = exploit(key, state, hparams, fitness, ready)
+    state, hparams = result.state, result.hparams
+    last_ready = np.where(ready, np.asarray(state.step), last_ready)
+    decisions.append(decision_dict(
+        {'fitness': fitness, 'parent': np.asarray(result.parent),
+         'replaced': np.asarray(result.replaced), 'hparams': result.hparams}))
+  return {'decisions': decisions, 'state': tree_dict(state),
+          'hparams': tree_dict(hparams)}
+
+
+if __name__ == '__main__':
+  distributed_run(sys.argv[1])
