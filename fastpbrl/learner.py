@@ -283,6 +283,8 @@ class PopulationLearner(_CompiledPopulationStep):
     return self._init(jax.random.split(key, n), hparams)
 
   def policy_params(self, state) -> Any:
+    """The members' policies, as new arrays (jitted): they stay valid after
+    ``state`` is donated to the next ``update``."""
     return self._policy_params(state)
 
   def reinit_members(self, key: PRNGKey, state, hparams, rows) -> Any:
@@ -327,9 +329,12 @@ class SharedCriticLearner(_CompiledPopulationStep):
     self._per_member = {}  # population size -> tree of bools
     if mesh is None:
       self._init = jax.jit(shared.init)
+      self._policy_params = jax.jit(shared.policy_params)
     else:
       self._init = jax.jit(lambda key, hparams: self._constrain_state(
           shared.init(key, hparams), hparams))
+      self._policy_params = jax.jit(lambda state: sharding.constrain(
+          shared.policy_params(state), mesh))
 
   def _state_per_member(self, hparams) -> Any:
     # A leaf is per member if its leading size follows the population's:
@@ -365,7 +370,10 @@ class SharedCriticLearner(_CompiledPopulationStep):
     return self._init(key, hparams)
 
   def policy_params(self, state) -> Any:
-    return self.shared.policy_params(state)
+    """The members' policies, as new arrays (jitted): they stay valid after
+    ``state`` is donated to the next ``update``, so they can be published
+    while that call runs (``Pipeline.publish_async``)."""
+    return self._policy_params(state)
 
 
 def member_finite(tree: Any) -> jax.Array:

@@ -94,3 +94,27 @@ def test_parameters_survive_the_state_being_donated_after_submit():
     np.testing.assert_array_equal(np.asarray(state['p']), np.arange(4.0) + 3)
   finally:
     publisher.close()
+
+
+@pytest.mark.parametrize('shared_critic', [False, True])
+def test_learner_policy_params_survive_the_next_update(shared_critic):
+  # What the run loop publishes asynchronously must not alias the state it
+  # donates to the next call (the shared-critic learner used to return the
+  # state's own arrays).
+  from fastpbrl.agents import td3  # noqa: PLC0415
+  from fastpbrl.learner import (PopulationLearner,  # noqa: PLC0415
+                                SharedCriticLearner, population_hparams)
+  from tests.agents.helpers import env_spec, random_batch  # noqa: PLC0415
+  agent = td3.make_agent(env_spec('Pendulum-v1'), td3.TD3Config(
+      hidden_sizes=(8,), batch_size=4, steps_per_call=2))
+  learner = (SharedCriticLearner(agent.shared_critic, 2) if shared_critic
+             else PopulationLearner(agent))
+  hparams = population_hparams(agent, 2)
+  state = learner.init(jax.random.PRNGKey(0), hparams)
+  published = learner.policy_params(state)
+  before = jax.tree.map(np.array, published)
+  state, _ = learner.update(state, hparams,
+                            random_batch(agent.env_spec, (2, 2, 4), seed=0))
+  jax.block_until_ready(state)
+  after = jax.tree.map(np.asarray, published)  # raises if it was donated
+  jax.tree.map(np.testing.assert_array_equal, before, after)

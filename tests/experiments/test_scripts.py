@@ -2,6 +2,7 @@
 plot, summary; and a killed PBT run resumed from its checkpoint."""
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -150,3 +151,47 @@ def test_seeds_run_without_an_eval_boundary_ends_with_a_final_evaluation(
     assert mean == pytest.approx(result.final_returns[member])
   with open(os.path.join(run_dir, 'summary.txt')) as f:
     assert 'nan' not in f.read()
+
+
+class _Lines(logging.Handler):
+  def __init__(self):
+    super().__init__()
+    self.lines = []
+
+  def emit(self, record):
+    self.lines.append(record.getMessage())
+
+
+@pytest.mark.parametrize('rule', ['pbt', 'hypertrick', 'cemrl'])
+def test_rules_run_with_the_replay_on_the_device(tmp_path, rule):
+  """--replay-location device: PBT copying replay data on exploits,
+  HyperTrick's restarts emptying rings through the staging area, CEM-RL's
+  shared ring; each run ends with its outputs, and says where the replay
+  lives."""
+  run_dir = str(tmp_path / rule)
+  argv = TINY + ['--replay-location', 'device', '--run-dir', run_dir]
+  lines = _Lines()  # fastpbrl's logger does not propagate to pytest's
+  logging.getLogger('fastpbrl').addHandler(lines)
+  try:
+    _run_rule_with_device_replay(rule, argv, run_dir)
+  finally:
+    logging.getLogger('fastpbrl').removeHandler(lines)
+  _assert_run_outputs(run_dir, 4 if rule == 'pbt' else 2)
+  assert any(line.startswith('replay on the device (requested with '
+                             '--replay-location device)')
+             for line in lines.lines), lines.lines[:20]
+
+
+def _run_rule_with_device_replay(rule, argv, run_dir):
+  if rule == 'pbt':
+    pbt.main(argv + ['--population-size', '4', '--ready-after', '200',
+                     '--fraction', '0.5', '--copy-replay'])
+    with open(os.path.join(run_dir, 'lineage.jsonl')) as f:
+      assert any(json.loads(line)['event'] == 'exploit' for line in f)
+  elif rule == 'hypertrick':
+    hypertrick.main(argv + ['--population-size', '2', '--num-workers', '4',
+                            '--num-phases', '2', '--phase-update-steps',
+                            '200'])
+  else:
+    cemrl.main(argv + ['--population-size', '2', '--total-env-steps',
+                       '2400'])
