@@ -124,6 +124,18 @@ class _CompiledPopulationStep:
           jax.tree.map(lambda _: per_member, replay_state))
     return state, hparams, replay_state
 
+  def _call_from_replay(self, state, hparams, replay_state, key, extra):
+    """Checks, places on the mesh and runs the ``_compile_from_replay``
+    program."""
+    self._check_replay_args(replay_state)
+    n = _population_size(hparams, 'hparams')
+    if replay_state.size.ndim == 1 and replay_state.size.shape != (n,):
+      raise ValueError(f'replay_state has {replay_state.size.shape[0]} '
+                       f'member rings but hparams {n} members')
+    state, hparams, replay_state = self._shard_replay(state, hparams,
+                                                      replay_state)
+    return self._step_from_replay(state, hparams, replay_state, key, extra)
+
   def _check_replay_args(self, replay_state) -> None:
     if self.batch_size is None:
       raise ValueError('update_from_replay needs the learner built with '
@@ -259,15 +271,8 @@ class PopulationLearner(_CompiledPopulationStep):
     as inactive and keep their state). ``state`` is donated,
     ``replay_state`` is not. ``key`` is the sampling key: a new one every
     call."""
-    self._check_replay_args(replay_state)
-    n = _population_size(hparams, 'hparams')
-    active = self._active(n, active)
-    if replay_state.size.ndim == 1 and replay_state.size.shape != (n,):
-      raise ValueError(f'replay_state has {replay_state.size.shape[0]} '
-                       f'member rings but hparams {n} members')
-    state, hparams, replay_state = self._shard_replay(state, hparams,
-                                                      replay_state)
-    return self._step_from_replay(state, hparams, replay_state, key, active)
+    active = self._active(_population_size(hparams, 'hparams'), active)
+    return self._call_from_replay(state, hparams, replay_state, key, active)
 
   @staticmethod
   def _active(n: int, active) -> jax.Array:
@@ -356,14 +361,7 @@ class SharedCriticLearner(_CompiledPopulationStep):
     """As :meth:`update`, the ``[N, num_steps, batch_size]`` batch sampled
     inside the same compiled program from a device replay (usually the
     shared layout). ``state`` is donated, ``replay_state`` is not."""
-    self._check_replay_args(replay_state)
-    n = _population_size(hparams, 'hparams')
-    if replay_state.size.ndim == 1 and replay_state.size.shape != (n,):
-      raise ValueError(f'replay_state has {replay_state.size.shape[0]} '
-                       f'member rings but hparams {n} members')
-    state, hparams, replay_state = self._shard_replay(state, hparams,
-                                                      replay_state)
-    return self._step_from_replay(state, hparams, replay_state, key, None)
+    return self._call_from_replay(state, hparams, replay_state, key, None)
 
   def init(self, key: PRNGKey, hparams) -> Any:
     _population_size(hparams, 'hparams')
