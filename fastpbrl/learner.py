@@ -112,17 +112,19 @@ class _CompiledPopulationStep:
 
     self._step_from_replay = jax.jit(traced, donate_argnums=0)
 
-  def _shard_replay(self, state, hparams, replay_state):
+  def _shard_replay(self, state, hparams, replay_state, key):
     """``update_from_replay``'s arguments placed on the mesh: a per-member
-    replay's rings split with their members, a shared ring replicated."""
+    replay's rings split with their members, a shared ring and the key
+    replicated."""
     state, hparams, _ = self.shard(state, hparams)
     if self.mesh is not None:
+      key = jax.device_put(key, sharding.replicated(self.mesh))
       n = _population_size(hparams, 'hparams')
       per_member = replay_state.size.ndim == 1
       replay_state = sharding.shard_population(
           replay_state, self.mesh, n,
           jax.tree.map(lambda _: per_member, replay_state))
-    return state, hparams, replay_state
+    return state, hparams, replay_state, key
 
   def _call_from_replay(self, state, hparams, replay_state, key, extra):
     """Checks, places on the mesh and runs the ``_compile_from_replay``
@@ -132,8 +134,8 @@ class _CompiledPopulationStep:
     if replay_state.size.ndim == 1 and replay_state.size.shape != (n,):
       raise ValueError(f'replay_state has {replay_state.size.shape[0]} '
                        f'member rings but hparams {n} members')
-    state, hparams, replay_state = self._shard_replay(state, hparams,
-                                                      replay_state)
+    state, hparams, replay_state, key = self._shard_replay(
+        state, hparams, replay_state, key)
     return self._step_from_replay(state, hparams, replay_state, key, extra)
 
   def _check_replay_args(self, replay_state) -> None:

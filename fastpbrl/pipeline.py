@@ -453,9 +453,11 @@ class Pipeline:
                 format_bytes(nbytes), target)
     self.replay_on_device = where == 'device'
     if self.replay_on_device:
-      self._sample_key = jax.device_put(jax.random.PRNGKey(
+      # Not committed to a device: the learner places it with its other
+      # arguments (replicated over a mesh).
+      self._sample_key = jax.random.PRNGKey(
           np.random.SeedSequence(self.seed, spawn_key=(REPLAY_STREAM,)
-                                 ).generate_state(1)[0]), target)
+                                 ).generate_state(1)[0])
       self._samples = 0
       return device_replay.DeviceReplay(config.layout, fields, n,
                                         config.replay_capacity, device=target,
@@ -772,7 +774,9 @@ class _AsyncPublisher:
 
   def _raise_if_failed(self) -> None:
     if self._error is not None:
-      raise PublishError(f'publishing parameters failed: {self._error!r}'
+      first = (str(self._error).strip().splitlines() or [''])[0]
+      raise PublishError(f'publishing parameters failed: '
+                         f'{type(self._error).__name__}: {first}'
                          ) from self._error
 
   def check(self) -> None:

@@ -659,11 +659,16 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
     stack.push(_closing(logger.close))
     hparams_log = HParamsLog(run_dir)
     stack.push(_closing(hparams_log.close))
-    pipeline = Pipeline.create(
-        config, agent, shared_replay=driver.shared_replay,
-        seed=pipeline_seed(config.seed, counters['calls']),
-        resume_env_steps=member_env_steps if config.resume else None,
-        replay_state=replay_state, mesh=learner.mesh)
+    try:
+      pipeline = Pipeline.create(
+          config, agent, shared_replay=driver.shared_replay,
+          seed=pipeline_seed(config.seed, counters['calls']),
+          resume_env_steps=member_env_steps if config.resume else None,
+          replay_state=replay_state, mesh=getattr(learner, 'mesh', None))
+    except ValueError as e:
+      if str(e).startswith('--'):  # a setting refused once sizes are known
+        raise ConfigError(str(e)) from None
+      raise
     replay_state = None  # the pipeline's replay holds it now
     stack.callback(pipeline.close)
     loop = Loop(config=config, run_dir=run_dir, agent=agent, learner=learner,
@@ -712,14 +717,22 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
     pipeline.publish(learner.policy_params(loop.state),
                      driver.actor_hparams(loop.hparams))
 
+    # Members replaced after call `calls` was dispatched: that call ran
+    # their diverged predecessor, whose flags must not replace them again.
+    replaced_in_flight = {'calls': -1, 'members': np.zeros(n, bool)}
+
     def read_back(done: Finished) -> None:
       """What needs call ``done.calls``'s results on the host: run once the
       next call is dispatched, so the device is never idle while we wait."""
       if 'finite' in done.metrics:  # one [N] flag per call, not per step
         diverged = ~np.asarray(done.metrics['finite'])
+        if replaced_in_flight['calls'] == done.calls:
+          diverged &= ~replaced_in_flight['members']
         if diverged.any():
           # The learner kept these members' last finite state; they are
           # replaced in the newest state, one call after they diverged.
+          if loop.calls > done.calls:  # call loop.calls ran the old member
+            replaced_in_flight.update(calls=loop.calls, members=diverged)
           how = driver.replace_diverged(loop, diverged)
           loop.diverged += int(diverged.sum())
           log.warning('members %s diverged (NaN or Inf in their loss or '
@@ -788,6 +801,9 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
         save()
     if pending is not None:
       read_back(pending)
+      for event in driver.take_events():  # a last divergence's replacement
+        for callback in callbacks:
+          callback.after_rule_decision(loop, event)
     hparams_log.write(loop.env_steps, loop.update_steps,
                       driver.hparam_rows(loop.hparams))
     save()

@@ -72,6 +72,11 @@ class FreshEpisodes:
             >= self.first_version[int(record['member'])])
 
   def renew(self, loop: Loop, members: np.ndarray) -> None:
+    # Parameters are published by a thread: the store's version counts
+    # only what it has written. Once everything submitted is written, the
+    # next version is the first with the new weights (a rule decision, so
+    # this short wait is off the per-call path).
+    loop.pipeline.wait_published()
     self.first_version[members] = loop.pipeline.policy_version + 1
 
   def restart(self) -> None:

@@ -132,9 +132,18 @@ def test_fresh_episodes_drop_those_started_under_replaced_weights():
   fresh = FreshEpisodes(3)
   rec = lambda m, v: {'member': m, 'start_policy_version': v}  # noqa: E731
   assert fresh.keep(rec(0, 0)) and fresh.keep(rec(1, 0))
-  loop = types.SimpleNamespace(pipeline=types.SimpleNamespace(policy_version=7))
+  class Pipeline:
+    """Version 6 written; call k's parameters still with the publisher."""
+    policy_version = 6
+
+    def wait_published(self, timeout=None):
+      self.policy_version = 7  # they land as version 7 (old weights)
+      return True
+
+  loop = types.SimpleNamespace(pipeline=Pipeline())
   fresh.renew(loop, np.array([False, True, False]))
-  # Member 1's new weights go out as version 8: older episodes are dropped.
+  # Member 1's new weights go out as version 8, after the pending version 7
+  # of its old weights: episodes started under 7 or older are dropped.
   assert fresh.keep(rec(0, 5)) and not fresh.keep(rec(1, 7))
   assert fresh.keep(rec(1, 8))
   fresh.restart()

@@ -36,6 +36,9 @@ class FakePipeline:
   def __init__(self):
     self.policy_version = 1  # run.run publishes once before the first call
 
+  def wait_published(self, timeout=None):
+    return True
+
 
 def make_loop(tmp_path, monkeypatch, seed: int = 0):
   # The mean policy's evaluation plays gym episodes: not needed here.

@@ -178,6 +178,9 @@ def test_driver_restarts_evicted_slots_as_new_experiments():
     def restart_members(self, members):
       self.restarted.append(list(members))
 
+    def wait_published(self, timeout=None):
+      return True
+
   config = drivers.HyperTrickRunConfig(
       population_size=2, num_workers=6, num_phases=2, phase_update_steps=100,
       eval_every=50, eviction_rate=0.25)
