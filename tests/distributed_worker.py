@@ -123,7 +123,7 @@ def distributed_run(out_dir: str) -> None:
   with open(path + '.tmp', 'w') as f:
     json.dump(out, f)
   os.replace(path + '.tmp', path)
-  print('OK process', info.process_id, 'of', info.num_processes, flush=True)
+  os.write(1, f'OK process {info.process_id} of {info.num_processes}\n'.encode())
 
 
 def reference() -> dict:

@@ -193,10 +193,13 @@ def test_single_process_round_trip_and_pbt_step():
 def test_launch_sets_variables_and_stops_the_others_on_failure(tmp_path):
   """Process 1 fails at once; process 0 would sleep a minute: it is
   stopped after the grace period, and the launcher exits with 3."""
+  # One os.write per line: the children share the launcher's stdout, and
+  # print() may write its parts separately (PYTHONUNBUFFERED), so two
+  # children's lines could interleave.
   script = ('import os, sys, time; e = os.environ; '
-            "print('vars', e['FASTPBRL_PROCESS_ID'], "
+            "os.write(1, ' '.join(['vars', e['FASTPBRL_PROCESS_ID'], "
             "e['FASTPBRL_NUM_PROCESSES'], e['FASTPBRL_COORDINATOR'], "
-            'os.getpid(), flush=True); '
+            "str(os.getpid())]).encode() + b'\\n'); "
             "sys.exit(3) if e['FASTPBRL_PROCESS_ID'] == '1' else "
             'time.sleep(60)')
   start = time.monotonic()
@@ -216,9 +219,9 @@ def test_launch_sets_variables_and_stops_the_others_on_failure(tmp_path):
 
 
 def test_launch_forwards_sigterm():
-  script = ('import signal, sys, time; '
+  script = ('import os, signal, sys, time; '
             'signal.signal(signal.SIGTERM, lambda *_: sys.exit(7)); '
-            "print('ready', flush=True); time.sleep(60)")
+            "os.write(1, b'ready\\n'); time.sleep(60)")
   proc = subprocess.Popen(LAUNCH + ['--num-processes', '2', '--', sys.executable,
                                     '-c', script],
                           cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True)
@@ -248,9 +251,9 @@ def test_launch_timeout_and_usage():
 
 
 def test_launch_stops_children_that_ignore_a_forwarded_signal():
-  script = ('import signal, time; '
+  script = ('import os, signal, time; '
             'signal.signal(signal.SIGTERM, signal.SIG_IGN); '
-            "print('ready', flush=True); time.sleep(60)")
+            "os.write(1, b'ready\\n'); time.sleep(60)")
   proc = subprocess.Popen(LAUNCH + ['--num-processes', '1', '--grace', '0.5',
                                     '--', sys.executable, '-c', script],
                           cwd=REPO, env=ENV, stdout=subprocess.PIPE, text=True)
