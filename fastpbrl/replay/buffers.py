@@ -18,8 +18,14 @@ first fills, so resident memory grows up to :attr:`Replay.nbytes` rather than
 being committed at start-up. The size is logged when a buffer is made.
 
 Inserts (from reader threads) and samples (from the prefetch thread) may run
-concurrently; a lock makes each insert and each sample atomic, so a batch
-never holds a half-written transition.
+concurrently. A lock makes each insert atomic; a sample draws its rows under
+the lock but gathers them outside it (at the paper's scale the gather is
+about a million rows, 0.2-0.5 s, during which inserts, and so the actors,
+would otherwise wait). Afterwards, under the lock again, the rows that an
+insert (or a clear, copy or load) rewrote during the gather are gathered
+again, so a batch never holds a half-written transition: every row of a
+batch is a whole transition, the one the ring held at the draw or a newer
+one written since.
 """
 
 from __future__ import annotations
@@ -217,6 +223,29 @@ class Replay(abc.ABC):
   def _rings_text(self) -> str:
     ...
 
+  def _gather(self, arrays: Mapping[str, np.ndarray],
+              rows: np.ndarray) -> dict:
+    """One ``np.take`` per field, called outside the lock (tests wrap it
+    to insert while a gather is in progress)."""
+    return {k: np.take(v, rows, axis=0) for k, v in arrays.items()}
+
+  @staticmethod
+  def _rewritten(ring_rows: np.ndarray, pos0, written: np.ndarray,
+                 capacity: int) -> np.ndarray:
+    """Which of ``ring_rows`` an insert rewrote since a draw: inserts write
+    consecutive rows from the position ``pos0`` at the draw, ``written``
+    rows in all (broadcast against ``ring_rows``)."""
+    return (ring_rows - pos0) % capacity < np.minimum(written, capacity)
+
+  @staticmethod
+  def _regather(out: dict, arrays: Mapping[str, np.ndarray], rows: np.ndarray,
+                stale: np.ndarray) -> None:
+    """Under the lock: gathers again the entries flagged in ``stale``."""
+    if stale.any():
+      again = rows[stale]
+      for k, v in arrays.items():
+        out[k][stale] = np.take(v, again, axis=0)
+
   @staticmethod
   def _check_sample_args(num_steps: int, batch_size: int) -> None:
     if num_steps < 1:
@@ -283,6 +312,10 @@ class PerMemberReplay(Replay):
                   for k, v in self._data.items()}
     self._pos = np.zeros(n, np.int64)  # next row to write per member
     self._size = np.zeros(n, np.int64)  # valid rows per member
+    # For sampling outside the lock: ring rows ever written per member, and
+    # a count of the changes that move a ring's position (clear, copy, load).
+    self._written = np.zeros(n, np.int64)
+    self._epoch = np.zeros(n, np.int64)
     self._log_size()
 
   @property
@@ -310,6 +343,7 @@ class PerMemberReplay(Replay):
       self._pos[members] = (self._pos[members] + kept) % self.capacity
       self._size[members] = np.minimum(self._size[members] + kept,
                                        self.capacity)
+      self._written[members] += kept
       self._inserted[members] += num_steps
 
   def state_dict(self) -> dict:
@@ -327,6 +361,7 @@ class PerMemberReplay(Replay):
       self._pos[:] = np.asarray(state['pos'])
       self._size[:] = np.asarray(state['size'])
       self._inserted[:] = np.asarray(state['inserted'])
+      self._epoch += 1
 
   def clear(self, members: Sequence[int] | np.ndarray) -> None:
     """Empties the rings of ``members`` (a restarted experiment's replay).
@@ -338,13 +373,14 @@ class PerMemberReplay(Replay):
     with self._lock:
       self._pos[members] = 0
       self._size[members] = 0
+      self._epoch[members] += 1
 
   def sample(self, rng, num_steps, batch_size, inactive=None) -> Transition:
     """As ``Replay.sample``; members flagged in ``inactive`` (``[N]`` bool),
     whose updates the learner discards, may have empty rings: their rows
     are then arbitrary."""
     self._check_sample_args(num_steps, batch_size)
-    n = self.num_members
+    n, cap = self.num_members, self.capacity
     with self._lock:
       sizes = self._size.copy()
       if inactive is not None:
@@ -353,11 +389,21 @@ class PerMemberReplay(Replay):
       if (sizes == 0).any():
         raise ValueError(f'members {np.flatnonzero(sizes == 0).tolist()} '
                          'have no transitions to sample yet')
-      rows = rng.integers(0, sizes[:, None, None],
+      ring = rng.integers(0, sizes[:, None, None],
                           size=(n, num_steps, batch_size))
-      rows += (np.arange(n, dtype=np.int64) * self.capacity)[:, None, None]
-      return Transition(**{k: np.take(v, rows, axis=0)
-                           for k, v in self._flat.items()})
+      pos0, written0 = self._pos.copy(), self._written.copy()
+      epoch0 = self._epoch.copy()
+    rows = ring + (np.arange(n, dtype=np.int64) * cap)[:, None, None]
+    out = self._gather(self._flat, rows)  # the long part, outside the lock
+    with self._lock:
+      written = self._written - written0
+      moved = self._epoch != epoch0
+      if written.any() or moved.any():
+        stale = self._rewritten(ring, pos0[:, None, None],
+                                written[:, None, None], cap)
+        stale |= moved[:, None, None]
+        self._regather(out, self._flat, rows, stale)
+    return Transition(**out)
 
   def copy_members(self, dst_indices: Sequence[int] | np.ndarray,
                    src_indices: Sequence[int] | np.ndarray) -> None:
@@ -399,6 +445,7 @@ class PerMemberReplay(Replay):
         for k, v in self._data.items():
           v[d, :valid] = snapshot[s][k] if s in snapshot else v[s, :valid]
         self._pos[d], self._size[d] = pos[s], size[s]
+        self._epoch[d] += 1
 
 
 class SharedReplay(Replay):
@@ -413,6 +460,8 @@ class SharedReplay(Replay):
                   for k, (shape, dtype) in self.fields.items()}
     self._pos = 0
     self._size = 0
+    self._written = 0  # rows ever written, for sampling outside the lock
+    self._epoch = 0  # loads, which move the position
     self._log_size()
 
   @property
@@ -441,6 +490,7 @@ class SharedReplay(Replay):
         data[rows] = values[first:]
       self._pos = (self._pos + kept) % self.capacity
       self._size = min(self._size + kept, self.capacity)
+      self._written += kept
       self._inserted[members] += num_steps
 
   def state_dict(self) -> dict:
@@ -459,6 +509,7 @@ class SharedReplay(Replay):
       self._pos = int(state['pos'])
       self._size = int(state['size'])
       self._inserted[:] = np.asarray(state['inserted'])
+      self._epoch += 1
 
   def sample(self, rng, num_steps, batch_size) -> Transition:
     self._check_sample_args(num_steps, batch_size)
@@ -467,8 +518,16 @@ class SharedReplay(Replay):
         raise ValueError('the shared replay has no transitions to sample yet')
       rows = rng.integers(0, self._size,
                           size=(self.num_members, num_steps, batch_size))
-      return Transition(**{k: np.take(v, rows, axis=0)
-                           for k, v in self._data.items()})
+      pos0, written0, epoch0 = self._pos, self._written, self._epoch
+    out = self._gather(self._data, rows)  # the long part, outside the lock
+    with self._lock:
+      written = self._written - written0
+      if self._epoch != epoch0:
+        self._regather(out, self._data, rows, np.ones(rows.shape, bool))
+      elif written:
+        self._regather(out, self._data, rows,
+                       self._rewritten(rows, pos0, written, self.capacity))
+    return Transition(**out)
 
 
 LAYOUTS = ('per_member', 'shared')

@@ -246,6 +246,102 @@ def test_inserts_racing_samples_never_yield_torn_transitions(layout):
     thread.join()
 
 
+def write_during_the_gather(replay: Replay, write) -> list:
+  """Makes the next sample's gather read the rings, then run ``write`` in
+  another thread, which must finish while the gather is still in progress
+  (so the sample holds no lock then), then tear every gathered entry the
+  write changed (its reward no longer matches its other fields), as a
+  gather racing that write could. Returns ``[entries torn]``."""
+  torn = []
+  gather = replay._gather
+
+  def racing(arrays, rows):
+    out = gather(arrays, rows)
+    thread = threading.Thread(target=write)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), 'an insert waited on a sample in progress'
+    changed = out['reward'] != np.take(arrays['reward'], rows, axis=0)
+    out['reward'][changed] = -1.0
+    torn.append(int(changed.sum()))
+    return out
+
+  replay._gather = racing
+  return torn
+
+
+def stored_ids(replay: Replay, member=None) -> set:
+  data = replay._data['reward']
+  return set((data if member is None else data[member]).ravel().tolist())
+
+
+def test_a_sample_gathers_outside_the_lock_and_regathers_what_an_insert_rewrote():
+  replay = PerMemberReplay(fields(), num_members=2, capacity=8)
+  replay.insert([0, 1], chunk(np.arange(2)[:, None] * 100 + np.arange(8)))
+  torn = write_during_the_gather(
+      replay, lambda: replay.insert([0], chunk([[50, 51, 52]])))
+  batch = replay.sample(np.random.default_rng(0), 4, 64)
+  ids = assert_coherent(batch)
+  assert torn[0] > 0  # the drawn rows 0-2 of member 0 were rewritten
+  assert set(ids[0].ravel().tolist()) <= stored_ids(replay, 0)
+  assert {50, 51, 52} & set(ids[0].ravel().tolist())
+  assert set(ids[1].ravel().tolist()) == set(range(100, 108))
+
+
+@pytest.mark.parametrize('change', ['clear', 'copy', 'load'])
+def test_a_clear_copy_or_load_during_the_gather_regathers_the_member(change):
+  replay = PerMemberReplay(fields(), num_members=2, capacity=8)
+  replay.insert([0, 1], chunk(np.arange(2)[:, None] * 100 + np.arange(8)))
+  other = PerMemberReplay(fields(), num_members=2, capacity=8)
+  other.insert([0, 1], chunk(np.arange(2)[:, None] * 100 + 1000
+                             + np.arange(8)))
+
+  def write():
+    if change == 'clear':  # a restart: its ring is refilled from row 0
+      replay.clear([1])
+      replay.insert([1], chunk([[70, 71]]))
+    elif change == 'copy':
+      replay.copy_members([1], [0])
+    else:
+      replay.load_state_dict(other.state_dict())
+
+  torn = write_during_the_gather(replay, write)
+  ids = assert_coherent(replay.sample(np.random.default_rng(0), 4, 64))
+  assert torn[0] > 0
+  for member in range(2):
+    assert set(ids[member].ravel().tolist()) <= stored_ids(replay, member)
+  if change == 'copy':
+    assert set(ids[1].ravel().tolist()) <= set(range(8))
+
+
+@pytest.mark.parametrize('change', ['insert', 'load'])
+def test_the_shared_ring_regathers_what_changed_during_the_gather(change):
+  replay = SharedReplay(fields(), num_members=2, capacity=16)
+  replay.insert([0, 1], chunk(np.arange(2)[:, None] * 8 + np.arange(8)))
+  other = SharedReplay(fields(), num_members=2, capacity=16)
+  other.insert([0, 1], chunk(1000 + np.arange(2)[:, None] * 8
+                             + np.arange(8)))
+  write = ((lambda: replay.insert([0, 1], chunk([[90, 91, 92], [93, 94, 95]])))
+           if change == 'insert' else
+           (lambda: replay.load_state_dict(other.state_dict())))
+  torn = write_during_the_gather(replay, write)
+  ids = assert_coherent(replay.sample(np.random.default_rng(0), 4, 64))
+  assert torn[0] > 0
+  assert set(ids.ravel().tolist()) <= stored_ids(replay)
+
+
+def test_sampling_draws_the_same_rows_as_before_for_a_seed():
+  """Gathering outside the lock changes no draw: with no concurrent write,
+  a seed gives the rows ``rng.integers`` gives, as before the change."""
+  replay = PerMemberReplay(fields(), num_members=3, capacity=32)
+  replay.insert([0, 1, 2], chunk(np.arange(3)[:, None] * 100
+                                 + np.arange(20)))
+  ids = assert_coherent(replay.sample(np.random.default_rng(7), 5, 16))
+  rows = np.random.default_rng(7).integers(0, np.full((3, 1, 1), 20),
+                                           size=(3, 5, 16))
+  np.testing.assert_array_equal(ids, rows + np.arange(3)[:, None, None] * 100)
+
+
 def test_clear_empties_a_members_ring_and_inactive_members_may_be_empty():
   from fastpbrl.replay.buffers import PerMemberReplay
   fields = {'observation': ((2,), np.float32), 'action': ((1,), np.float32),
