@@ -145,7 +145,13 @@ def task_budget(args, task_name: str) -> Task:
               max(1, int(task.phase_update_steps * scale)))
 
 
-def result_path(out: str, task: str, method: str, seed: int) -> str:
+def result_path(out: str, task: str, method: str, seed: int,
+                env_steps: Optional[int] = None) -> str:
+  """``runs/<task>/<method>/seed<k>.json`` at the task's budget; a run at
+  another budget (``--env-steps``) goes under ``runs/<task>@<steps>/``, so
+  results at different budgets never stand in for each other."""
+  if env_steps is not None and env_steps != TASKS[task].env_steps:
+    task = f'{task}@{env_steps}'
   return os.path.join(out, 'runs', task, method, f'seed{seed}.json')
 
 
@@ -296,7 +302,7 @@ def run_sb3(args, task_name: str, algo: str, seed: int,
 
 
 def run_one(args, task_name: str, method: str, seed: int) -> None:
-  path = result_path(args.out, task_name, method, seed)
+  path = result_path(args.out, task_name, method, seed, args.env_steps)
   module_name, extra = METHODS[method]
   if module_name == 'sb3':
     out = run_sb3(args, task_name, extra[0], seed,
@@ -307,12 +313,31 @@ def run_one(args, task_name: str, method: str, seed: int) -> None:
              population_size=args.population_size,
              eval_episodes=args.eval_episodes,
              budget=dataclasses.asdict(task_budget(args, task_name)),
-             machine=machine(), date=time.strftime('%Y-%m-%d'))
+             machine=machine(), date=time.strftime('%Y-%m-%d'),
+             code=code_version())
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = path + '.tmp'
   with open(tmp, 'w') as f:
     json.dump(out, f, indent=1)
   os.replace(tmp, path)  # atomic: a killed run leaves no half result
+
+
+def code_version() -> str:
+  """The commit the run's code came from (``+changes`` if the checkout had
+  uncommitted changes), so a table says which code each row measured."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=root,
+                          capture_output=True, text=True, timeout=30)
+    dirty = subprocess.run(['git', 'status', '--porcelain', '--',
+                            'fastpbrl', 'experiments', 'benchmarks'],
+                           cwd=root, capture_output=True, text=True,
+                           timeout=30)
+  except (OSError, subprocess.TimeoutExpired):
+    return 'unknown'
+  if head.returncode != 0:
+    return 'unknown'
+  return head.stdout.strip() + ('+changes' if dirty.stdout.strip() else '')
 
 
 def machine() -> str:
@@ -359,19 +384,21 @@ def report(out: str) -> str:
   results = load_results(out)
   if not results:
     return 'no results yet'
-  by = {}
+  by = {}  # (task, env steps per member) -> method -> runs
   for r in results:
-    by.setdefault((r['task'], r['method']), []).append(r)
-  lines = ['| task | method | seeds | best member, final | population mean, '
-           'final | CEM mean policy | mean pairwise action distance | '
-           'wall time per run |', '|---|---|---:|---:|---:|---:|---:|---:|']
-  csv_rows = ['task,method,seed,best_final,mean_final,cem_mean_policy,'
-              'diversity,wall_time_s']
+    by.setdefault((r['task'], r['budget']['env_steps']), {}).setdefault(
+        r['method'], []).append(r)
+  lines = ['| task | env steps per member | method | seeds | best member, '
+           'final | population mean, final | CEM mean policy | mean pairwise '
+           'action distance | wall time per run | code |',
+           '|---|---:|---|---:|---:|---:|---:|---:|---:|---|']
+  csv_rows = ['task,env_steps_per_member,method,seed,best_final,mean_final,'
+              'cem_mean_policy,diversity,wall_time_s']
   order = {m: i for i, m in enumerate(METHODS)}
-  tasks = [t for t in TASKS if any(k[0] == t for k in by)]
-  for task in tasks:
-    for method in sorted({k[1] for k in by if k[0] == task}, key=order.get):
-      runs = sorted(by[(task, method)], key=lambda r: r['seed'])
+  tasks = sorted(by, key=lambda k: (list(TASKS).index(k[0]), k[1]))
+  for task, steps in tasks:
+    for method in sorted(by[(task, steps)], key=order.get):
+      runs = sorted(by[(task, steps)][method], key=lambda r: r['seed'])
       best = [max(r['final_returns']) for r in runs]
       mean = [float(np.mean(r['final_returns'])) for r in runs]
       cem = [r.get('cem_mean_policy_return') for r in runs]
@@ -379,13 +406,16 @@ def report(out: str) -> str:
              for r in runs]
       wall = [r['wall_time_s'] for r in runs]
       lines.append(
-          f'| {task} | {method} | {len(runs)} | {_fmt(best)} | {_fmt(mean)} | '
+          f'| {task} | {steps:,} | {method} | {len(runs)} | {_fmt(best)} | '
+          f'{_fmt(mean)} | '
           f'{_fmt(cem) if any(c is not None for c in cem) else ""} | '
           + (f'{np.mean([d for d in div if d is not None]):.3f}'
              if any(d is not None for d in div) else '')
-          + f' | {np.mean(wall) / 60:.1f} min |')
+          + f' | {np.mean(wall) / 60:.1f} min | '
+          + ', '.join(sorted({r.get('code', 'not recorded') for r in runs}))
+          + ' |')
       for r, b, m, c, d in zip(runs, best, mean, cem, div):
-        csv_rows.append(f'{task},{method},{r["seed"]},{b},{m},'
+        csv_rows.append(f'{task},{steps},{method},{r["seed"]},{b},{m},'
                         f'{"" if c is None else c},{"" if d is None else d},'
                         f'{r["wall_time_s"]:.1f}')
   machines = sorted({r['machine'] for r in results})
@@ -413,11 +443,11 @@ def _plot(out: str, by: dict, tasks: list, order: dict) -> None:
   fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4),
                            squeeze=False)
   colors = plt.get_cmap('tab20')
-  for ax, task in zip(axes[0], tasks):
-    for method in sorted({k[1] for k in by if k[0] == task}, key=order.get):
+  for ax, (task, budget) in zip(axes[0], tasks):
+    for method in sorted(by[(task, budget)], key=order.get):
       if method == 'cemrl':
         continue  # its score is the mean policy (table), not its samples
-      runs = by[(task, method)]
+      runs = by[(task, budget)][method]
       steps = sorted({p[0] for r in runs for p in r['curve']})
       ys = []
       for s in steps:
@@ -425,7 +455,7 @@ def _plot(out: str, by: dict, tasks: list, order: dict) -> None:
         ys.append(np.mean(vals))
       ax.plot(steps, ys, marker='.', lw=1.2, label=method,
               color=colors(2 * order[method] % 20 + (order[method] >= 10)))
-    ax.set_title(task)
+    ax.set_title(f'{task}, {budget:,} env steps per member')
     ax.set_xlabel('env steps per member')
     ax.grid(alpha=0.3)
     ax.legend(fontsize='small', loc='lower right')
@@ -448,7 +478,7 @@ def main(argv: Optional[list] = None) -> None:
     for task in args.tasks:
       for seed in args.seeds:
         for method in args.methods:
-          path = result_path(args.out, task, method, seed)
+          path = result_path(args.out, task, method, seed, args.env_steps)
           if os.path.exists(path) and not args.redo:
             print(f'{task} {method} seed {seed}: kept {path}', flush=True)
             continue

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import itertools
 import json
 import logging as std_logging
 import math
@@ -500,12 +501,24 @@ class RunResult:
   diverged: int = 0  # member divergences (NaN/Inf) replaced during the run
 
 
-def default_run_dir(rule: str, agent: str, env: str) -> str:
-  """``runs/<rule>-<agent>-<env>-<time>``; the env id's ``/`` and ``:``
-  (``ALE/Pong-v5``, ``mymod:Point-v0``) become ``_``."""
+def default_run_dir(rule: str, agent: str, env: str,
+                    root: str = 'runs') -> str:
+  """Creates and returns a new ``runs/<rule>-<agent>-<env>-<time>``; the
+  env id's ``/`` and ``:`` (``ALE/Pong-v5``, ``mymod:Point-v0``) become
+  ``_``. Two runs started in the same second from one folder (a job
+  array, two terminals) get ``-2``, ``-3``, ... rather than one folder:
+  the folder is claimed with an exclusive ``mkdir``."""
   stamp = time.strftime('%Y%m%d-%H%M%S')
   env = env.replace('/', '_').replace(':', '_')
-  return os.path.join('runs', f'{rule}-{agent}-{env}-{stamp}')
+  base = os.path.join(root, f'{rule}-{agent}-{env}-{stamp}')
+  os.makedirs(root, exist_ok=True)
+  for k in itertools.count(1):
+    path = base if k == 1 else f'{base}-{k}'
+    try:
+      os.mkdir(path)
+      return path
+    except FileExistsError:
+      continue
 
 
 def run(config: RunConfig, driver: Driver,

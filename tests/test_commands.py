@@ -131,14 +131,30 @@ def test_console_script_runs_from_another_folder(tmp_path):
                                 '(is it a fastpbrl run folder?)')
 
 
-def test_default_run_dir_is_rule_agent_env_time():
+def test_default_run_dir_is_rule_agent_env_time(tmp_path):
   from fastpbrl.run import default_run_dir
-  path = default_run_dir('pbt', 'td3', 'Pendulum-v1')
-  assert re.fullmatch(r'runs/pbt-td3-Pendulum-v1-\d{8}-\d{6}', path), path
-  path = default_run_dir('seeds', 'dqn', 'ALE/Pong-v5')
-  assert re.fullmatch(r'runs/seeds-dqn-ALE_Pong-v5-\d{8}-\d{6}', path), path
+  root = str(tmp_path / 'runs')
+  path = default_run_dir('pbt', 'td3', 'Pendulum-v1', root)
+  assert re.fullmatch(re.escape(root) + r'/pbt-td3-Pendulum-v1-\d{8}-\d{6}',
+                      path), path
+  assert os.path.isdir(path)
+  path = default_run_dir('seeds', 'dqn', 'ALE/Pong-v5', root)
+  assert re.fullmatch(re.escape(root) + r'/seeds-dqn-ALE_Pong-v5-\d{8}-\d{6}',
+                      path), path
   assert os.sep not in os.path.basename(
-      default_run_dir('dvd', 'td3', 'mymod:Point-v0'))
+      default_run_dir('dvd', 'td3', 'mymod:Point-v0', root))
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(
+    tmp_path, monkeypatch):
+  from fastpbrl import run
+  monkeypatch.setattr(run.time, 'strftime', lambda _: '20261123-050000')
+  root = str(tmp_path / 'runs')
+  paths = [run.default_run_dir('pbt', 'td3', 'Hopper-v5', root)
+           for _ in range(3)]
+  base = os.path.join(root, 'pbt-td3-Hopper-v5-20261123-050000')
+  assert paths == [base, base + '-2', base + '-3']
+  assert all(os.path.isdir(p) for p in paths)
 
 
 def test_write_json_atomic_replaces_whole_files(tmp_path):

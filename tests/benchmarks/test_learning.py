@@ -16,7 +16,9 @@ def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
           '--env-steps', '400', '--population-size', '2', '--eval-episodes',
           '1', '--out', out]
   learning.main(argv)
-  path = learning.result_path(out, 'Pendulum-v1', 'seeds-td3', 0)
+  path = learning.result_path(out, 'Pendulum-v1', 'seeds-td3', 0, 400)
+  assert path.endswith(os.path.join('runs', 'Pendulum-v1@400', 'seeds-td3',
+                                    'seed0.json'))
   with open(path) as f:
     result = json.load(f)
   assert len(result['final_returns']) == 2
@@ -28,7 +30,7 @@ def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
   assert mean == pytest.approx(np.mean(result['final_returns']))
   with open(os.path.join(out, 'results.md')) as f:
     table = f.read()
-  assert '| Pendulum-v1 | seeds-td3 | 1 |' in table
+  assert '| Pendulum-v1 | 400 | seeds-td3 | 1 |' in table
   assert os.path.getsize(os.path.join(out, 'learning.png')) > 1000
   # A second call keeps the existing result instead of running again.
   mtime = os.path.getmtime(path)
