@@ -325,13 +325,16 @@ def run_one(args, task_name: str, method: str, seed: int) -> None:
 
 def code_version() -> str:
   """The commit the run's code came from (``+changes`` if the checkout had
-  uncommitted changes), so a table says which code each row measured."""
+  uncommitted changes to tracked code; results and new files do not
+  count), so a table says which code each row measured."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
     head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=root,
                           capture_output=True, text=True, timeout=30)
-    dirty = subprocess.run(['git', 'status', '--porcelain', '--',
-                            'fastpbrl', 'experiments', 'benchmarks'],
+    dirty = subprocess.run(['git', 'status', '--porcelain',
+                            '--untracked-files=no', '--', 'fastpbrl',
+                            'experiments', 'benchmarks',
+                            ':!benchmarks/results'],
                            cwd=root, capture_output=True, text=True,
                            timeout=30)
   except (OSError, subprocess.TimeoutExpired):
