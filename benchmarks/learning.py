@@ -303,6 +303,7 @@ def run_sb3(args, task_name: str, algo: str, seed: int,
 
 def run_one(args, task_name: str, method: str, seed: int) -> None:
   path = result_path(args.out, task_name, method, seed, args.env_steps)
+  code = code_version()  # at the start: the code the run imports
   module_name, extra = METHODS[method]
   if module_name == 'sb3':
     out = run_sb3(args, task_name, extra[0], seed,
@@ -314,7 +315,7 @@ def run_one(args, task_name: str, method: str, seed: int) -> None:
              eval_episodes=args.eval_episodes,
              budget=dataclasses.asdict(task_budget(args, task_name)),
              machine=machine(), date=time.strftime('%Y-%m-%d'),
-             code=code_version())
+             code=code)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = path + '.tmp'
   with open(tmp, 'w') as f:
@@ -324,13 +325,16 @@ def run_one(args, task_name: str, method: str, seed: int) -> None:
 
 def code_version() -> str:
   """The commit the run's code came from (``+changes`` if the checkout had
-  uncommitted changes), so a table says which code each row measured."""
+  uncommitted changes to tracked code; results and new files do not
+  count), so a table says which code each row measured."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
     head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=root,
                           capture_output=True, text=True, timeout=30)
-    dirty = subprocess.run(['git', 'status', '--porcelain', '--',
-                            'fastpbrl', 'experiments', 'benchmarks'],
+    dirty = subprocess.run(['git', 'status', '--porcelain',
+                            '--untracked-files=no', '--', 'fastpbrl',
+                            'experiments', 'benchmarks',
+                            ':!benchmarks/results'],
                            cwd=root, capture_output=True, text=True,
                            timeout=30)
   except (OSError, subprocess.TimeoutExpired):

@@ -22,7 +22,8 @@ from benchmarks.update_speed.implementations import (PARALLEL_MEMBER_RUNNERS,
 from benchmarks.update_speed.measurements import (calls_per_sample,
                                                   is_out_of_memory,
                                                   measure_matmul_peak)
-from benchmarks.update_speed.timing import _base_row, measure
+from benchmarks.update_speed.timing import (_base_row, exit_with_parent,
+                                            measure)
 
 
 def run_sweep(case: Case, cfg: BenchmarkConfig, matmul: dict,
@@ -91,6 +92,7 @@ def _sweep_worker(case: Case, cfg: BenchmarkConfig, matmul: dict,
                   results) -> None:
   """Entry point of a sweep's own process (host-side)."""
   _exit_on_sigterm()
+  exit_with_parent()
   try:
     run_sweep(case, cfg, matmul, lambda row: results.put(('row', row)))
   except BaseException:  # pylint: disable=broad-except

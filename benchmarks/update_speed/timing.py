@@ -111,10 +111,26 @@ def measure(case: Case, cfg: BenchmarkConfig, n: int, cache: dict,
   return row
 
 
+def exit_with_parent(poll_s: float = 1.0) -> None:
+  """In a spawned child: ends the process (``os._exit(1)``) once its
+  parent is gone. A child whose parent was killed outright (SIGKILL, the
+  out-of-memory killer, a CI job cancelled) would otherwise wait forever,
+  for instance at exit on a ``multiprocessing.Queue`` that no one reads."""
+  parent = os.getppid()
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(poll_s)
+    os._exit(1)
+
+  threading.Thread(target=watch, name='exit-with-parent', daemon=True).start()
+
+
 def _parallel_member(case: Case, cfg: BenchmarkConfig, n: int, rank: int,
                      barrier, stop, results) -> None:
   """One process of a parallel implementation: one member, timed in step
   with the others through ``barrier`` (host-side, runs in a child)."""
+  exit_with_parent()
   result = dict(rank=rank, ok=False)
   try:
     runner_cls = PARALLEL_MEMBER_RUNNERS[case.implementation]

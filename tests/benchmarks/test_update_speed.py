@@ -257,3 +257,45 @@ def test_torch_vectorized_takes_the_members_own_steps(agent):
     for name, value in getattr(expected, attr).named_parameters():
       torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5,
                                  msg=f'{attr}.{name}')
+
+
+def _gone(pid: int) -> bool:
+  """Exited (a zombie counts: it runs no more)."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X')
+  except FileNotFoundError:
+    return True
+
+
+def test_a_benchmark_child_exits_when_its_parent_is_killed():
+  """The sweep and member processes watch their parent: with it killed
+  outright, they end instead of waiting forever on a queue no one reads."""
+  import signal  # noqa: PLC0415
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+  import time  # noqa: PLC0415
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  child = ('from benchmarks.update_speed.timing import exit_with_parent; '
+           'import os, time; exit_with_parent(0.05); '
+           "os.write(1, b'%d\\n' % os.getpid()); time.sleep(600)")
+  parent = ('import subprocess, sys, time; '
+            f'subprocess.Popen([sys.executable, "-c", {child!r}]); '
+            'time.sleep(600)')
+  proc = subprocess.Popen([sys.executable, '-c', parent], cwd=repo,
+                          stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, 'PYTHONPATH': repo})
+  try:
+    pid = int(proc.stdout.readline())
+    assert not _gone(pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while not _gone(pid) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert _gone(pid), 'the orphaned child is still running'
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
