@@ -4,13 +4,14 @@
 # on a sleep being long enough. Prints one line per run (exit status,
 # seconds, pytest's last line); logs in $OUT (default /tmp/suite-under-load).
 # pytest runs as the README's test command does (PYTEST_ARGS, default
-# "-n auto --maxprocesses 4": one pytest-xdist worker per core).
+# "-n auto --maxprocesses 4 --dist worksteal": one pytest-xdist worker
+# per core, an idle worker taking queued tests from a busy one).
 #   benchmarks/suite_under_load.sh [N]      # from the repository root
 set -u
 N=${1:-3}
 PY=${PYTHON:-.venv/bin/python}
 OUT=${OUT:-/tmp/suite-under-load}
-PYTEST_ARGS=${PYTEST_ARGS:--n auto --maxprocesses 4}
+PYTEST_ARGS=${PYTEST_ARGS:--n auto --maxprocesses 4 --dist worksteal}
 mkdir -p "$OUT"
 "$PY" -c "while True: pass" & B1=$!
 "$PY" -c "while True: pass" & B2=$!

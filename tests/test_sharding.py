@@ -112,38 +112,26 @@ FLAGS = ['-m', 'experiments.pbt', '--env', 'Pendulum-v1',
 
 
 @pytest.mark.slow
-def test_pbt_run_over_devices_and_resume_on_another_count(tmp_path):
-  """A tiny PBT run over 2 of the 4 devices, then its resume over all 4:
-  the checkpoint is restored and resharded."""
-  run_dir = str(tmp_path / 'run')
-  out = four_devices(FLAGS + ['--env-steps', '400', '--devices', '2',
-                              '--run-dir', run_dir])
-  assert re.search(r'population of 4 over 2 devices: 2 members each on '
-                   r'cpu:0, cpu:1\n', out), out
-  assert 'final evaluation' in out
-  out = four_devices(['-m', 'experiments.pbt', '--resume', run_dir,
-                      '--env-steps', '600', '--devices', 'auto'])
-  assert 'population of 4 over 4 devices: 1 member each on cpu:0, cpu:1, ' \
-         'cpu:2, cpu:3' in out, out
-  assert re.search(f'resumed {re.escape(run_dir)} at call [1-9]', out), out
-  assert 'final evaluation (1 episodes per member at 6' in out, out
-
-
-@pytest.mark.slow
-def test_pbt_with_the_replay_on_the_devices_resumes_with_its_replay(tmp_path):
-  """The replay on the 4 devices (split with the members; the sampling key
-  replicated), PBT copying replay data across devices, the replay
-  checkpointed, and the run resumed over 2 devices with it restored."""
+def test_pbt_over_devices_with_the_device_replay_resumes_on_another_count(
+    tmp_path):
+  """A tiny PBT run over 2 of the 4 devices with the replay on them (split
+  with the members; the sampling key replicated), PBT copying replay data
+  across devices and the replay checkpointed; then its resume over all 4
+  (``--devices auto``): the checkpoint, replay included, is restored and
+  resharded."""
   run_dir = str(tmp_path / 'run')
   flags = ['--replay-location', 'device', '--checkpoint-replay']
-  out = four_devices(FLAGS + flags + ['--env-steps', '400', '--devices', '4',
+  out = four_devices(FLAGS + flags + ['--env-steps', '400', '--devices', '2',
                                       '--copy-replay', '--run-dir', run_dir])
-  assert 'population of 4 over 4 devices' in out, out
+  assert re.search(r'population of 4 over 2 devices: 2 members each on '
+                   r'cpu:0, cpu:1\n', out), out
   assert 'replay on the device (requested with --replay-location device)' \
       in out, out
   assert 'final evaluation' in out
   out = four_devices(['-m', 'experiments.pbt', '--resume', run_dir,
-                      '--env-steps', '600', '--devices', '2', *flags])
-  assert 'population of 4 over 2 devices' in out, out
+                      '--env-steps', '600', '--devices', 'auto', *flags])
+  assert 'population of 4 over 4 devices: 1 member each on cpu:0, cpu:1, ' \
+         'cpu:2, cpu:3' in out, out
+  assert re.search(f'resumed {re.escape(run_dir)} at call [1-9]', out), out
   assert 'replay restored' in out, out
   assert 'final evaluation (1 episodes per member at 6' in out, out
