@@ -110,6 +110,16 @@ class PBTDriver(Driver):
     self.exploits = 0
     self.lineage: Optional[pbt_lib.Lineage] = None
     self.fresh = FreshEpisodes(config.population_size)
+    # A member is ready only once an evaluation of the policy it trained
+    # since its last decision has come in: ``evaluated_after[i]`` is the
+    # param-store version such an evaluation must start after, ``evaluated``
+    # whether one has. Update steps alone are not enough: right after the
+    # warm-up the rate limiter grants ``ratio x warm-up`` updates at once,
+    # so ``--ready-after`` update steps can pass within a few hundred env
+    # steps, before any evaluation of a trained policy, and the first
+    # exploit would copy members on the noise of untrained policies.
+    self.evaluated_after: Optional[np.ndarray] = None
+    self.evaluated = np.zeros((config.population_size,), bool)
 
   def initial_hparams(self, key, agent, population_size):
     defaults = agent.default_hparams()
@@ -131,8 +141,19 @@ class PBTDriver(Driver):
 
   def after_call(self, loop: Loop) -> None:
     lineage = self._lineage(loop)
+    if self.evaluated_after is None:
+      # The first call of a run (or of a resume): evaluations that started
+      # before it played the policies as they were before any training (or
+      # the restore); they score nobody.
+      self.evaluated_after = np.full(self.last_ready.shape,
+                                     loop.pipeline.policy_version, np.int64)
+      self.fresh.first_version[:] = np.maximum(
+          self.fresh.first_version, loop.pipeline.policy_version + 1)
     for r in loop.episodes:
       if r['evaluation'] and self.fresh.keep(r):
+        member = int(r['member'])
+        if r['start_policy_version'] > self.evaluated_after[member]:
+          self.evaluated[member] = True
         objective = r['true_objective']
         if self.config.true_objective and np.isnan(objective):
           raise ConfigError(
@@ -144,7 +165,7 @@ class PBTDriver(Driver):
     # so every member's step count is loop.update_steps.
     steps = np.full_like(self.last_ready, loop.update_steps)
     ready = np.asarray(pbt_lib.ready_mask(steps, self.last_ready,
-                                          self.pbt_config))
+                                          self.pbt_config)) & self.evaluated
     if not ready.any():
       return
     fitness = self.fitness.fitness()
@@ -159,6 +180,10 @@ class PBTDriver(Driver):
     self.fitness.on_exploit(parent, replaced)
     self.fresh.renew(loop, replaced)
     self.last_ready = np.where(ready, steps, self.last_ready)
+    # The next decision for these members waits for an evaluation that
+    # starts after this one (after the new weights, for replaced members).
+    self.evaluated[ready] = False
+    self.evaluated_after[ready] = loop.pipeline.policy_version
     if replaced.any() and self.pbt_config.copy_replay:
       loop.pipeline.copy_member_data(np.flatnonzero(replaced),
                                      parent[replaced])
@@ -207,6 +232,8 @@ class PBTDriver(Driver):
     self.fitness.set_history(meta['fitness_history'])
     self.exploits = meta['exploits']
     self.fresh.restart()
+    self.evaluated_after = None  # versions count from zero again
+    self.evaluated[:] = False
 
   def summary(self, loop: Loop) -> str:
     return (f'PBT: {self.exploits} exploit/explore replacements; lineage in '
