@@ -22,7 +22,7 @@ from fastpbrl.population import pbt as pbt_lib
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = {'env': 'Pendulum-v1', 'env_steps': 600, 'warmup_steps': 200,
+TINY = {'env': 'Pendulum-v1', 'env_steps': 1000, 'warmup_steps': 200,
         'hidden_sizes': (16, 16), 'batch_size': 16, 'steps_per_call': 10,
         'eval_every': 200, 'num_actors': 1, 'replay_capacity': 5000,
         'eval_episodes': 2, 'ready_after': 200, 'fraction': 0.5,
