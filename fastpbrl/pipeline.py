@@ -219,6 +219,9 @@ class Pipeline:
     self._pool = self._prefetcher = self._store = self._limiter = None
     self._publisher: _AsyncPublisher | None = None
     self.replay_on_device = False
+    # True: every publish_async becomes a version, none is superseded (a run
+    # over several processes, whose rules compare versions across them).
+    self.publish_every_version = False
     self.config = config
     self.seed = int(seed)
     self._env_fn = (functools.partial(_make_gym_env, env)
@@ -581,7 +584,8 @@ class Pipeline:
     with self._lock:
       restarts = self._restart_requests.copy()
     if self._publisher is None:
-      self._publisher = _AsyncPublisher(self._store.write)
+      self._publisher = _AsyncPublisher(self._store.write,
+                                        keep_every=self.publish_every_version)
     self._publisher.submit((policy_params, actor_hparams, restarts))
 
   def wait_published(self, timeout: float | None = None) -> bool:
@@ -729,8 +733,12 @@ class _AsyncPublisher:
   """
 
   def __init__(self, write: Callable[[Any], int],
-               name: str = 'fastpbrl-publish'):
+               name: str = 'fastpbrl-publish', keep_every: bool = False):
     self._write = write
+    # keep_every: ``submit`` waits for the thread to take the previous tree
+    # instead of replacing it, so every submission becomes a version (the
+    # processes of a multi-process run then number versions alike).
+    self._keep_every = keep_every
     self._cond = threading.Condition()
     self._pending: Any = None
     self._busy = False
@@ -748,6 +756,11 @@ class _AsyncPublisher:
       self._raise_if_failed()
       if self._stop:
         raise RuntimeError('the publisher is closed')
+      while self._keep_every and self._pending is not None:
+        self._cond.wait(0.1)  # the thread takes it within one write
+        self._raise_if_failed()
+        if self._stop:
+          raise RuntimeError('the publisher is closed')
       if self._pending is not None:
         self.replaced += 1
       self._pending = tree
@@ -761,6 +774,7 @@ class _AsyncPublisher:
         if self._stop:
           return
         tree, self._pending, self._busy = self._pending, None, True
+        self._cond.notify_all()  # a waiting keep_every submit goes on
       try:
         self._write(jax.device_get(tree))
       except BaseException as e:  # reported by check(), submit() and wait()

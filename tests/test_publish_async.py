@@ -45,6 +45,35 @@ def test_the_newest_submission_lands_and_older_waiting_ones_are_replaced():
     publisher.close()
 
 
+def test_keep_every_writes_every_submission_in_order():
+  # A multi-process run numbers versions alike in every process only if no
+  # submission is superseded: submit then waits for the thread to take the
+  # previous one (released here from another thread while it waits).
+  store = SlowStore()
+  publisher = _AsyncPublisher(store.write, keep_every=True)
+  try:
+    publisher.submit({'w': np.array([0])})
+    assert store.entered.wait(DEADLINE_S)  # the thread is writing 0
+    publisher.submit({'w': np.array([1])})  # waits in the mailbox
+    done = threading.Event()
+
+    def submit_more():
+      for version in range(2, 6):
+        publisher.submit({'w': np.array([version])})
+      done.set()
+
+    thread = threading.Thread(target=submit_more, daemon=True)
+    thread.start()
+    assert not done.wait(0.2)  # blocked behind 1 while 0 is being written
+    store.release.set()
+    assert done.wait(DEADLINE_S)
+    assert publisher.wait(DEADLINE_S)
+    assert [int(t['w'][0]) for t in store.writes] == [0, 1, 2, 3, 4, 5]
+    assert publisher.replaced == 0
+  finally:
+    publisher.close()
+
+
 def test_wait_times_out_while_a_write_is_stuck_then_succeeds():
   store = SlowStore()
   publisher = _AsyncPublisher(store.write)
