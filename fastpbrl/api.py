@@ -88,6 +88,8 @@ def train(rule: str = 'pbt', *, callbacks: Sequence[Callback] = (),
     config_fields['hidden_sizes'] = tuple(config_fields['hidden_sizes'])
   from fastpbrl.run import run  # noqa: PLC0415
 
+  from fastpbrl import distributed  # noqa: PLC0415
+  distributed.initialize_if_launched()  # under fastpbrl.launch or srun
   driver = driver_cls(config_cls(**config_fields))
   result = run(driver.config, driver, callbacks=callbacks)
   best = int(np.argmax(result.final_returns))

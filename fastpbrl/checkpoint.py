@@ -34,6 +34,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from fastpbrl.distributed import whole_value
+
 
 class CheckpointError(RuntimeError):
   """A checkpoint could not be written (e.g. the disk is full); the
@@ -86,7 +88,9 @@ class Checkpointer:
     ``replay``: a ``Replay.state_dict()`` to store with it (or None).
     """
     # Host copies: the learner donates the device state on its next call.
-    state, extra = jax.tree.map(np.asarray, (state, extra))
+    # Over several processes each gathers the whole population (a rule's
+    # state is small) and orbax writes it once, from process 0.
+    state, extra = jax.tree.map(whole_value, (state, extra))
     items = dict(state=ocp.args.StandardSave(state),
                  extra=ocp.args.StandardSave(extra),
                  meta=ocp.args.JsonSave({**meta,
@@ -147,7 +151,10 @@ class Checkpointer:
     def as_abstract(tree):
       return jax.tree.map(
           lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else
-          ocp.utils.to_shape_dtype_struct(np.asarray(x)), tree)
+          ocp.utils.to_shape_dtype_struct(  # shape and dtype, no copy
+              np.broadcast_to(np.zeros((), np.asarray(x).dtype
+                                       if not hasattr(x, 'dtype') else
+                                       x.dtype), np.shape(x))), tree)
 
     items = dict(state=ocp.args.StandardRestore(as_abstract(state_template)),
                  extra=ocp.args.StandardRestore(as_abstract(extra_template)),

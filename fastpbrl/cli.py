@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from typing import Mapping, Optional, Sequence, TypeVar
 
 import tyro
@@ -79,7 +80,12 @@ def main(presets: Mapping[str, C], description: str, driver_cls,
   from fastpbrl.signals import ForcedExit, RunInterrupted  # noqa: PLC0415
 
   config = parse(presets, description, argv, prog)
-  setup_logging()
+  from fastpbrl import distributed  # noqa: PLC0415
+  try:  # several processes (python -m fastpbrl.launch, srun): join them
+    processes = distributed.initialize_if_launched()
+  except ValueError as e:
+    raise SystemExit(f'error: {e}') from None
+  setup_logging(None if processes is None else processes.process_id)
   try:
     driver = driver_cls(config)
     return run(driver.config, driver)
@@ -100,10 +106,22 @@ def main(presets: Mapping[str, C], description: str, driver_cls,
     print('interrupted before training started; nothing to save',
           file=sys.stderr, flush=True)
     raise SystemExit(130) from None
+  except Exception:
+    if processes is None:
+      raise
+    # Over several processes an ordinary exit waits at jax's shutdown
+    # barrier for the others, which wait in a collective for this one: a
+    # hang of minutes. Everything of this process is closed by now; exit at
+    # once, so the launcher (or srun) stops the others.
+    traceback.print_exc()
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(1)
 
 
-def setup_logging() -> None:
-  """fastpbrl's INFO logs to stderr (``run`` then logs the resolved config).
+def setup_logging(process: Optional[int] = None) -> None:
+  """fastpbrl's INFO logs to stderr (``run`` then logs the resolved config);
+  each line names its process (``process``) in a multi-process run.
 
   Configures the ``fastpbrl`` logger itself rather than the root logger:
   libraries imported earlier (absl, through orbax) may already have given
@@ -112,8 +130,9 @@ def setup_logging() -> None:
   log = logging.getLogger('fastpbrl')
   if not log.handlers:
     handler = logging.StreamHandler()
+    where = '' if process is None else f' [process {process}]'
     handler.setFormatter(logging.Formatter(
-        '%(asctime)s %(name)s %(levelname)s %(message)s'))
+        f'%(asctime)s %(name)s{where} %(levelname)s %(message)s'))
     log.addHandler(handler)
   log.setLevel(logging.INFO)
   log.propagate = False

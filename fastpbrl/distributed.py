@@ -16,10 +16,12 @@ its own members (fitness) are gathered with ``allgather_members`` so every
 process calls the rule with the same values and the same key, and so takes
 the same decision (``pbt_step``).
 
-Launch: ``python -m fastpbrl.launch --num-processes 2 -- python my_run.py``
-on one machine (``fastpbrl.launch`` sets the variables below), or one
-task per node or per GPU under SLURM (see ``fastpbrl.launch``). The
-process calls ``initialize_from_env()`` before anything else touches jax
+The run loop uses all this through ``Processes`` (below): ``fastpbrl pbt``
+and ``fastpbrl seeds`` run over several processes unchanged. Launch:
+``python -m fastpbrl.launch --num-processes 2 -- fastpbrl pbt ...`` (or
+``-- python my_run.py``) on one machine (``fastpbrl.launch`` sets the
+variables below), or one task per node or per GPU under SLURM (see
+``fastpbrl.launch``). The process calls ``initialize_from_env()`` before anything else touches jax
 devices.
 
 Environment variables read by ``initialize_from_env``:
@@ -159,6 +161,18 @@ def initialize_from_env(env: Optional[Mapping[str, str]] = None,
     jax.distributed.initialize(initialization_timeout=timeout_s, **settings)
   return ProcessInfo(jax.process_index(), jax.process_count(),
                      jax.local_devices(), jax.devices())
+
+
+def initialize_if_launched(env: Optional[Mapping[str, str]] = None
+                           ) -> Optional[ProcessInfo]:
+  """``initialize_from_env`` when the environment names more than one
+  process (``python -m fastpbrl.launch``, or a SLURM step of several
+  tasks), else nothing (None): a one-task SLURM job stays one plain
+  process. What ``fastpbrl <rule>`` and ``fastpbrl.train`` call first."""
+  settings = settings_from_env(env)
+  if settings is None or settings['num_processes'] < 2:
+    return None
+  return initialize_from_env(env)
 
 
 def global_population_mesh(devices: Optional[Sequence[jax.Device]] = None
@@ -357,3 +371,137 @@ def _replicated(x: Any, mesh: Mesh) -> Any:
                                    or jax.process_count() == 1):
     return x
   return replicate(x, mesh)
+
+
+# The episode fields ``Processes.episodes`` gathers, in this order (numbers:
+# float64 holds the integer fields exactly).
+_EPISODE_FIELDS = ('member', 'episode_return', 'episode_length', 'evaluation',
+                   'env_steps', 'policy_version', 'start_policy_version',
+                   'true_objective')
+
+
+class Processes:
+  """The run loop's view of the processes a run spans (host-side).
+
+  With one process (``count == 1``) every method is the identity, so the
+  single-process loop is unchanged. With several (multi-process JAX), this
+  process owns the members ``local`` (a contiguous block of the
+  population): its actors and its replay hold only those, and the methods
+  turn its rows into global arrays and gather, from every process, the
+  host values each rule decision needs, so every process takes the same
+  decision. Every process must call each method at the same point of the
+  loop (they are collectives).
+  """
+
+  def __init__(self, mesh: Optional[Mesh], population_size: int):
+    self.count = jax.process_count()
+    self.index = jax.process_index()
+    self.mesh = mesh
+    self.population_size = population_size
+    if self.count > 1:
+      if mesh is None or len(mesh.devices.flat) != len(jax.devices()):
+        raise ValueError('a run over several processes needs the population '
+                         'mesh over every process\'s devices')
+      self.local = local_members(population_size, mesh)
+    else:
+      self.local = slice(0, population_size)
+
+  @property
+  def several(self) -> bool:
+    return self.count > 1
+
+  @property
+  def main(self) -> bool:
+    """Process 0: the one that writes the run's logs and prints."""
+    return self.index == 0
+
+  @property
+  def local_count(self) -> int:
+    return self.local.stop - self.local.start
+
+  def global_rows(self, local_tree: Any) -> Any:
+    """Global arrays from this process's rows (every leaf per member)."""
+    if not self.several:
+      return local_tree
+    return to_global(local_tree, self.mesh, self.population_size,
+                     per_member=jax.tree.map(lambda _: True, local_tree))
+
+  def local_view(self, tree: Any) -> Any:
+    """This process's rows of per-member global arrays, as arrays on its
+    first local device: no wait for the computation that produces them
+    (what ``Pipeline.publish_async`` copies to the host in the
+    background)."""
+    if not self.several:
+      return tree
+    first = jax.local_devices()[0]
+
+    def view(x):
+      shards = {}
+      for shard in x.addressable_shards:
+        start = shard.index[0].start if shard.index else None
+        shards.setdefault(start or 0, shard)
+      parts = [jax.device_put(shards[k].data, first) for k in sorted(shards)]
+      return parts[0] if len(parts) == 1 else jax.numpy.concatenate(parts)
+
+    return jax.tree.map(view, tree)
+
+  def host(self, tree: Any) -> Any:
+    """The whole values of ``tree``'s leaves as numpy, in every process."""
+    return jax.tree.map(whole_value, tree)
+
+  def members(self, local_values: Any) -> Any:
+    """``[N, ...]`` numpy from every process's ``[local rows, ...]``."""
+    if not self.several:
+      return jax.tree.map(np.asarray, local_values)
+    return allgather_members(local_values, self.mesh, self.population_size)
+
+  def any(self, flag: bool) -> bool:
+    """True in every process if ``flag`` is True in any."""
+    if not self.several:
+      return bool(flag)
+    return bool(np.any(allgather_host(np.asarray([bool(flag)]))))
+
+  def agree(self, flag: bool, value: int) -> tuple[bool, int]:
+    """``(any process's flag, the least value)`` in one gather."""
+    if not self.several:
+      return bool(flag), int(value)
+    both = allgather_host(np.asarray([int(bool(flag)), int(value)], np.int64))
+    return bool(both[:, 0].any()), int(both[:, 1].min())
+
+  def episodes(self, records: Sequence[Any]) -> list:
+    """Every process's episode records (member indices made global),
+    process 0's first: the same list, in the same order, in every
+    process."""
+    if not self.several:
+      return list(records)
+    from fastpbrl.actors import EpisodeRecord  # noqa: PLC0415
+    rows = np.asarray([[float(r[f]) for f in _EPISODE_FIELDS]
+                       for r in records], np.float64).reshape(
+                           len(records), len(_EPISODE_FIELDS))
+    rows[:, 0] += self.local.start
+    counts = allgather_host(np.asarray([len(rows)], np.int64))[:, 0]
+    padded = np.zeros((max(int(counts.max()), 1), len(_EPISODE_FIELDS)))
+    padded[:len(rows)] = rows
+    gathered = allgather_host(padded)
+    out = []
+    for p, count in enumerate(counts):
+      for row in gathered[p, :count]:
+        out.append(EpisodeRecord(
+            member=int(row[0]), episode_return=float(row[1]),
+            episode_length=int(row[2]), evaluation=bool(row[3]),
+            env_steps=int(row[4]), policy_version=int(row[5]),
+            start_policy_version=int(row[6]), true_objective=float(row[7])))
+    return out
+
+  def broadcast_text(self, text: str, limit: int = 4096) -> str:
+    """Process 0's ``text`` in every process (a run folder's path)."""
+    if not self.several:
+      return text
+    data = np.zeros((limit,), np.uint8)
+    if self.main:
+      raw = text.encode()
+      if len(raw) > limit:
+        raise ValueError(f'{text!r} is longer than {limit} bytes')
+      data[:len(raw)] = np.frombuffer(raw, np.uint8)
+    data = np.asarray(multihost_utils.broadcast_one_to_all(data))
+    return bytes(data).rstrip(b'\0').decode()

@@ -1,7 +1,8 @@
 """Start a multi-process run on this machine (host-side; no jax here).
 
-``python -m fastpbrl.launch --num-processes 2 -- python my_run.py ARGS``
-starts the command ``--num-processes`` times, each with the variables
+``python -m fastpbrl.launch --num-processes 2 -- fastpbrl pbt FLAGS`` (or
+any command: ``python my_run.py ARGS``, whose script calls
+``fastpbrl.distributed.initialize_from_env()`` first) starts the command ``--num-processes`` times, each with the variables
 ``fastpbrl.distributed.initialize_from_env`` reads:
 ``FASTPBRL_COORDINATOR=localhost:<free port>``,
 ``FASTPBRL_NUM_PROCESSES=N`` and ``FASTPBRL_PROCESS_ID=0..N-1``.
@@ -24,7 +25,8 @@ if set, else the first host of the step's node list, port from the job
 id or ``JAX_COORDINATOR_PORT``)::
 
     # one task per GPU (jax gives task i the GPU SLURM_LOCALID)
-    srun --nodes=2 --ntasks-per-node=4 --gpus-per-task=1 python my_run.py
+    srun --nodes=2 --ntasks-per-node=4 --gpus-per-task=1 \\
+        --kill-on-bad-exit=1 fastpbrl pbt --population-size 80
 
     # one task per node, owning every GPU of its node
     srun --nodes=2 --ntasks-per-node=1 --gpus-per-node=4 \\

@@ -28,6 +28,7 @@ import logging as std_logging
 import math
 import os
 import shlex
+import signal
 import time
 from typing import Any, NamedTuple, Optional, Sequence
 
@@ -197,13 +198,16 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
            f'{config.run_dir} to continue that run, or choose a new directory')
 
 
-def pipeline_seed(seed: int, calls: int) -> int:
+def pipeline_seed(seed: int, calls: int, process: int = 0) -> int:
   """The pipeline's seed: the run's own, or for a run resumed after
   ``calls`` learner calls, fresh streams derived from both (never another
-  run seed's streams, as ``seed + calls`` would be)."""
-  if calls == 0:
+  run seed's streams, as ``seed + calls`` would be); process ``p > 0`` of
+  a multi-process run (whose pipeline numbers its members from 0 too)
+  gets streams of its own the same way."""
+  if calls == 0 and process == 0:
     return seed
-  return int(np.random.SeedSequence([seed, calls]).generate_state(1)[0])
+  entropy = [seed, calls] + ([process] if process else [])
+  return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 def log_sizes(run_dir: str) -> dict:
@@ -480,7 +484,8 @@ class Callback:
 
 
 def hparam_rows(hparams) -> list[dict]:
-  arrays = {k: np.asarray(v) for k, v in hparams._asdict().items()}
+  from fastpbrl.distributed import whole_value  # noqa: PLC0415
+  arrays = {k: whole_value(v) for k, v in hparams._asdict().items()}
   n = len(next(iter(arrays.values())))
   return [{k: float(v[i]) for k, v in arrays.items()} for i in range(n)]
 
@@ -549,11 +554,15 @@ def run(config: RunConfig, driver: Driver,
   validate(config, driver.min_population)
   env_spec = make_env_spec(config.env)
   agent = make_agent(config, env_spec)
-  run_dir = config.resume or config.run_dir or default_run_dir(
-      driver.name, config.agent, config.env)
-  os.makedirs(run_dir, exist_ok=True)
   n = config.population_size
   mesh = population_mesh(config)
+  processes = check_processes(config, driver, mesh)
+  # Process 0 names the folder (claiming a new default one); the others
+  # wait here, so they have all validated --run-dir before it is written.
+  run_dir = processes.broadcast_text(
+      (config.resume or config.run_dir or default_run_dir(
+          driver.name, config.agent, config.env)) if processes.main else '')
+  os.makedirs(run_dir, exist_ok=True)
   learner = driver.make_learner(agent, agent.config.steps_per_call,
                                 **({} if mesh is None else {'mesh': mesh}))
 
@@ -570,7 +579,7 @@ def run(config: RunConfig, driver: Driver,
   state, hparams = shard_state(learner, state, hparams)
   try:
     return _run(config, driver, agent, env_spec, run_dir, learner, hparams,
-                state, k_rule, callbacks)
+                state, k_rule, callbacks, processes)
   except ForcedExit as e:  # everything is closed by now
     raise ForcedExit(e.signum, (
         f'the earlier checkpoints in {run_dir}/checkpoints are intact; '
@@ -589,8 +598,18 @@ def run(config: RunConfig, driver: Driver,
 
 def population_mesh(config: RunConfig):
   """The mesh ``--devices`` asks for, logged; None for one device (the
-  unsharded program, exactly as without sharding)."""
+  unsharded program, exactly as without sharding). Over several processes
+  (``fastpbrl.distributed``) the mesh is always every process's devices."""
   from fastpbrl import sharding  # noqa: PLC0415
+  if jax.process_count() > 1:
+    total = len(jax.devices())
+    _check(str(config.devices).strip().lower() in ('auto', str(total)),
+           f'--devices {config.devices}: a run over {jax.process_count()} '
+           f'processes uses all their {total} devices; use auto')
+    _check(config.population_size % total == 0,
+           f'--population-size {config.population_size} does not split '
+           f'evenly over the {total} devices of {jax.process_count()} '
+           f'processes; use a multiple of {total}')
   try:
     devices = sharding.choose_devices(config.devices, config.population_size)
   except ValueError as e:
@@ -598,6 +617,39 @@ def population_mesh(config: RunConfig):
   mesh = sharding.make_mesh(devices) if len(devices) > 1 else None
   log.info('%s', sharding.describe(mesh, config.population_size))
   return mesh
+
+
+# The rules whose run loop works over several processes (the others keep
+# host state that is not split by member yet: CEM's distribution, DvD's
+# bandit, HyperTrick's restarts, a shared replay).
+MULTI_PROCESS_RULES = ('seeds', 'pbt')
+
+
+def check_processes(config: RunConfig, driver: 'Driver', mesh):
+  """The run's ``distributed.Processes``; over several processes, refuses
+  (one line naming the flag) what does not work there yet."""
+  from fastpbrl import distributed  # noqa: PLC0415
+  processes = distributed.Processes(mesh, config.population_size)
+  if not processes.several:
+    return processes
+  where = f'over {processes.count} processes'
+  _check(driver.name in MULTI_PROCESS_RULES,
+         f'fastpbrl {driver.name} does not run {where} yet; '
+         f'{" and ".join(MULTI_PROCESS_RULES)} do')
+  _check(not config.checkpoint_replay,
+         f'--checkpoint-replay is not supported {where} yet (each process '
+         'has its own replay); drop it')
+  _check(not getattr(config, 'copy_replay', False),
+         f'--copy-replay is not supported {where} (a member\'s replay stays '
+         'in its own process); drop it')
+  _check(config.replay_location in ('auto', 'host'),
+         f'--replay-location {config.replay_location}: {where} each process '
+         'samples its members from a host replay; use auto or host')
+  log.info('process %d of %d: members %d-%d of %d (their actors and replay '
+           'live here)', processes.index, processes.count,
+           processes.local.start, processes.local.stop - 1,
+           config.population_size)
+  return processes
 
 
 def shard_state(learner, state, hparams):
@@ -611,9 +663,24 @@ def shard_state(learner, state, hparams):
 
 def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
          learner, hparams, state, k_rule,
-         callbacks: Sequence[Callback]) -> RunResult:
-  """``run`` from the initial population on."""
+         callbacks: Sequence[Callback], processes) -> RunResult:
+  """``run`` from the initial population on.
+
+  Over several processes (``processes.several``) this process runs the
+  actors and replay of its own members (``processes.local``), turns its
+  batches into global arrays for the one sharded learner call, and
+  gathers from every process what a rule decision reads (episodes, env
+  steps, a stop request), so every process takes the same decisions.
+  Process 0 writes the run's logs in ``run_dir``; process ``p`` writes its
+  own copy (lineage included, to check that they agree) in
+  ``run_dir/processes/<p>``. Checkpoints are the whole population's,
+  written once, in ``run_dir``.
+  """
   n = config.population_size
+  local = processes.local
+  own_dir = run_dir if processes.main else os.path.join(
+      run_dir, 'processes', str(processes.index))
+  os.makedirs(own_dir, exist_ok=True)
   # Everything opened from here on is closed on the way out, whatever fails.
   with contextlib.ExitStack() as stack:
     stop = stack.enter_context(StopRequest())  # restored last
@@ -640,7 +707,8 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
       driver.restore(extra['driver'], meta['driver'])
       counters = meta['counters']
       replay_state = meta.get('replay')
-      truncate_logs(run_dir, meta.get('log_sizes', {}))
+      if processes.main:
+        truncate_logs(run_dir, meta.get('log_sizes', {}))
       log.info('resumed %s at call %d (%d env steps per member)%s', run_dir,
                counters['calls'], counters['env_steps'],
                '' if replay_state is not None else
@@ -649,7 +717,7 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                    if config.checkpoint_replay else '')))
     # On a resume too, so that flags changed at the resume (a larger
     # --env-steps) are what the next resume starts from.
-    write_json_atomic(os.path.join(run_dir, 'config.json'),
+    write_json_atomic(os.path.join(own_dir, 'config.json'),
                       {'driver': driver.name, **dataclasses.asdict(config)},
                       default=str)
     log.info('run %s: %s', run_dir, json.dumps(dataclasses.asdict(config),
@@ -659,32 +727,41 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
 
     member_env_steps = counters.get('member_env_steps',
                                     [counters['env_steps']] * n)
-    logger = RunLogger(run_dir, n, total_env_steps=config.env_steps * n,
+    logger = RunLogger(own_dir, n, total_env_steps=config.env_steps * n,
                        initial_env_steps=counters['env_steps'] * n,
                        wall_time_offset=counters['wall_time'],
-                       progress=config.progress,
+                       progress=config.progress and processes.main,
                        eval_episodes=config.eval_episodes,
                        purge_step=counters['env_steps'] if config.resume
                        else None,
-                       track=config.track,
+                       track=config.track if processes.main else 'none',
                        config={'driver': driver.name,
                                **dataclasses.asdict(config)})
     stack.push(_closing(logger.close))
-    hparams_log = HParamsLog(run_dir)
+    hparams_log = HParamsLog(own_dir)
     stack.push(_closing(hparams_log.close))
     try:
       pipeline = Pipeline.create(
-          config, agent, shared_replay=driver.shared_replay,
-          seed=pipeline_seed(config.seed, counters['calls']),
-          resume_env_steps=member_env_steps if config.resume else None,
-          replay_state=replay_state, mesh=getattr(learner, 'mesh', None))
+          dataclasses.replace(config, population_size=processes.local_count,
+                              replay_location='host')
+          if processes.several else config,
+          agent, shared_replay=driver.shared_replay,
+          seed=pipeline_seed(config.seed, counters['calls'], processes.index),
+          resume_env_steps=(np.asarray(member_env_steps)[local]
+                            if config.resume else None),
+          replay_state=replay_state,
+          # Several processes: host batches, made global by to_global.
+          device=(jax.local_devices(backend='cpu')[0] if processes.several
+                  else None),
+          mesh=None if processes.several else getattr(learner, 'mesh', None))
+      pipeline.publish_every_version = processes.several
     except ValueError as e:
       if str(e).startswith('--'):  # a setting refused once sizes are known
         raise ConfigError(str(e)) from None
       raise
     replay_state = None  # the pipeline's replay holds it now
     stack.callback(pipeline.close)
-    loop = Loop(config=config, run_dir=run_dir, agent=agent, learner=learner,
+    loop = Loop(config=config, run_dir=own_dir, agent=agent, learner=learner,
                 pipeline=pipeline,
                 state=state, hparams=hparams, key=k_rule,
                 calls=counters['calls'], update_steps=counters['update_steps'],
@@ -703,7 +780,8 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
       if config.checkpoint_replay:
         replay = pipeline.replay.state_dict()
       start = time.monotonic()
-      member_steps = np.asarray(member_env_steps) + pipeline.env_steps
+      member_steps = (np.asarray(member_env_steps)
+                      + processes.members(pipeline.env_steps))
       checkpointer.save(
           loop.calls, loop.state,
           {'hparams': loop.hparams, 'rule_key': loop.key,
@@ -727,8 +805,8 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                  time.monotonic() - start)
 
     steps_before = counters['env_steps']
-    pipeline.publish(learner.policy_params(loop.state),
-                     driver.actor_hparams(loop.hparams))
+    pipeline.publish(processes.local_view(learner.policy_params(loop.state)),
+                     processes.local_view(driver.actor_hparams(loop.hparams)))
 
     # Members replaced after call `calls` was dispatched: that call ran
     # their diverged predecessor, whose flags must not replace them again.
@@ -738,7 +816,7 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
       """What needs call ``done.calls``'s results on the host: run once the
       next call is dispatched, so the device is never idle while we wait."""
       if 'finite' in done.metrics:  # one [N] flag per call, not per step
-        diverged = ~np.asarray(done.metrics['finite'])
+        diverged = ~processes.host(done.metrics['finite'])
         if replaced_in_flight['calls'] == done.calls:
           diverged &= ~replaced_in_flight['members']
         if diverged.any():
@@ -753,7 +831,7 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                       np.flatnonzero(diverged).tolist(), done.calls, how,
                       loop.diverged)
       if done.scalars is not None:
-        scalars = {f'learner/{k}': float(np.mean(v))
+        scalars = {f'learner/{k}': float(np.mean(processes.host(v)))
                    for k, v in done.metrics.items()}
         scalars.update(done.scalars)
         scalars['learner/diverged_members_total'] = loop.diverged
@@ -762,14 +840,16 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
     pending: Finished | None = None
     while not driver.finished(loop):
       batch = pipeline.next_batch(should_stop=stop)
-      if batch is None:
-        break  # a signal arrived while waiting for data
+      if processes.any(batch is None):
+        break  # a signal arrived while waiting for data (in any process)
+      batch = processes.global_rows(batch)
       if driver.shared_critic:
         loop.state, metrics = learner.update(loop.state, loop.hparams, batch)
       else:  # members restarted and still warming up keep their state
+        active = processes.members(pipeline.last_active)
         loop.state, metrics = learner.update(loop.state, loop.hparams, batch,
-                                             pipeline.last_active)
-        loop.member_update_steps += learner.num_steps * pipeline.last_active
+                                             active)
+        loop.member_update_steps += learner.num_steps * active
       loop.calls += 1
       loop.update_steps += learner.num_steps
       if pending is not None:
@@ -777,8 +857,12 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
       # A resumed run's pipeline counts from zero: steps before the
       # checkpoint are added back, so budgets and logs continue (episode
       # records already carry the members' own, continued, counts).
-      loop.episodes = pipeline.drain_episodes()
-      loop.env_steps = steps_before + pipeline.env_steps_per_member()
+      loop.episodes = processes.episodes(pipeline.drain_episodes())
+      # The least over members (of every process); and whether a signal
+      # came (to any process), so that all stop after the same call.
+      stopping, least = processes.agree(stop.requested,
+                                        pipeline.env_steps_per_member())
+      loop.env_steps = steps_before + least
       logger.episodes(loop.episodes, loop.env_steps, loop.update_steps)
       driver.after_call(loop)
       events = driver.take_events()
@@ -788,8 +872,9 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
         callback.after_call(loop)
       # After the rule, so that what it changed reaches the actors; written
       # by the publisher thread once this call is done (Pipeline.publish_async).
-      pipeline.publish_async(learner.policy_params(loop.state),
-                             driver.actor_hparams(loop.hparams))
+      pipeline.publish_async(
+          processes.local_view(learner.policy_params(loop.state)),
+          processes.local_view(driver.actor_hparams(loop.hparams)))
       if loop.calls % 10 == 0 or events or loop.calls == 1:
         hparams_log.write(loop.env_steps, loop.update_steps,
                           driver.hparam_rows(loop.hparams))
@@ -806,7 +891,7 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                         wait=f'{pipeline.wait_fraction():.0%}')
       # Against env steps per member, as the members' returns are.
       pending = Finished(loop.calls, metrics, loop.env_steps, scalars)
-      if stop.requested:
+      if stopping:
         break
       if config.checkpoint_every and loop.calls % config.checkpoint_every == 0:
         read_back(pending)
@@ -820,19 +905,25 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
     hparams_log.write(loop.env_steps, loop.update_steps,
                       driver.hparam_rows(loop.hparams))
     save()
-    if stop.requested:
+    if processes.any(stop.requested):
       stack.callback(stop.disarm)  # runs first: the clean-up is not cut
-      raise RunInterrupted(stop.signum, run_dir, loop.calls, loop.env_steps,
-                           resume_command(driver.name, run_dir))
+      raise RunInterrupted(stop.signum or signal.SIGTERM, run_dir, loop.calls,
+                           loop.env_steps, resume_command(driver.name, run_dir))
     stack.callback(stop.disarm)
     pipeline.close()  # frees the cores for the final evaluation
-    final_returns = final_evaluation(loop, driver, logger)
-    write_json_atomic(os.path.join(run_dir, FINAL_RETURNS), {
+    final_returns = final_evaluation(loop, driver, logger, processes)
+    write_json_atomic(os.path.join(own_dir, FINAL_RETURNS), {
         'env_steps': loop.env_steps, 'eval_episodes': config.eval_episodes,
         'seed': config.seed, 'checkpoint_step': checkpointer.latest_step(),
         'final_returns': final_returns})
 
   rows = driver.hparam_rows(loop.hparams)
+  if not processes.main:  # process 0 summarises and draws
+    return RunResult(run_dir=run_dir, best_return=logger.best_return,
+                     env_steps=loop.env_steps, update_steps=loop.update_steps,
+                     calls=loop.calls, hparams=rows,
+                     wall_time=logger.wall_time, final_returns=final_returns,
+                     rule_scalars=driver.scalars(), diverged=loop.diverged)
   table = summary_table(run_dir, rows, eval_episodes=config.eval_episodes)
   extra = driver.summary(loop)
   if loop.diverged:
@@ -872,7 +963,8 @@ def _closing(close):
   return callback
 
 
-def final_evaluation(loop: Loop, driver: Driver, logger) -> list[float]:
+def final_evaluation(loop: Loop, driver: Driver, logger,
+                     processes=None) -> list[float]:
   """Evaluates every member's final policy (``--eval-episodes`` noise-free
   episodes each, seeded from the run seed), logs the episodes as one whole
   evaluation per member at the budget's env steps, and returns the means.
@@ -888,10 +980,18 @@ def final_evaluation(loop: Loop, driver: Driver, logger) -> list[float]:
   from fastpbrl.envs import make_env  # noqa: PLC0415
 
   config = loop.config
-  returns, lengths = evaluate_population(
+  if processes is None:
+    from fastpbrl.distributed import Processes  # noqa: PLC0415
+    processes = Processes(None, config.population_size)
+  # Each process plays its own members (seeded by their population index);
+  # every process then has everyone's returns.
+  local = processes.local
+  returns, lengths = processes.members(evaluate_population(
       loop.agent, functools.partial(make_env, config.env),
-      loop.learner.policy_params(loop.state),
-      driver.actor_hparams(loop.hparams), config.eval_episodes, config.seed)
+      processes.local_view(loop.learner.policy_params(loop.state)),
+      processes.local_view(driver.actor_hparams(loop.hparams)),
+      config.eval_episodes, config.seed,
+      members=list(range(local.start, local.stop))))
   logger.drop_partial_evaluations()
   logger.episodes(
       [EpisodeRecord(member=m, episode_return=float(returns[m, k]),

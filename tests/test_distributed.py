@@ -9,6 +9,7 @@ same run in this process on one device.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,6 +92,111 @@ def test_two_processes_agree_and_equal_one_process(tmp_path):
       else:
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6,
                                    err_msg=path)
+
+
+RUN_FLAGS = ['-m', 'experiments.pbt', '--env', 'Pendulum-v1',
+             '--population-size', '4', '--warmup-steps', '100',
+             '--hidden-sizes', '8', '8', '--batch-size', '8',
+             '--steps-per-call', '10', '--ready-after', '100',
+             '--eval-every', '100', '--eval-episodes', '1', '--num-actors', '1',
+             '--replay-capacity', '2000', '--checkpoint-every', '5',
+             '--fraction', '0.5', '--no-progress', '--track', 'none']
+DEADLINE_S = 900  # generous: a loaded 2-core machine runs this slowly
+
+
+def wait_for(condition, what: str, proc) -> None:
+  deadline = time.monotonic() + DEADLINE_S
+  while not condition():
+    assert proc.poll() is None, f'the run exited ({proc.returncode}) before {what}'
+    assert time.monotonic() < deadline, f'no {what} within {DEADLINE_S} s'
+    time.sleep(0.5)
+
+
+def exploits(path) -> list:
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    lines = [json.loads(line) for line in f if line.endswith('\n')]
+  return [e for e in lines if e['event'] == 'exploit']
+
+
+@pytest.mark.slow
+def test_pbt_run_over_two_processes_stops_on_sigterm_and_resumes(tmp_path):
+  """``fastpbrl pbt`` itself over 2 processes (1 CPU device each, members
+  0-1 in process 0, 2-3 in process 1, each with its own actors and
+  replay): both take the same PBT decisions (their lineage files are
+  equal), a SIGTERM to the launcher stops both after the same call with a
+  checkpoint (143), and the run resumes over 2 processes to its end."""
+  run_dir = str(tmp_path / 'run')
+  lineage = os.path.join(run_dir, 'lineage.jsonl')
+  proc = subprocess.Popen(
+      LAUNCH + ['--num-processes', '2', '--grace', '300', '--',
+                sys.executable, *RUN_FLAGS, '--env-steps', '1000000',
+                '--run-dir', run_dir],
+      cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True)
+  try:
+    wait_for(lambda: exploits(lineage), 'PBT exploit', proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=DEADLINE_S)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+  assert proc.returncode == 143, out[-5000:]
+  assert 'process 0 of 2: members 0-1 of 4' in out, out[-5000:]
+  assert 'process 1 of 2: members 2-3 of 4' in out, out[-5000:]
+  assert out.count('pipeline: 2 members over 1 actor processes') == 2, out
+  stopped = re.findall(r'SIGTERM: stopped after learner call (\d+) '
+                       r'\((\d+) env steps per member\)', out)
+  assert len(stopped) == 2 and stopped[0] == stopped[1], out[-5000:]
+  env_steps = int(stopped[0][1])
+
+  proc = subprocess.run(
+      LAUNCH + ['--num-processes', '2', '--grace', '300', '--',
+                sys.executable, '-m', 'experiments.pbt', '--resume', run_dir,
+                '--env-steps', str(env_steps + 300), '--no-progress'],
+      cwd=REPO, env=ENV, capture_output=True, text=True, timeout=DEADLINE_S)
+  out = proc.stdout + proc.stderr
+  assert proc.returncode == 0, out[-5000:]
+  resumed = re.findall(r'\[process (\d)\] INFO resumed .* at call '
+                       + stopped[0][0] + r' ', out)
+  assert sorted(resumed) == ['0', '1'], out[-5000:]
+  finals = re.findall(r'\[process \d\] INFO final evaluation .*: (.*)\n', out)
+  assert len(finals) == 2 and finals[0] == finals[1], out[-5000:]
+  returns = json.loads(open(os.path.join(run_dir, 'final_returns.json')).read())
+  assert len(returns['final_returns']) == 4
+  assert all(np.isfinite(returns['final_returns']))
+  # Every decision, before and after the resume, taken alike in both.
+  other = os.path.join(run_dir, 'processes', '1', 'lineage.jsonl')
+  assert exploits(lineage) and exploits(lineage) == exploits(other)
+  # Process 0's logs hold every member's episodes (gathered).
+  members = sorted(os.listdir(os.path.join(run_dir, 'members')))
+  assert len(members) == 4, members
+
+
+def test_processes_of_a_single_process_change_nothing():
+  """One process: the run loop's ``Processes`` hands every value back as
+  it is (the single-process loop is unchanged), and owns every member."""
+  from fastpbrl.actors import EpisodeRecord
+  from fastpbrl.run import pipeline_seed
+  p = distributed.Processes(None, 4)
+  assert (p.several, p.main, p.local, p.local_count) == (False, True,
+                                                         slice(0, 4), 4)
+  tree = {'a': np.arange(4)}
+  assert p.global_rows(tree) is tree and p.local_view(tree) is tree
+  np.testing.assert_array_equal(p.members(np.arange(4))[::-1], [3, 2, 1, 0])
+  assert (p.any(True), p.any(False)) == (True, False)
+  assert p.agree(True, 7) == (True, 7)
+  records = [EpisodeRecord(member=2, episode_return=-1.5, episode_length=200,
+                           evaluation=True, env_steps=300, policy_version=4)]
+  assert p.episodes(records) == records
+  assert p.broadcast_text('/tmp/run') == '/tmp/run'
+  # A process's pipeline streams: process 0's are the run seed's own (as
+  # with one process), every other process's its own.
+  assert pipeline_seed(5, 0) == pipeline_seed(5, 0, 0) == 5
+  seeds = {pipeline_seed(5, c, q) for c in (0, 3) for q in (0, 1, 2)}
+  assert len(seeds) == 6
 
 
 def test_settings_from_env():

@@ -451,7 +451,9 @@ class FitnessTracker:
 
 
 def _hparams_dicts(hparams: HParams) -> list[dict]:
-  arrays = {name: np.asarray(value) for name, value in hparams._asdict().items()}
+  from fastpbrl.distributed import whole_value  # noqa: PLC0415 (a cycle)
+  arrays = {name: whole_value(value)
+            for name, value in hparams._asdict().items()}
   n = len(next(iter(arrays.values())))
   return [{name: values[i].item() for name, values in arrays.items()}
           for i in range(n)]
@@ -527,8 +529,9 @@ def exploit_events(step: int, result: PBTResult, old_hparams: HParams,
                    fitness: Optional[Sequence[float]] = None,
                    env_steps: Optional[int] = None) -> list[dict]:
   """Host-side. The lineage events of ``result``: one per replaced member."""
-  replaced = np.asarray(result.replaced)
-  parent = np.asarray(result.parent)
+  from fastpbrl.distributed import whole_value  # noqa: PLC0415 (a cycle)
+  replaced = whole_value(result.replaced)  # gathered over processes
+  parent = whole_value(result.parent)
   old_rows = _hparams_dicts(old_hparams)
   new_rows = _hparams_dicts(result.hparams)
   fit = None if fitness is None else np.asarray(fitness, np.float64)

@@ -18,6 +18,7 @@ from typing import Optional
 import jax.numpy as jnp
 import numpy as np
 
+from fastpbrl.distributed import whole_value
 from fastpbrl.population import pbt as pbt_lib
 from fastpbrl.population import search_space as ss
 from fastpbrl.rules.common import (FreshEpisodes, _check_evaluations_per,
@@ -171,8 +172,8 @@ class PBTDriver(Driver):
     fitness = self.fitness.fitness()
     result = self.exploit(loop.next_key(), loop.state, loop.hparams, fitness,
                           ready)
-    replaced = np.asarray(result.replaced)
-    parent = np.asarray(result.parent)
+    replaced = whole_value(result.replaced)  # gathered over processes
+    parent = whole_value(result.parent)
     events = pbt_lib.exploit_events(loop.update_steps, result, loop.hparams,
                                     fitness, env_steps=loop.env_steps)
     lineage.write(events)
@@ -200,7 +201,7 @@ class PBTDriver(Driver):
     fitness = self.fitness.fitness()
     result = self.exploit.replace_diverged(loop.next_key(), loop.state,
                                            loop.hparams, fitness, diverged)
-    parent = np.asarray(result.parent)
+    parent = whole_value(result.parent)
     events = [{**e, 'reason': 'diverged'} for e in pbt_lib.exploit_events(
         loop.update_steps, result, loop.hparams, fitness, loop.env_steps)]
     self._lineage(loop).write(events)
