@@ -87,7 +87,10 @@ def main(argv=None) -> None:
                    str(args.env_steps), '--hidden-sizes',
                    *map(str, args.hidden), '--run-dir', run_dir,
                    '--no-progress', '--track', 'none', *args.extra.split()]
-        env = dict(os.environ, PYTHONPATH=tree)
+        # The tree first; an install on PYTHONPATH (wheels unpacked by
+        # pip --target) stays importable.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [tree] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
         start = time.monotonic()
         done = subprocess.run(command, cwd=tree, env=env,
                               capture_output=True, text=True)
