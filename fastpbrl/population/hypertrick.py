@@ -197,8 +197,11 @@ class HyperTrick:
     return (self._started and self.launched >= self.config.num_workers
             and all(w is None for w in self.slot_worker))
 
-  def report(self, slot: int, metric: float) -> Report:
+  def report(self, slot: int, metric: float, launch: bool = True) -> Report:
     """The worker in ``slot`` finished its current phase with ``metric``.
+
+    ``launch=False``: a stopped worker is not replaced (the slot goes idle),
+    for a caller whose budget could not train a new worker any more.
 
     Returns:
       The decision; when the worker stops (terminated or complete) and fewer
@@ -239,7 +242,10 @@ class HyperTrick:
       self.worker_phase[worker] = phase + 1
     else:
       del self.worker_phase[worker]
-      new_worker = self._launch(slot)
+      if launch:
+        new_worker = self._launch(slot)
+      else:
+        self.slot_worker[slot] = None
     return Report(worker, phase, decision, new_worker)
 
   def eviction_rates(self) -> np.ndarray:

@@ -116,10 +116,20 @@ class HyperTrickDriver(Driver):
     # Slots finish phases together here; report in a random order, as the
     # asynchronous workers of the paper would arrive.
     reset = np.zeros((len(self.phase_start),), bool)
+    # Departure from the paper, whose budget is a number of workers: ours is
+    # also env steps per member, and a new experiment started when the
+    # budget left cannot hold its warm-up and one phase is evaluated
+    # untrained at the end (on HalfCheetah-v5 every slot completed its last
+    # phase on the budget's last call and was restarted just before the
+    # final evaluation). Such a slot keeps its worker and goes on training.
+    left = self.config.env_steps - loop.env_steps
+    launch = left >= (self.config.warmup_steps
+                      + self.config.phase_update_steps
+                      / self.config.update_to_data_ratio)
     for slot in self.rng.permutation(due):
       returns = self.phase_returns[slot][-10:]
       metric = float(np.mean(returns)) if returns else -np.inf
-      report = self.scheduler.report(int(slot), metric)
+      report = self.scheduler.report(int(slot), metric, launch=launch)
       self.phase_start[slot] = loop.member_update_steps[slot]
       self.phase_returns[slot] = []
       if report.new_worker is not None:

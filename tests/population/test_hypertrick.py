@@ -210,3 +210,57 @@ def test_driver_restarts_evicted_slots_as_new_experiments():
       break
   assert restarted_total >= 1
   assert restarted_total == driver.scheduler.launched - 2
+
+
+def test_driver_starts_no_experiment_the_budget_cannot_train():
+  # A slot restarted when the budget left holds less than its warm-up and
+  # one phase would be evaluated untrained at the end: it keeps its worker
+  # instead (the slot goes idle in the scheduler). With one phase, every
+  # report completes a worker and asks for a new one.
+  from fastpbrl import drivers  # noqa: PLC0415
+  from fastpbrl.actors import EpisodeRecord  # noqa: PLC0415
+  from fastpbrl.learner import PopulationLearner  # noqa: PLC0415
+  from fastpbrl.run import Loop  # noqa: PLC0415
+  from tests.population.conftest import tiny_td3  # noqa: PLC0415
+
+  class FakePipeline:
+    policy_version = 7
+
+    def __init__(self):
+      self.restarted = []
+
+    def restart_members(self, members):
+      self.restarted.append(list(members))
+
+    def wait_published(self, timeout=None):
+      return True
+
+  config = drivers.HyperTrickRunConfig(
+      population_size=2, num_workers=6, num_phases=1, phase_update_steps=100,
+      eval_every=50, env_steps=1000, warmup_steps=100, eviction_rate=0.25)
+  driver = drivers.HyperTrickDriver(config)
+  agent = tiny_td3()
+  hparams = driver.initial_hparams(jax.random.PRNGKey(0), agent, 2)
+  learner = PopulationLearner(agent)
+  pipeline = FakePipeline()
+  loop = Loop(config=config, run_dir='', agent=agent, learner=learner,
+              pipeline=pipeline, state=learner.init(
+                  jax.random.PRNGKey(1), hparams),
+              hparams=hparams, key=jax.random.PRNGKey(2),
+              member_update_steps=np.zeros(2, np.int64))
+
+  def phase_ends(env_steps):
+    loop.env_steps = env_steps
+    loop.update_steps += 100
+    loop.member_update_steps += 100
+    loop.episodes = [EpisodeRecord(m, 10.0 * m, 10, True, 0, 8, 8)
+                     for m in range(2)]
+    driver.after_call(loop)
+
+  # 300 env steps left >= warm-up 100 + one phase of 100 update steps.
+  phase_ends(700)
+  assert pipeline.restarted == [[0, 1]] and driver.scheduler.launched == 4
+  # 100 left: no new experiment; both slots keep their (completed) workers.
+  phase_ends(900)
+  assert pipeline.restarted == [[0, 1]] and driver.scheduler.launched == 4
+  assert driver.scheduler.slot_worker == [None, None]
