@@ -160,6 +160,21 @@ def test_reset_members(td3_agent, td3_population):
                          jax.tree.leaves(new_state.policy)[-1][4])
 
 
+class FakePipeline:
+  """What the HyperTrick driver asks of the pipeline; records restarts."""
+
+  policy_version = 7
+
+  def __init__(self):
+    self.restarted = []
+
+  def restart_members(self, members):
+    self.restarted.append(list(members))
+
+  def wait_published(self, timeout=None):
+    return True
+
+
 def test_driver_restarts_evicted_slots_as_new_experiments():
   # The evicted slot's replay must start empty with its own warm-up: the
   # driver asks the pipeline for that (Pipeline.restart_members, whose
@@ -171,16 +186,6 @@ def test_driver_restarts_evicted_slots_as_new_experiments():
   from fastpbrl.run import Loop  # noqa: PLC0415
   from tests.population.conftest import tiny_td3  # noqa: PLC0415
 
-  class FakePipeline:
-    policy_version = 7
-    restarted = []
-
-    def restart_members(self, members):
-      self.restarted.append(list(members))
-
-    def wait_published(self, timeout=None):
-      return True
-
   config = drivers.HyperTrickRunConfig(
       population_size=2, num_workers=6, num_phases=2, phase_update_steps=100,
       eval_every=50, eviction_rate=0.25)
@@ -188,8 +193,9 @@ def test_driver_restarts_evicted_slots_as_new_experiments():
   agent = tiny_td3()
   hparams = driver.initial_hparams(jax.random.PRNGKey(0), agent, 2)
   learner = PopulationLearner(agent)
+  pipeline = FakePipeline()
   loop = Loop(config=config, run_dir='', agent=agent, learner=learner,
-              pipeline=FakePipeline(), state=learner.init(
+              pipeline=pipeline, state=learner.init(
                   jax.random.PRNGKey(1), hparams),
               hparams=hparams, key=jax.random.PRNGKey(2),
               member_update_steps=np.zeros(2, np.int64))
@@ -200,9 +206,9 @@ def test_driver_restarts_evicted_slots_as_new_experiments():
     # Member 0 always scores higher than member 1.
     loop.episodes = [EpisodeRecord(m, 100.0 - 50 * m + call, 10, True, 0, 8, 8)
                      for m in range(2)]
-    before = len(FakePipeline.restarted)
+    before = len(pipeline.restarted)
     driver.after_call(loop)
-    for members in FakePipeline.restarted[before:]:
+    for members in pipeline.restarted[before:]:
       restarted_total += len(members)
       for m in members:  # its phase starts at its current update count
         assert driver.phase_start[m] == loop.member_update_steps[m]
@@ -222,18 +228,6 @@ def test_driver_starts_no_experiment_the_budget_cannot_train():
   from fastpbrl.learner import PopulationLearner  # noqa: PLC0415
   from fastpbrl.run import Loop  # noqa: PLC0415
   from tests.population.conftest import tiny_td3  # noqa: PLC0415
-
-  class FakePipeline:
-    policy_version = 7
-
-    def __init__(self):
-      self.restarted = []
-
-    def restart_members(self, members):
-      self.restarted.append(list(members))
-
-    def wait_published(self, timeout=None):
-      return True
 
   config = drivers.HyperTrickRunConfig(
       population_size=2, num_workers=6, num_phases=1, phase_update_steps=100,
