@@ -151,8 +151,15 @@ def test_fast_learner_holds_the_target_ratio(target):
               num_updates=8, grants=200)
   assert len(seen) >= 200
   assert max(seen) <= target + 1e-9
-  # Over the run the ratio stays within a few percent of the target.
-  assert limiter.ratio() == pytest.approx(target, rel=0.05)
+  # The learner is granted all the ratio allows and no more, however the
+  # threads were scheduled: once the actors stop, it reaches the target
+  # within one call. (Comparing the ratio at the moment the run stopped
+  # with the target failed on a loaded machine: 3.60 for 4.0, while the
+  # starved learner thread had updates left to take.)
+  while limiter.try_acquire(8):
+    pass
+  least = int(limiter.env_steps.min())
+  assert target - 8 / least <= limiter.ratio() <= target + 1e-9
 
 
 def test_slow_learner_holds_actors_back_with_a_slack():
