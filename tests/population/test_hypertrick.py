@@ -175,20 +175,14 @@ class FakePipeline:
     return True
 
 
-def test_driver_restarts_evicted_slots_as_new_experiments():
-  # The evicted slot's replay must start empty with its own warm-up: the
-  # driver asks the pipeline for that (Pipeline.restart_members, whose
-  # effect on the replay tests/test_pipeline.py checks), and its phases count
-  # the slot's own update steps, which stop while it warms up.
+def driver_and_loop(config):
+  """A HyperTrick driver over 2 tiny TD3 members and the loop it sees,
+  with a ``FakePipeline``."""
   from fastpbrl import drivers  # noqa: PLC0415
-  from fastpbrl.actors import EpisodeRecord  # noqa: PLC0415
   from fastpbrl.learner import PopulationLearner  # noqa: PLC0415
   from fastpbrl.run import Loop  # noqa: PLC0415
   from tests.population.conftest import tiny_td3  # noqa: PLC0415
 
-  config = drivers.HyperTrickRunConfig(
-      population_size=2, num_workers=6, num_phases=2, phase_update_steps=100,
-      eval_every=50, eviction_rate=0.25)
   driver = drivers.HyperTrickDriver(config)
   agent = tiny_td3()
   hparams = driver.initial_hparams(jax.random.PRNGKey(0), agent, 2)
@@ -199,6 +193,21 @@ def test_driver_restarts_evicted_slots_as_new_experiments():
                   jax.random.PRNGKey(1), hparams),
               hparams=hparams, key=jax.random.PRNGKey(2),
               member_update_steps=np.zeros(2, np.int64))
+  return driver, loop, pipeline
+
+
+def test_driver_restarts_evicted_slots_as_new_experiments():
+  # The evicted slot's replay must start empty with its own warm-up: the
+  # driver asks the pipeline for that (Pipeline.restart_members, whose
+  # effect on the replay tests/test_pipeline.py checks), and its phases count
+  # the slot's own update steps, which stop while it warms up.
+  from fastpbrl import drivers  # noqa: PLC0415
+  from fastpbrl.actors import EpisodeRecord  # noqa: PLC0415
+
+  config = drivers.HyperTrickRunConfig(
+      population_size=2, num_workers=6, num_phases=2, phase_update_steps=100,
+      eval_every=50, eviction_rate=0.25)
+  driver, loop, pipeline = driver_and_loop(config)
   restarted_total = 0
   for call in range(1, 40):
     loop.update_steps = call * 50
@@ -225,23 +234,11 @@ def test_driver_starts_no_experiment_the_budget_cannot_train():
   # report completes a worker and asks for a new one.
   from fastpbrl import drivers  # noqa: PLC0415
   from fastpbrl.actors import EpisodeRecord  # noqa: PLC0415
-  from fastpbrl.learner import PopulationLearner  # noqa: PLC0415
-  from fastpbrl.run import Loop  # noqa: PLC0415
-  from tests.population.conftest import tiny_td3  # noqa: PLC0415
 
   config = drivers.HyperTrickRunConfig(
       population_size=2, num_workers=6, num_phases=1, phase_update_steps=100,
       eval_every=50, env_steps=1000, warmup_steps=100, eviction_rate=0.25)
-  driver = drivers.HyperTrickDriver(config)
-  agent = tiny_td3()
-  hparams = driver.initial_hparams(jax.random.PRNGKey(0), agent, 2)
-  learner = PopulationLearner(agent)
-  pipeline = FakePipeline()
-  loop = Loop(config=config, run_dir='', agent=agent, learner=learner,
-              pipeline=pipeline, state=learner.init(
-                  jax.random.PRNGKey(1), hparams),
-              hparams=hparams, key=jax.random.PRNGKey(2),
-              member_update_steps=np.zeros(2, np.int64))
+  driver, loop, pipeline = driver_and_loop(config)
 
   def phase_ends(env_steps):
     loop.env_steps = env_steps
