@@ -21,8 +21,8 @@ and ``fastpbrl seeds`` run over several processes unchanged. Launch:
 ``python -m fastpbrl.launch --num-processes 2 -- fastpbrl pbt ...`` (or
 ``-- python my_run.py``) on one machine (``fastpbrl.launch`` sets the
 variables below), or one task per node or per GPU under SLURM (see
-``fastpbrl.launch``). The process calls ``initialize_from_env()`` before anything else touches jax
-devices.
+``fastpbrl.launch``). The process calls ``initialize_from_env()`` before
+anything else touches jax devices.
 
 Environment variables read by ``initialize_from_env``:
 
@@ -268,15 +268,20 @@ def to_local(global_tree: Any) -> Any:
   a replicated one its whole value."""
 
   def read(x: jax.Array) -> np.ndarray:
-    shards = {}
-    for shard in x.addressable_shards:
-      start = shard.index[0].start if shard.index else None
-      shards.setdefault(start or 0, shard)
-    if len(shards) == 1:
-      return np.asarray(next(iter(shards.values())).data)
-    return np.concatenate([np.asarray(shards[k].data) for k in sorted(shards)])
+    parts = [np.asarray(data) for data in _local_blocks(x)]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
   return jax.tree.map(read, global_tree)
+
+
+def _local_blocks(x: jax.Array) -> list:
+  """The single-device arrays holding this process's rows of ``x``, in row
+  order, one per distinct block (replicas of a block counted once)."""
+  shards = {}
+  for shard in x.addressable_shards:
+    start = shard.index[0].start if shard.index else None
+    shards.setdefault(start or 0, shard)
+  return [shards[k].data for k in sorted(shards)]
 
 
 def allgather_host(x: Any) -> Any:
@@ -436,11 +441,7 @@ class Processes:
     first = jax.local_devices()[0]
 
     def view(x):
-      shards = {}
-      for shard in x.addressable_shards:
-        start = shard.index[0].start if shard.index else None
-        shards.setdefault(start or 0, shard)
-      parts = [jax.device_put(shards[k].data, first) for k in sorted(shards)]
+      parts = [jax.device_put(data, first) for data in _local_blocks(x)]
       return parts[0] if len(parts) == 1 else jax.numpy.concatenate(parts)
 
     return jax.tree.map(view, tree)
@@ -457,9 +458,7 @@ class Processes:
 
   def any(self, flag: bool) -> bool:
     """True in every process if ``flag`` is True in any."""
-    if not self.several:
-      return bool(flag)
-    return bool(np.any(allgather_host(np.asarray([bool(flag)]))))
+    return self.agree(flag, 0)[0]
 
   def agree(self, flag: bool, value: int) -> tuple[bool, int]:
     """``(any process's flag, the least value)`` in one gather."""
