@@ -434,13 +434,17 @@ class Pipeline:
           self._dropped_episodes += overflow
         self._episodes.extend(records)
 
-  def _active(self) -> np.ndarray:
+  def _active(self) -> tuple[np.ndarray, np.ndarray]:
     """``[N]``: members whose replay holds their current restart's data,
-    past its warm-up (always, for members never restarted)."""
+    past its warm-up (always, for members never restarted); and the
+    restart requests that mask was computed under, read under the same
+    lock, so a restart requested while a batch is being sampled always
+    makes that batch's mask stale (see ``next_batch``)."""
     with self._lock:
-      return ((self._restart_requests == 0)
-              | ((self._data_restart == self._restart_requests)
-                 & (self._fresh >= self.config.warmup_steps)))
+      requests = self._restart_requests.copy()
+      return ((requests == 0)
+              | ((self._data_restart == requests)
+                 & (self._fresh >= self.config.warmup_steps))), requests
 
   def _make_replay(self, fields, device, mesh) -> Replay:
     """The host or the device replay, as ``config.replay_location`` and
@@ -470,10 +474,10 @@ class Pipeline:
   def _sample(self) -> Transition | jax.Array:
     """Prefetch thread: the next call's batch (host replay), or the key
     the call samples its batch with (device replay)."""
-    active = self._active()
+    active, requests = self._active()
     if self.replay_on_device:
       with self._lock:
-        self._batch_active.append((active, self._restart_requests.copy()))
+        self._batch_active.append((active, requests))
       self._samples += 1
       return jax.random.fold_in(self._sample_key, self._samples)
     if active.all():
@@ -483,9 +487,10 @@ class Pipeline:
       batch = self.replay.sample(self._rng, self.config.num_steps,
                                  self.config.batch_size, inactive=~active)
     # One mask per sampled batch, in the prefetch queue's order, with the
-    # restart requests it was sampled under (see next_batch).
+    # restart requests it was computed under (see next_batch): not those
+    # of now, which a restart during the sampling may already have raised.
     with self._lock:
-      self._batch_active.append((active, self._restart_requests.copy()))
+      self._batch_active.append((active, requests))
     return batch
 
   def _check(self) -> None:

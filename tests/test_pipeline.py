@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import types
 
@@ -474,3 +475,41 @@ def test_restarted_member_starts_with_an_empty_replay_and_its_own_warmup():
   # least its warm-up, none of the ~300+ transitions it had before.
   assert warmup <= sizes[1] == fresh < inserted[1] - before[1] + 1
   assert sizes[0] > sizes[1] + 200
+
+
+def test_a_restart_during_sampling_marks_that_batch_inactive():
+  # The prefetch thread reads the active mask, then samples. A restart
+  # requested in between (the learner's thread runs while the prefetch
+  # thread samples; under load the gap can be long) must still mark the
+  # batch being sampled, which holds the old experiment's data, inactive
+  # for the restarted member. Here the restart is requested from inside the
+  # sample itself, so that interleaving happens every time.
+  learner, state, hparams, agent_fn = td3_population(pendulum, 2)
+  config = PipelineConfig(num_steps=10, batch_size=16, warmup_steps=100,
+                          num_actor_processes=1, replay_capacity=10_000,
+                          chunk_steps=16)
+  with Pipeline(pendulum, agent_fn, learner.policy_params(state), hparams,
+                config, seed=3) as pipeline:
+    for _ in range(3):
+      pipeline.next_batch(timeout=120)
+      assert pipeline.last_active.all()
+    sample, fired = pipeline.replay.sample, threading.Event()
+
+    def sample_then_restart(*args, **kwargs):
+      batch = sample(*args, **kwargs)
+      if not fired.is_set():
+        pipeline.restart_members([1])
+        fired.set()
+      return batch
+
+    pipeline.replay.sample = sample_then_restart
+    # No publish follows, so member 1's actor never starts its new
+    # experiment and no batch may be active for it from now on: those
+    # queued before the restart, the one sampled across it, and later ones.
+    masks = []
+    while len(masks) < config.prefetch_depth + 3:
+      pipeline.next_batch(timeout=120)
+      if fired.is_set():
+        masks.append(pipeline.last_active.copy())
+  masks = np.stack(masks)
+  assert masks[:, 0].all() and not masks[:, 1].any(), masks
