@@ -28,7 +28,10 @@ Methods:
 Every result lands in ``--out`` as one JSON per run
 (``runs/<task>/<method>/seed<k>.json``), so an interrupted benchmark
 continues where it stopped (existing results are kept unless ``--redo``);
-``report`` rebuilds the table and plot from them.
+``report`` rebuilds the table and plot from them. Each run's own folder
+(logs, TensorBoard events, per-member returns) is kept for inspection in a
+new folder under ``--run-root`` (default: the system's temporary
+directory); nothing there is needed by the table.
 
 Usage::
 
@@ -115,6 +118,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument('--redo', action='store_true',
                       help='run again even where a result exists')
   parser.add_argument('--report-only', action='store_true')
+  parser.add_argument('--run-root', default=None,
+                      help="folder for each run's own logs (default: the "
+                      "system's temporary directory)")
   parser.add_argument('--one', nargs=3, metavar=('TASK', 'METHOD', 'SEED'),
                       help=argparse.SUPPRESS)  # one run, in a subprocess
   args = parser.parse_args(argv)
@@ -131,6 +137,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.error(f'--eval-episodes must be >= 1, got {args.eval_episodes}')
   if args.env_steps is not None and args.env_steps < 2:
     parser.error(f'--env-steps must be >= 2, got {args.env_steps}')
+  if args.run_root is not None and not os.path.isdir(args.run_root):
+    parser.error(f'--run-root: {args.run_root!r} is not a folder')
   return args
 
 
@@ -182,7 +190,8 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
   task = task_budget(args, task_name)
   module_name, extra = METHODS[method]
   module = importlib.import_module(f'experiments.{module_name}')
-  run_dir = tempfile.mkdtemp(prefix=f'fpbrl-bench-{method}-')
+  run_dir = tempfile.mkdtemp(prefix=f'fpbrl-bench-{method}-',
+                             dir=args.run_root)
   argv = ['--env', task_name, '--seed', str(seed),
           '--population-size', str(args.population_size),
           '--env-steps', str(task.env_steps),
@@ -493,6 +502,8 @@ def main(argv: Optional[list] = None) -> None:
                      '--eval-episodes', str(args.eval_episodes)]
           if args.env_steps is not None:
             command += ['--env-steps', str(args.env_steps)]
+          if args.run_root is not None:
+            command += ['--run-root', args.run_root]
           done = subprocess.run(command, check=False)
           if done.returncode != 0:
             print(f'{task} {method} seed {seed}: FAILED (exit '

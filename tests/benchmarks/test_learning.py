@@ -12,10 +12,16 @@ from benchmarks import learning
 @pytest.mark.slow
 def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
   out = str(tmp_path / 'learning')
+  runs = tmp_path / 'runs'
+  runs.mkdir()
   argv = ['--tasks', 'Pendulum-v1', '--methods', 'seeds-td3', '--seeds', '0',
           '--env-steps', '400', '--population-size', '2', '--eval-episodes',
-          '1', '--out', out]
+          '1', '--out', out, '--run-root', str(runs)]
   learning.main(argv)
+  # The run's own folder lands under --run-root, not in the system's /tmp.
+  (run_dir,) = runs.iterdir()
+  assert run_dir.name.startswith('fpbrl-bench-seeds-td3-')
+  assert (run_dir / 'run' / 'config.json').exists()
   path = learning.result_path(out, 'Pendulum-v1', 'seeds-td3', 0, 400)
   assert path.endswith(os.path.join('runs', 'Pendulum-v1@400', 'seeds-td3',
                                     'seed0.json'))
@@ -42,6 +48,7 @@ def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
     (['--tasks', 'Nope-v0'], '--tasks: unknown task'),
     (['--methods', 'ppo'], '--methods: unknown method'),
     (['--population-size', '1'], '--population-size must be >= 2'),
+    (['--run-root', '/nonexistent/runs'], '--run-root:'),
 ])
 def test_bad_flags_name_the_flag(argv, message, capsys):
   with pytest.raises(SystemExit):
