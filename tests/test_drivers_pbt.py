@@ -2,12 +2,14 @@
 a member is ready only once an evaluation of the policy it trained since
 its last decision has come in, however fast its update steps pass."""
 
+import dataclasses
 import types
 
 import jax
 import numpy as np
 
 from fastpbrl.actors.actor import EpisodeRecord
+from fastpbrl.population import search_space as ss
 from fastpbrl.rules.pbt import PBTDriver, PBTRunConfig
 from fastpbrl.run import make_agent, make_env_spec
 
@@ -66,3 +68,33 @@ def test_no_exploit_on_evaluations_of_untrained_policies(tmp_path):
   _call(driver, loop, 50, [(m, -100.0) for m in range(N)],
         started_under=loop.pipeline.policy_version - 1)
   assert driver.exploits == 1
+
+
+def test_the_whole_population_decides_at_once(tmp_path):
+  driver, loop = _start(tmp_path)
+  _call(driver, loop, 200)  # the first call: warm-up evaluations score nobody
+  # Members 0 and 1 are evaluated first; member 0 is the worst so far, but
+  # nobody decides before every member has an evaluation.
+  _call(driver, loop, 30, [(0, -900.0), (1, -100.0)])
+  assert driver.exploits == 0 and driver.evaluated[:2].all()
+  _call(driver, loop, 10, [(2, -50.0)])
+  assert driver.exploits == 0
+  # Member 3 comes in last and is the worst: the one decision replaces it
+  # (the bottom 25% of four) by the best, member 2.
+  assert driver.take_events() == []
+  _call(driver, loop, 10, [(3, -1000.0)])
+  events = driver.take_events()
+  assert driver.exploits == 1
+  assert [(e['member'], e['parent']) for e in events] == [(3, 2)]
+  assert not driver.evaluated.any()
+
+
+def test_explore_resamples_where_the_population_started(tmp_path):
+  driver, loop = _start(tmp_path)
+  near = ss.near(driver.space, make_agent(
+      driver.config, make_env_spec(driver.config.env)).default_hparams())
+  assert driver.exploit.resample_space == near
+  prior = PBTDriver(dataclasses.replace(driver.config, init_hparams='prior'))
+  agent = make_agent(prior.config, make_env_spec(prior.config.env))
+  prior.initial_hparams(jax.random.PRNGKey(0), agent, N)
+  assert prior.exploit.resample_space is None  # the whole search space

@@ -234,7 +234,9 @@ def _refresh_keys(key: PRNGKey, keys: jax.Array, replaced: jax.Array):
 
 def exploit_explore(key: PRNGKey, state: State, hparams: HParams,
                     fitness: jax.Array, ready: jax.Array, config: PBTConfig,
-                    space: ss.SearchSpace) -> PBTResult:
+                    space: ss.SearchSpace,
+                    resample_space: Optional[ss.SearchSpace] = None
+                    ) -> PBTResult:
   """One PBT exploit-and-explore step over the whole population.
 
   Args:
@@ -246,6 +248,8 @@ def exploit_explore(key: PRNGKey, state: State, hparams: HParams,
     config: static PBT settings.
     space: static search space for explore; fields outside it are copied
       from the parent and left as they are.
+    resample_space: static; where explore resamples (``ss.perturb``):
+      the distribution the population started from. Default: ``space``.
 
   Returns:
     ``PBTResult(state, hparams, parent, replaced)``. For a replaced member
@@ -259,7 +263,7 @@ def exploit_explore(key: PRNGKey, state: State, hparams: HParams,
   parent, replaced = select_parents(k_select, jnp.asarray(fitness), ready,
                                     config)
   return copy_and_explore(k_copy, state, hparams, parent, replaced, config,
-                          space)
+                          space, resample_space)
 
 
 def diverged_parents(key: PRNGKey, fitness: jax.Array, diverged: jax.Array,
@@ -289,7 +293,9 @@ def diverged_parents(key: PRNGKey, fitness: jax.Array, diverged: jax.Array,
 
 def replace_diverged(key: PRNGKey, state: State, hparams: HParams,
                      fitness: jax.Array, diverged: jax.Array,
-                     config: PBTConfig, space: ss.SearchSpace) -> PBTResult:
+                     config: PBTConfig, space: ss.SearchSpace,
+                     resample_space: Optional[ss.SearchSpace] = None
+                     ) -> PBTResult:
   """Every diverged member takes a copy of a good member, as an exploit
   would (``diverged_parents``, then ``copy_and_explore``): the state, fresh
   keys, reset optimizers if configured, the parent's perturbed
@@ -298,12 +304,14 @@ def replace_diverged(key: PRNGKey, state: State, hparams: HParams,
   diverged = jnp.asarray(diverged, bool)
   parent = diverged_parents(k_select, fitness, diverged, config)
   return copy_and_explore(k_copy, state, hparams, parent, diverged, config,
-                          space)
+                          space, resample_space)
 
 
 def copy_and_explore(key: PRNGKey, state: State, hparams: HParams,
                      parent: jax.Array, replaced: jax.Array, config: PBTConfig,
-                     space: ss.SearchSpace) -> PBTResult:
+                     space: ss.SearchSpace,
+                     resample_space: Optional[ss.SearchSpace] = None
+                     ) -> PBTResult:
   """Exploit and explore for a given decision: member ``i`` with
   ``replaced[i]`` becomes a copy of ``parent[i]`` (see ``exploit_explore``
   for what is copied, refreshed and perturbed)."""
@@ -326,7 +334,8 @@ def copy_and_explore(key: PRNGKey, state: State, hparams: HParams,
 
   copied_hparams = copy_members(hparams, parent, replaced)
   explored = ss.perturb(k_explore, space, copied_hparams,
-                        config.perturb_factors, config.resample_probability)
+                        config.perturb_factors, config.resample_probability,
+                        resample_space)
   new_hparams = jax.tree.map(
       lambda e, c: jnp.where(replaced, e, c), explored, copied_hparams)
   return PBTResult(new_state, new_hparams, parent, replaced)
@@ -337,20 +346,23 @@ class CompiledExploitExplore:
   configuration and a search space, counting its traces so that callers can
   check that new values never recompile."""
 
-  def __init__(self, config: PBTConfig, space: ss.SearchSpace):
+  def __init__(self, config: PBTConfig, space: ss.SearchSpace,
+               resample_space: Optional[ss.SearchSpace] = None):
     self.config = config
     self.space = space
+    self.resample_space = resample_space
     self.compilations = 0
 
     def traced(key, state, hparams, fitness, ready):
       self.compilations += 1  # runs once per trace, never at run time
       return exploit_explore(key, state, hparams, fitness, ready, config,
-                             space)
+                             space, resample_space)
 
     self._step = jax.jit(traced)
     self._replace_diverged = jax.jit(
         lambda key, state, hparams, fitness, diverged: replace_diverged(
-            key, state, hparams, fitness, diverged, config, space))
+            key, state, hparams, fitness, diverged, config, space,
+            resample_space))
 
   def __call__(self, key: PRNGKey, state: State, hparams: HParams,
                fitness, ready) -> PBTResult:

@@ -327,6 +327,54 @@ def sample_near(key: PRNGKey, space: SearchSpace, defaults: HParams, n: int,
   return _apply_constraint(space, stacked._replace(**values))
 
 
+def _near_field(dist: Distribution, default: float,
+                spread: float) -> Distribution:
+  """The part of ``dist`` within a factor ``spread`` of ``default`` (of
+  ``1 - default`` for a ``Discount``); ``dist`` itself where that part is
+  empty or a point (a default of 0 in a ``Uniform``, or one outside or at the
+  edge of the support)."""
+  if isinstance(dist, Categorical):
+    values = dist.values
+    i = min(range(len(values)), key=lambda j: abs(values[j] - default))
+    return Categorical(values[max(0, i - 1):i + 2])
+  if isinstance(dist, Discount):
+    horizon = 1.0 - default
+    near_dist = Discount(max(dist.low, 1.0 - horizon * spread),
+                         min(dist.high, 1.0 - horizon / spread))
+  elif default > 0:
+    near_dist = type(dist)(max(dist.low, default / spread),
+                           min(dist.high, default * spread))
+  elif default < 0:
+    near_dist = type(dist)(max(dist.low, default * spread),
+                           min(dist.high, default / spread))
+  else:
+    return dist
+  return near_dist if near_dist.low < near_dist.high else dist
+
+
+def near(space: SearchSpace, defaults: HParams,
+         spread: float = 1.25) -> SearchSpace:
+  """The search space restricted to a factor ``spread`` around the defaults:
+  each field's support intersected with ``[default / spread, default *
+  spread]`` (for a ``Discount``, ``1 - gamma`` around ``1 - default``); a
+  categorical field keeps the default's nearest value and its neighbours.
+  Same kinds of distributions, same constraint.
+
+  Host-side (``defaults`` must be concrete: ONE member's hyperparameters).
+  It is the region ``sample_near`` draws the initial population from and,
+  with ``--init-hparams near-defaults``, where PBT's explore step resamples
+  (``perturb``'s ``resample_space``): Jaderberg et al. resample "from the
+  originally defined prior distribution", the one the population started
+  from.
+  """
+  if not spread > 1.0:
+    raise ValueError(f'spread must be > 1, got {spread}')
+  validate(space, defaults)
+  return SearchSpace(
+      tuple((name, _near_field(dist, float(getattr(defaults, name)), spread))
+            for name, dist in space.distributions), space.constraint)
+
+
 def _scale(dist: Distribution, x: jax.Array, factor: jax.Array) -> jax.Array:
   """``x`` times ``factor`` (``1 - x`` for a ``Discount``, in log space for
   log-scale fields), mirrored back into the bounds."""
@@ -374,11 +422,13 @@ def check_perturb_args(factors: Sequence[float],
 
 def perturb(key: PRNGKey, space: SearchSpace, hparams: HParams,
             factors: Sequence[float] = (0.8, 1.2),
-            resample_probability: float | jax.Array = 0.25) -> HParams:
+            resample_probability: float | jax.Array = 0.25,
+            resample_space: Optional[SearchSpace] = None) -> HParams:
   """PBT's explore step on every member (Jaderberg et al. 2017, sec. 4.1.1).
 
   For each member and each field of the space, independently: with
-  probability ``resample_probability`` the value is redrawn from the prior;
+  probability ``resample_probability`` the value is redrawn from the prior
+  (``resample_space``; the whole space by default);
   otherwise a continuous value is multiplied by a factor drawn uniformly from
   ``factors`` (``1 - gamma`` for a ``Discount``) and reflected back into the
   distribution's bounds if it left them, and a categorical
@@ -396,12 +446,21 @@ def perturb(key: PRNGKey, space: SearchSpace, hparams: HParams,
     factors: multiplicative perturbation factors (static).
     resample_probability: probability of resampling from the prior instead
       of perturbing; may be a traced scalar.
+    resample_space: where a resampled value is drawn from (static): the
+      distribution the population was initialised from (e.g. ``near(space,
+      defaults)``); it must have the same fields as ``space``. Default:
+      ``space``, the whole prior. Perturbed values stay within ``space``'s
+      bounds either way.
 
   Returns:
     Perturbed hyperparameters of the same structure, shapes and dtypes.
   """
   validate(space, hparams)
   check_perturb_args(factors, resample_probability)
+  resample_space = space if resample_space is None else resample_space
+  if resample_space.fields != space.fields:
+    raise ValueError(f'resample_space has fields {resample_space.fields}, '
+                     f'the search space {space.fields}')
   values = {}
   keys = jax.random.split(key, max(1, len(space.distributions)))
   for k, (name, dist) in zip(keys, space.distributions):
@@ -409,7 +468,7 @@ def perturb(key: PRNGKey, space: SearchSpace, hparams: HParams,
     n = x.shape[0]
     k_move, k_flag, k_new = jax.random.split(k, 3)
     moved = _perturb_field(k_move, dist, x, factors)
-    resampled = _sample_field(k_new, dist, n)
+    resampled = _sample_field(k_new, resample_space[name], n)
     flag = jax.random.uniform(k_flag, (n,)) < resample_probability
     values[name] = _cast(jnp.where(flag, resampled, moved), x)
   return _apply_constraint(space, hparams._replace(**values))

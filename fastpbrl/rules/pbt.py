@@ -32,9 +32,9 @@ class PBTRunConfig(RunConfig):
   """PBT (Jaderberg et al. 2017) on top of the shared run settings."""
 
   ready_after: int = 2_500
-  """Update steps a member trains between exploit/explore decisions
-  (the 2022 paper: 100,000 on HalfCheetah); each span must hold the start
-  of an evaluation (see --eval-every)."""
+  """Update steps between two exploit/explore decisions, each taken for the
+  whole population at once (the 2022 paper: 100,000 on HalfCheetah); each
+  span must hold the start of an evaluation (see --eval-every)."""
   eval_every: int = 2_500
   """Env steps per member between evaluations (noise-free episodes of one
   frozen policy version); PBT's fitness is their mean."""
@@ -43,7 +43,8 @@ class PBTRunConfig(RunConfig):
   fraction: float = 0.3
   """Truncation: bottom fraction copies the top fraction, in (0, 0.5]."""
   resample_probability: float = 0.25
-  """Explore: probability of resampling a hyperparameter from its prior."""
+  """Explore: probability of resampling a hyperparameter from the
+  distribution the population started from (see --init-hparams)."""
   reset_optimizers: bool = False
   """Reset the optimizer states of members that copied another."""
   copy_replay: bool = False
@@ -62,7 +63,10 @@ class PBTRunConfig(RunConfig):
   """Initial hyperparameters: 'near-defaults' (member 0 at the agent's
   published defaults, the others within a factor 1.25 of them), 'prior'
   (sampled from the whole search space, as the 2022 paper does) or
-  'defaults' (every member at the defaults)."""
+  'defaults' (every member at the defaults). Explore resamples from the
+  same region: within a factor 1.25 of the defaults (near-defaults,
+  defaults) or the whole search space (prior); perturbations reach the
+  whole search space either way."""
   search_space: Optional[str] = None
   """A JSON (or YAML) file of the hyperparameters to search and their priors
   (format: README, "Search space from a file"; example:
@@ -125,6 +129,14 @@ class PBTDriver(Driver):
   def initial_hparams(self, key, agent, population_size):
     defaults = agent.default_hparams()
     _validate_space(self.config, self.space, defaults)
+    if self.config.init_hparams != 'prior':
+      # Explore resamples from where the population started (Jaderberg et
+      # al.: "the originally defined prior distribution"); from the whole
+      # prior, each exploit would redraw a quarter of the copy's fields
+      # from ranges (noise scales up to 1, learning rates 10x the default)
+      # that the near-defaults start exists to avoid.
+      self.exploit = pbt_lib.CompiledExploitExplore(
+          self.pbt_config, self.space, ss.near(self.space, defaults))
     if self.config.init_hparams == 'defaults':
       return super().initial_hparams(key, agent, population_size)
     if self.config.init_hparams == 'near-defaults':
@@ -166,8 +178,15 @@ class PBTDriver(Driver):
     # so every member's step count is loop.update_steps.
     steps = np.full_like(self.last_ready, loop.update_steps)
     ready = np.asarray(pbt_lib.ready_mask(steps, self.last_ready,
-                                          self.pbt_config)) & self.evaluated
-    if not ready.any():
+                                          self.pbt_config))
+    # The whole population decides at once, as in the 2022 paper ("the
+    # entire population evolves at intervals of 100,000 update steps"),
+    # once every due member has been evaluated. Deciding for each member as
+    # its evaluation comes in would let a member copy one that was itself
+    # replaced a call earlier, whose fitness is its parent's but whose
+    # explored hyperparameters nobody has evaluated, and would spend
+    # several decisions per interval on a small population.
+    if not ready.any() or not self.evaluated[ready].all():
       return
     fitness = self.fitness.fitness()
     result = self.exploit(loop.next_key(), loop.state, loop.hparams, fitness,

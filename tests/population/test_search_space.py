@@ -361,3 +361,63 @@ def test_search_space_flag_errors_name_the_flag(tmp_path, monkeypatch):
                 '--no-progress', '--population-size', '2'])
     assert message in str(info.value.code), info.value.code
     assert '\n' not in str(info.value.code)
+
+
+def test_near_restricts_each_field_around_the_defaults():
+  space = ss.default_search_space('td3')
+  near = ss.near(space, td3.default_hparams())
+  assert near.fields == space.fields and near.constraint is space.constraint
+  # By hand, spread 1.25: lr 3e-4 -> [2.4e-4, 3.75e-4]; discount 0.99 ->
+  # 1 - gamma in [0.008, 0.0125]; exploration noise 0.1 -> [0.08, 0.125];
+  # policy_delay 0.5 -> [0.4, 0.625].
+  expected = {'policy_lr': (ss.LogUniform, 2.4e-4, 3.75e-4),
+              'critic_lr': (ss.LogUniform, 2.4e-4, 3.75e-4),
+              'discount': (ss.Discount, 0.9875, 0.992),
+              'exploration_noise': (ss.Uniform, 0.08, 0.125),
+              'target_noise': (ss.Uniform, 0.16, 0.25),
+              'noise_clip': (ss.Uniform, 0.4, 0.625),
+              'policy_delay': (ss.Uniform, 0.4, 0.625)}
+  for name, (kind, low, high) in expected.items():
+    dist = near[name]
+    assert type(dist) is kind, name
+    np.testing.assert_allclose([dist.low, dist.high], [low, high], rtol=1e-5,
+                               err_msg=name)
+  # Clipped to the support, a categorical keeps its neighbours, and a
+  # default of 0 (no factor around it) keeps the whole distribution.
+  odd = ss.SearchSpace({'policy_lr': ss.LogUniform(2.8e-4, 3e-3),
+                        'tau': ss.Categorical((0.001, 0.005, 0.01, 0.05)),
+                        'exploration_noise': ss.Uniform(0.0, 1.0)})
+  hp = td3.default_hparams()._replace(exploration_noise=jnp.float32(0.0))
+  out = ss.near(odd, hp)
+  np.testing.assert_allclose([out['policy_lr'].low, out['policy_lr'].high],
+                             [2.8e-4, 3.75e-4], rtol=1e-5)
+  assert out['tau'].values == (0.001, 0.005, 0.01)
+  assert out['exploration_noise'] == ss.Uniform(0.0, 1.0)
+
+
+def test_perturb_resamples_from_the_resample_space():
+  space = ss.default_search_space('td3')
+  defaults = td3.default_hparams()
+  near = ss.near(space, defaults)
+  hp = ss.sample_near(jax.random.PRNGKey(0), space, defaults, N)
+  everywhere = ss.perturb(jax.random.PRNGKey(1), space, hp,
+                          resample_probability=1.0)
+  around = ss.perturb(jax.random.PRNGKey(1), space, hp,
+                      resample_probability=1.0, resample_space=near)
+  for name, dist in near.distributions:
+    x = np.asarray(getattr(around, name))
+    assert x.min() >= np.float32(dist.low) * (1 - 1e-6), name
+    assert x.max() <= np.float32(dist.high) * (1 + 1e-6), name
+    # From the whole prior most values fall outside the near region.
+    y = np.asarray(getattr(everywhere, name))
+    assert np.mean((y < dist.low) | (y > dist.high)) > 0.5, name
+  # Perturbed (not resampled) values still move by the factors and may
+  # leave the near region: the resample space bounds only redraws.
+  moved = ss.perturb(jax.random.PRNGKey(2), space,
+                     hp._replace(policy_lr=jnp.full((N,), 3.7e-4)),
+                     resample_probability=0.0, resample_space=near)
+  np.testing.assert_allclose(np.unique(np.asarray(moved.policy_lr)),
+                             [3.7e-4 * 0.8, 3.7e-4 * 1.2], rtol=1e-5)
+  with pytest.raises(ValueError, match='resample_space has fields'):
+    ss.perturb(jax.random.PRNGKey(0), space, hp, resample_space=ss.SearchSpace(
+        {'policy_lr': ss.LogUniform(1e-4, 1e-3)}))
