@@ -245,6 +245,7 @@ def run_sb3(args, task_name: str, algo: str, seed: int,
   try:
     import gymnasium as gym  # noqa: PLC0415
     import stable_baselines3 as sb3  # noqa: PLC0415
+    from stable_baselines3.common.logger import Logger  # noqa: PLC0415
     from stable_baselines3.common.noise import NormalActionNoise  # noqa: PLC0415
   except ImportError as e:
     raise SystemExit(f'{algo}: Stable-Baselines3 is not installed ({e}); '
@@ -273,6 +274,9 @@ def run_sb3(args, task_name: str, algo: str, seed: int,
           np.zeros(dim), 0.1 * np.ones(dim)), **kwargs)
     else:
       model = sb3.SAC('MlpPolicy', env, **kwargs)
+    # Without a logger of its own, every learn() call makes an empty
+    # SB3-<date> folder in the system's temporary directory.
+    model.set_logger(Logger(folder=None, output_formats=[]))
     eval_env = gym.make(task_name)
 
     def evaluate():

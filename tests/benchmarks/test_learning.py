@@ -54,3 +54,23 @@ def test_bad_flags_name_the_flag(argv, message, capsys):
   with pytest.raises(SystemExit):
     learning.main(argv + ['--report-only', '--out', '/nonexistent'])
   assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sb3_reference_leaves_no_folders_in_the_temp_dir(tmp_path,
+                                                          monkeypatch):
+  pytest.importorskip('stable_baselines3')
+  scratch = tmp_path / 'tmp'
+  scratch.mkdir()
+  monkeypatch.setenv('TMPDIR', str(scratch))  # each run is a subprocess
+  out = str(tmp_path / 'learning')
+  learning.main(['--tasks', 'Pendulum-v1', '--methods', 'sb3-td3', '--seeds',
+                 '0', '--env-steps', '400', '--population-size', '2',
+                 '--eval-episodes', '1', '--out', out])
+  with open(learning.result_path(out, 'Pendulum-v1', 'sb3-td3', 0, 400)) as f:
+    result = json.load(f)
+  assert len(result['final_returns']) == 2
+  assert len(result['curve']) >= 2  # one evaluation per --eval-every at least
+  # SB3 makes an SB3-<date> folder per learn() call unless given a logger
+  # (torch keeps one cache folder per user there: not ours to remove).
+  assert [p.name for p in scratch.iterdir() if p.name.startswith('SB3-')] == []
