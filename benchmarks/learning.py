@@ -228,11 +228,26 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
   }
   mean_csv = os.path.join(run_dir, 'run', 'mean_policy.csv')
   if os.path.exists(mean_csv):
-    with open(mean_csv) as f:
-      rows = f.read().splitlines()[1:]
-    if rows:
-      out['cem_mean_policy_return'] = float(rows[-1].split(',')[-1])
+    curve = cem_mean_policy_curve(mean_csv, args.population_size)
+    if curve:
+      out['cem_mean_policy_return'] = curve[-1][1]
+      out['cem_mean_policy_curve'] = curve
   return out
+
+
+def cem_mean_policy_curve(path: str, population_size: int) -> list:
+  """``[(env steps per member, return)]`` of CEM-RL's mean policy, one per
+  generation, from the run's ``mean_policy.csv`` (its env steps count the
+  whole population)."""
+  with open(path) as f:
+    header, *rows = f.read().splitlines()
+  names = header.split(',')
+  steps, ret = names.index('total_env_steps'), names.index('mean_policy_return')
+  curve = []
+  for row in rows:
+    values = row.split(',')
+    curve.append((int(values[steps]) // population_size, float(values[ret])))
+  return curve
 
 
 def run_sb3(args, task_name: str, algo: str, seed: int,
@@ -451,6 +466,18 @@ def report(out: str) -> str:
   return table
 
 
+def _mean_of_curves(curves: list) -> tuple[np.ndarray, np.ndarray]:
+  """The mean of ``[(step, value)]`` curves sampled at different steps:
+  each interpolated linearly at every step of any of them, over the span
+  that all of them cover."""
+  grid = np.array(sorted({s for c in curves for s, _ in c}), np.float64)
+  lo = max(c[0][0] for c in curves)
+  hi = min(c[-1][0] for c in curves)
+  grid = grid[(grid >= lo) & (grid <= hi)]
+  ys = [np.interp(grid, [s for s, _ in c], [v for _, v in c]) for c in curves]
+  return grid, np.mean(ys, axis=0)
+
+
 def _plot(out: str, by: dict, tasks: list, order: dict) -> None:
   import matplotlib  # noqa: PLC0415
 
@@ -462,16 +489,25 @@ def _plot(out: str, by: dict, tasks: list, order: dict) -> None:
   colors = plt.get_cmap('tab20')
   for ax, (task, budget) in zip(axes[0], tasks):
     for method in sorted(by[(task, budget)], key=order.get):
-      if method == 'cemrl':
-        continue  # its score is the mean policy (table), not its samples
       runs = by[(task, budget)][method]
+      color = colors(2 * order[method] % 20 + (order[method] >= 10))
+      if method == 'cemrl':
+        # Its score is the mean policy, not the best of its samples; its
+        # generations end at different env steps in different seeds.
+        curves = [r['cem_mean_policy_curve'] for r in runs
+                  if r.get('cem_mean_policy_curve')]
+        if curves:
+          steps, ys = _mean_of_curves(curves)
+          ax.plot(steps, ys, marker='.', lw=1.2, color=color,
+                  label=f'cemrl mean policy ({len(curves)} of {len(runs)} '
+                        'seeds)')
+        continue
       steps = sorted({p[0] for r in runs for p in r['curve']})
       ys = []
       for s in steps:
         vals = [p[1] for r in runs for p in r['curve'] if p[0] == s]
         ys.append(np.mean(vals))
-      ax.plot(steps, ys, marker='.', lw=1.2, label=method,
-              color=colors(2 * order[method] % 20 + (order[method] >= 10)))
+      ax.plot(steps, ys, marker='.', lw=1.2, label=method, color=color)
     ax.set_title(f'{task}, {budget:,} env steps per member')
     ax.set_xlabel('env steps per member')
     ax.grid(alpha=0.3)

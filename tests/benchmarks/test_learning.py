@@ -74,3 +74,54 @@ def test_sb3_reference_leaves_no_folders_in_the_temp_dir(tmp_path,
   # SB3 makes an SB3-<date> folder per learn() call unless given a logger
   # (torch keeps one cache folder per user there: not ours to remove).
   assert [p.name for p in scratch.iterdir() if p.name.startswith('SB3-')] == []
+
+
+def test_cem_mean_policy_curve_counts_env_steps_per_member(tmp_path):
+  path = tmp_path / 'mean_policy.csv'
+  path.write_text('generation,total_env_steps,actor_steps,mean_policy_return\n'
+                  '1,28032,0,-157.5\n2,40064,4000,-399.25\n')
+  assert learning.cem_mean_policy_curve(str(path), 4) == [(7008, -157.5),
+                                                          (10016, -399.25)]
+
+
+def test_mean_of_curves_interpolates_over_the_common_span():
+  a = [(0, 0.0), (10, 10.0), (20, 20.0)]
+  b = [(5, 100.0), (15, 200.0), (25, 300.0)]
+  steps, mean = learning._mean_of_curves([a, b])
+  # The common span is [5, 20]; a at 5, 10, 15, 20 is 5, 10, 15, 20 and b
+  # is 100, 150, 200, 250 there.
+  np.testing.assert_array_equal(steps, [5, 10, 15, 20])
+  np.testing.assert_allclose(mean, [52.5, 80.0, 107.5, 135.0])
+
+
+def test_report_plots_the_cem_mean_policy(tmp_path, monkeypatch):
+  out = tmp_path / 'learning'
+  for seed, curve in ((0, [(100, -500.0), (200, -300.0)]),
+                      (1, [(120, -400.0), (220, -200.0)])):
+    path = learning.result_path(str(out), 'Pendulum-v1', 'cemrl', seed, 400)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'w') as f:
+      json.dump({'final_returns': [-900.0, -800.0], 'wall_time_s': 1.0,
+                 'curve': [[200, -800.0, -850.0]], 'task': 'Pendulum-v1',
+                 'method': 'cemrl', 'seed': seed, 'population_size': 2,
+                 'eval_episodes': 1, 'budget': {'env_steps': 400},
+                 'machine': 'test', 'date': '2026-11-24', 'code': 'x',
+                 'cem_mean_policy_return': curve[-1][1],
+                 'cem_mean_policy_curve': curve}, f)
+  lines = []
+  import matplotlib.axes  # noqa: PLC0415
+
+  original = matplotlib.axes.Axes.plot
+
+  def plot(ax, *args, **kwargs):
+    lines.append((list(args[0]), list(args[1]), kwargs.get('label')))
+    return original(ax, *args, **kwargs)
+
+  monkeypatch.setattr(matplotlib.axes.Axes, 'plot', plot)
+  table = learning.report(str(out))
+  assert '| Pendulum-v1 | 400 | cemrl | 2 | -800 ± 0 | -850 ± 0 | -250 ± 50 |' \
+      in table
+  (steps, ys, label), = lines
+  assert label == 'cemrl mean policy (2 of 2 seeds)'
+  # Seed 0 interpolated at 120 is -460 and seed 1 at 200 is -240.
+  assert steps == [120, 200] and ys == pytest.approx([-430.0, -270.0])
