@@ -361,8 +361,9 @@ def near(space: SearchSpace, defaults: HParams,
   Same kinds of distributions, same constraint.
 
   Host-side (``defaults`` must be concrete: ONE member's hyperparameters).
-  It is the region ``sample_near`` draws the initial population from and,
-  with ``--init-hparams near-defaults``, where PBT's explore step resamples
+  It is about the region ``sample_near`` draws the initial population from
+  (which reflects at the bounds instead of cutting them) and, with
+  ``--init-hparams near-defaults``, where PBT's explore step resamples
   (``perturb``'s ``resample_space``): Jaderberg et al. resample "from the
   originally defined prior distribution", the one the population started
   from.
