@@ -268,8 +268,10 @@ def evaluation_points(rows: Sequence[Mapping], eval_episodes: int = 1
   """One member's evaluations as ``(env_steps, wall_time, mean return)``.
 
   An evaluation is ``eval_episodes`` consecutive evaluation episodes (the
-  logger writes only whole evaluations); its point sits where the last one
-  ended.
+  logger writes only whole evaluations); its point sits at their
+  ``env_steps`` (the actors record an evaluation's start, where its policy
+  was frozen; runs made before they did recorded where its last episode
+  ended).
   """
   evals = [r for r in rows if r['evaluation'] == 'True']
   points = []

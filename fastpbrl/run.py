@@ -88,7 +88,8 @@ class RunConfig:
   frozen policy version); every run also evaluates each member's final
   policy at the end of its budget."""
   eval_episodes: int = 5
-  """Episodes per evaluation; their mean is one point of the return curve."""
+  """Episodes per evaluation, played at once (one evaluation env each per
+  member); their mean is one point of the return curve."""
   checkpoint_every: int = 100
   """Learner calls between checkpoints (0: only at the end and on
   SIGINT/SIGTERM)."""

@@ -16,12 +16,19 @@ are kept apart, and on either one ``next_observation`` is the real final
 observation returned by ``step`` before the environment is reset.
 
 Evaluation: every ``eval_interval`` training env steps of a member, its
-separate evaluation environment plays ``eval_episodes`` episodes without
-exploration noise, stepped in lockstep with training (the same vectorized
-call returns both actions), so collection never pauses. All episodes of one
+``eval_episodes`` separate evaluation environments each play one episode
+without exploration noise, all at once and stepped in lockstep with
+training (the same vectorized call returns both kinds of action), so
+collection never pauses and an evaluation lasts as long as its longest
+episode, not the sum of its episodes: 5 episodes of 1,000 steps fit in an
+``eval_interval`` of 2,500 steps, where one after another they would take
+5,000 and every other evaluation would be skipped. All episodes of one
 evaluation play ONE policy version, the member's newest at the
 evaluation's start, frozen while training goes on with newer ones; their
-records carry that version as ``start_policy_version``. Evaluation
+records carry that version as ``start_policy_version`` and the member's
+training env steps at the evaluation's start as ``env_steps``. The next
+evaluation starts at the first multiple of ``eval_interval`` after the
+start of this one, once all of its episodes have ended. Evaluation
 transitions are not sent to the replay. Both kinds of episode are reported
 with their return and length.
 
@@ -69,7 +76,7 @@ SINGLE_THREAD_XLA_FLAGS = (
 
 class MemberSeeds(NamedTuple):
   env: int  # seed of the training env's first reset
-  eval_env: int  # seed of the evaluation env's first reset
+  eval_env: int  # seed of the first evaluation env's first reset
   key: int  # seed of the exploration key
   rng: np.random.Generator  # warm-up actions
   eval_key: int  # seed of the evaluation actions' key (DQN's epsilon 0.05)
@@ -97,7 +104,9 @@ class EpisodeRecord(NamedTuple):
   episode_return: float  # undiscounted sum of env rewards
   episode_length: int  # env steps in the episode
   evaluation: bool  # True: played without exploration noise
-  env_steps: int  # the member's training env steps when it ended
+  # The member's training env steps when it ended; for an evaluation
+  # episode, when its evaluation started: the steps of the policy it played.
+  env_steps: int
   policy_version: int  # param store version in use when it ended
   start_policy_version: int = 0  # param store version when it started
   # info['true_objective'] at the episode's end (NaN when the env gives none)
@@ -109,6 +118,15 @@ class EpisodeRecord(NamedTuple):
         raise KeyError(key)
       return getattr(self, key)
     return tuple.__getitem__(self, key)
+
+
+def eval_env_seed(eval_env: int, k: int) -> int:
+  """Seed of the first reset of a member's ``k``-th evaluation env, from
+  its ``MemberSeeds.eval_env`` (env 0 takes that seed itself)."""
+  if k == 0:
+    return int(eval_env)
+  seq = np.random.SeedSequence(int(eval_env), spawn_key=(k,))
+  return int(seq.generate_state(1, np.uint32)[0])
 
 
 class ActorStopped(Exception):
@@ -129,7 +147,7 @@ class Actor:
     """Args:
       members: population indices hosted here, in store order.
       env_fn: builds one gymnasium environment (called once per member, and
-        once more per member for evaluation).
+        ``eval_episodes`` more times per member, at the first evaluation).
       agent_fn: ``env_spec -> Agent``; its ``act`` selects actions.
       store: the param store holding ``(policy_params, actor_hparams)``.
       seed: the run seed.
@@ -139,7 +157,8 @@ class Actor:
         resume the warm-up and evaluation schedule from there).
       warmup_steps: random-action steps per member before using the policy.
       eval_interval: training env steps between evaluations (0: never).
-      eval_episodes: episodes per evaluation.
+      eval_episodes: episodes per evaluation, played at once by as many
+        evaluation environments per member.
       prng_impl: ``jax.random`` implementation of the exploration keys.
       should_stop: polled while waiting; a true value ends ``fill`` early.
       random_until: per member, the training env step count below which it
@@ -191,12 +210,14 @@ class Actor:
     # Evaluation state.
     self._eval_interval = int(eval_interval)
     self._eval_episodes = int(eval_episodes)
-    self._eval_envs = None
-    self._eval_left = np.zeros(m, np.int64)
-    self._eval_obs = np.zeros_like(self._obs)
-    self._eval_returns = [0.0] * m
-    self._eval_lengths = [0] * m
+    k = self._eval_episodes
+    self._eval_envs = None  # [M][K] environments, made at the first one
+    self._eval_running = np.zeros((m, k), bool)  # episodes under way
+    self._eval_obs = np.zeros((m, k, *obs_spec.shape), obs_spec.dtype)
+    self._eval_returns = np.zeros((m, k), np.float64)
+    self._eval_lengths = np.zeros((m, k), np.int64)
     self._eval_start_version = [0] * m
+    self._eval_start_steps = np.zeros(m, np.int64)
     self._eval_params = None  # [M] policies frozen at evaluation starts
     if self._eval_interval:
       self._next_eval = (self._steps // self._eval_interval + 1) * (
@@ -228,7 +249,8 @@ class Actor:
     return self._version
 
   def close(self) -> None:
-    for env in self._envs + (self._eval_envs or []):
+    eval_envs = [e for row in (self._eval_envs or []) for e in row]
+    for env in self._envs + eval_envs:
       try:
         env.close()
       except Exception:  # closing is best effort at shutdown
@@ -294,11 +316,12 @@ class Actor:
   # ------------------------------------------------------------ evaluation
 
   def _start_evaluations(self) -> None:
-    due = (self._steps >= self._next_eval) & (self._eval_left == 0)
+    due = (self._steps >= self._next_eval) & ~self._eval_running.any(axis=1)
     if not due.any():
       return
     if self._eval_envs is None:
-      self._eval_envs = [self._env_fn() for _ in self._envs]
+      self._eval_envs = [[self._env_fn() for _ in range(self._eval_episodes)]
+                         for _ in self._envs]
       self._eval_seeded = [False] * len(self._envs)
     # Freeze the evaluated members' newest policies for the whole evaluation.
     self._refresh_params()
@@ -310,12 +333,15 @@ class Actor:
                                             self._eval_params)
     for j in np.flatnonzero(due):
       self._eval_start_version[j] = self._version
-      self._eval_left[j] = self._eval_episodes
+      self._eval_start_steps[j] = self._steps[j]
+      self._eval_running[j] = True
       # The first reset of each evaluation env takes its seed; later ones
       # continue the env's own generator.
-      seed = None if self._eval_seeded[j] else self._seeds[j].eval_env
+      first = not self._eval_seeded[j]
       self._eval_seeded[j] = True
-      self._eval_obs[j] = self._eval_envs[j].reset(seed=seed)[0]
+      for k, env in enumerate(self._eval_envs[j]):
+        seed = eval_env_seed(self._seeds[j].eval_env, k) if first else None
+        self._eval_obs[j, k] = env.reset(seed=seed)[0]
       self._eval_returns[j] = 0.0
       self._eval_lengths[j] = 0
       interval = self._eval_interval
@@ -364,7 +390,7 @@ class Actor:
       self._refresh_params()
       if evaluating:
         self._start_evaluations()
-      eval_active = evaluating and bool(self._eval_left.any())
+      eval_active = evaluating and bool(self._eval_running.any())
       warm = self._steps < self._warmup
       eval_actions = None
       if warm.all() and not eval_active:
@@ -412,8 +438,9 @@ class Actor:
           returns[j], lengths[j] = 0.0, 0
           o2 = envs[j].reset()[0]
         self._obs[j] = o2
-        if eval_actions is not None and self._eval_left[j]:
-          n_ep = self._eval_step(j, eval_actions[j], out, n_ep)
+        if eval_actions is not None:
+          for k in np.flatnonzero(self._eval_running[j]):
+            n_ep = self._eval_step(j, k, eval_actions[j, k], out, n_ep)
       self._steps += 1
     out['env_steps'][:] = self._steps
     out['meta'][:] = (t_steps, n_ep, self._version, 0)
@@ -421,26 +448,27 @@ class Actor:
                                else self._restart_count)
     out['restart_at'][:] = self._restart_at
 
-  def _eval_step(self, j: int, action, out, n_ep: int) -> int:
-    o2, r, term, trunc, info = self._eval_envs[j].step(action)
-    self._eval_returns[j] += float(r)
-    self._eval_lengths[j] += 1
+  def _eval_step(self, j: int, k: int, action, out, n_ep: int) -> int:
+    """One step of member ``j``'s ``k``-th evaluation episode; each
+    evaluation env plays one episode per evaluation."""
+    o2, r, term, trunc, info = self._eval_envs[j][k].step(action)
+    self._eval_returns[j, k] += float(r)
+    self._eval_lengths[j, k] += 1
     if term or trunc:
       out['episode_member'][n_ep] = self.members[j]
-      out['episode_return'][n_ep] = self._eval_returns[j]
-      out['episode_length'][n_ep] = self._eval_lengths[j]
+      out['episode_return'][n_ep] = self._eval_returns[j, k]
+      out['episode_length'][n_ep] = self._eval_lengths[j, k]
       out['episode_evaluation'][n_ep] = 1
-      out['episode_env_steps'][n_ep] = self._steps[j] + 1
+      # The training env steps of the policy it played (as a return curve
+      # wants), not the steps trained while it was played.
+      out['episode_env_steps'][n_ep] = self._eval_start_steps[j]
       # The frozen version played the whole episode.
       out['episode_policy_version'][n_ep] = self._eval_start_version[j]
       out['episode_start_version'][n_ep] = self._eval_start_version[j]
       out['episode_objective'][n_ep] = _true_objective(info)
       n_ep += 1
-      self._eval_returns[j], self._eval_lengths[j] = 0.0, 0
-      self._eval_left[j] -= 1
-      if self._eval_left[j]:
-        o2 = self._eval_envs[j].reset()[0]
-    self._eval_obs[j] = o2
+      self._eval_running[j, k] = False
+    self._eval_obs[j, k] = o2
     return n_ep
 
 
@@ -462,8 +490,9 @@ def _make_policy_fns(agent, prng_impl: str):
 
   ``policy(params[M], hparams[M], obs[M], key_data[M], steps[M])`` returns
   exploratory actions ``[M, ...]``; ``policy_and_eval`` also takes the
-  frozen evaluation policies, the evaluation observations and keys and
-  returns (exploratory, evaluation) actions. ``steps`` are the members'
+  frozen evaluation policies, the evaluation observations ``[M, K, ...]``
+  (``K`` evaluation envs per member) and keys and returns (exploratory
+  ``[M, ...]``, evaluation ``[M, K, ...]``) actions. ``steps`` are the members'
   training env steps: they pick each step's key and, through
   ``agent.acting_hparams``, the exploration schedule. This jit is the
   outermost call of the actor, as the learner's is of the learner.
@@ -481,9 +510,17 @@ def _make_policy_fns(agent, prng_impl: str):
 
   def one_with_eval(params, eval_params, hparams, obs, eval_obs, key_data,
                     eval_key_data, step):
+    # eval_obs: [K, ...], one row per evaluation env; env k's key is the
+    # step's evaluation key folded with k.
+    key = key_of(eval_key_data, step)
+
+    def evaluate(o, k):
+      return agent.act(eval_params, o[None], jax.random.fold_in(key, k),
+                       hparams, False)[0]
+
+    ks = jax.numpy.arange(eval_obs.shape[0], dtype=jax.numpy.uint32)
     return (explore(params, hparams, obs, key_data, step),
-            agent.act(eval_params, eval_obs[None], key_of(eval_key_data, step),
-                      hparams, False)[0])
+            jax.vmap(evaluate)(eval_obs, ks))
 
   return jax.jit(jax.vmap(explore)), jax.jit(jax.vmap(one_with_eval))
 

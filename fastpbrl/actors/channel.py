@@ -55,7 +55,8 @@ _SLOTS_OFFSET = -(-(_HEADER_BYTES + _ERROR_BYTES) // 4096) * 4096
 
 
 def chunk_layout(transition_fields: Mapping[str, shm.FieldSpec],
-                 num_members: int, chunk_steps: int) -> shm.StructLayout:
+                 num_members: int, chunk_steps: int,
+                 eval_episodes: int = 1) -> shm.StructLayout:
   """The layout of one slot.
 
   Args:
@@ -63,6 +64,7 @@ def chunk_layout(transition_fields: Mapping[str, shm.FieldSpec],
       ``fastpbrl.replay.transition_fields(env_spec)``.
     num_members: members hosted by the producer (``M``).
     chunk_steps: env steps per member in one chunk (``T``).
+    eval_episodes: evaluation envs per member (``K``, see ``Actor``).
 
   Returns:
     A layout with every transition field as ``[M, T, *shape]``, ``env_steps``
@@ -71,17 +73,19 @@ def chunk_layout(transition_fields: Mapping[str, shm.FieldSpec],
     ``restart_count`` and ``restart_at`` ``[M]`` (the restart of each member
     its data belongs to, from step ``restart_at`` of the chunk on: see
     ``Pipeline.restart_members``) and per-episode arrays ``episode_*`` of
-    room ``2 * M * T`` (a member ends at most one training and one
-    evaluation episode per step).
+    room ``(1 + K) * M * T`` (a member ends at most one training episode
+    and one episode of each evaluation env per step).
   """
   if num_members < 1:
     raise ValueError(f'num_members must be >= 1, got {num_members}')
   if chunk_steps < 1:
     raise ValueError(f'chunk_steps must be >= 1, got {chunk_steps}')
+  if eval_episodes < 1:
+    raise ValueError(f'eval_episodes must be >= 1, got {eval_episodes}')
   m, t = num_members, chunk_steps
   fields = {k: ((m, t, *shape), dtype)
             for k, (shape, dtype) in transition_fields.items()}
-  e = 2 * m * t
+  e = (1 + eval_episodes) * m * t
   fields.update({
       'env_steps': ((m,), np.int64),
       'meta': ((4,), np.int64),

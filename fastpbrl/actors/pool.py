@@ -298,7 +298,8 @@ class ActorPool:
     return self
 
   def _launch(self, slot: _Slot) -> None:
-    layout = chunk_layout(self._fields, len(slot.members), self._chunk_steps)
+    layout = chunk_layout(self._fields, len(slot.members), self._chunk_steps,
+                          self._eval_episodes)
     channel = Channel.create(layout, self._queue_chunks, self._ctx)
     with self._lock:
       env_steps = tuple(int(x) for x in self._env_steps[slot.member_array])

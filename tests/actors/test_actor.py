@@ -72,8 +72,8 @@ def td3_setup(n, seed=0):
   return spec, agent, tree, agent_fn
 
 
-def new_chunk(spec, m, t):
-  layout = chunk_layout(transition_fields(spec), m, t)
+def new_chunk(spec, m, t, eval_episodes=1):
+  layout = chunk_layout(transition_fields(spec), m, t, eval_episodes)
   return layout.views(bytearray(layout.nbytes))
 
 
@@ -247,7 +247,7 @@ def test_evaluation_episodes_use_the_noise_free_policy(store4):
   spec, agent, tree, _, _ = store4
   actor = make_actor(store4, [2, 3], warmup_steps=0, eval_interval=4,
                      eval_episodes=2)
-  out = new_chunk(spec, 2, 20)
+  out = new_chunk(spec, 2, 20, eval_episodes=2)
   actor.fill(out)
   n = int(out['meta'][1])
   evals = [(int(out['episode_member'][k]), float(out['episode_return'][k]),
@@ -255,20 +255,46 @@ def test_evaluation_episodes_use_the_noise_free_policy(store4):
            for k in range(n) if out['episode_evaluation'][k]]
   for m in (2, 3):
     mine = [e for e in evals if e[0] == m]
-    # Evaluations start at steps 4 and 12 (the next multiple of 4 once the
-    # previous one is over), two episodes each: terminated at 3, cut at 5.
-    assert [e[2] for e in mine] == [3, 5, 3, 5]
-    assert [e[1] for e in mine] == [6, 15, 6, 15]
-    assert [e[3] for e in mine] == [7, 12, 15, 20]
+    # Each evaluation plays its two episodes at once, one per evaluation
+    # env. They start at steps 4, 8 and 13 (the next multiple of 4 after
+    # the previous start, once that one is over), and the envs' episodes
+    # alternate: terminated at 3, cut at 5, terminated at 3; the fourth
+    # is still under way at the chunk's end.
+    assert [e[2] for e in mine] == [3, 3, 5, 5, 3, 3]
+    assert [e[1] for e in mine] == [6, 6, 15, 15, 6, 6]
+    # Recorded at the evaluation's start: the steps of the policy played.
+    assert [e[3] for e in mine] == [4, 4, 8, 8, 13, 13]
   # Training transitions are untouched by the evaluation envs.
   for j in range(2):
     check_episode_structure(out, j)
   # Evaluation actions are the deterministic policy of the right member.
   params, hparams = tree
   for j, m in enumerate((2, 3)):
-    history = actor._eval_envs[j].unwrapped.history
-    assert len(history) == 16
-    assert_greedy(agent, params, hparams, m, history)
+    for env in actor._eval_envs[j]:
+      history = env.unwrapped.history
+      assert len(history) == 3 + 5 + 3 + 4
+      assert_greedy(agent, params, hparams, m, history)
+  actor.close()
+
+
+def test_evaluations_keep_their_interval_when_their_episodes_would_not_fit(
+    store4):
+  """Three episodes of up to 5 steps, every 6 steps: played one after
+  another they would take 11 steps and start every 12th (or later); played
+  at once, an evaluation starts every 6 steps as asked."""
+  spec = store4[0]
+  actor = make_actor(store4, [0], warmup_steps=0, eval_interval=6,
+                     eval_episodes=3)
+  out = new_chunk(spec, 1, 40, eval_episodes=3)
+  assert actor.fill(out)
+  n = int(out['meta'][1])
+  evals = [k for k in range(n) if out['episode_evaluation'][k]]
+  starts = [int(out['episode_env_steps'][k]) for k in evals]
+  assert starts == [6] * 3 + [12] * 3 + [18] * 3 + [24] * 3 + [30] * 3
+  # Three evaluation envs with their own reset seeds: different noise in
+  # their first observations.
+  first_obs = [env.unwrapped.history[0][0] for env in actor._eval_envs[0]]
+  assert len({float(o[2]) for o in first_obs}) == 3
   actor.close()
 
 
@@ -292,18 +318,18 @@ def test_an_evaluation_plays_one_frozen_policy_version():
     actor = Actor(members=[0, 1], env_fn=make_step_env, agent_fn=agent_fn,
                   store=store, seed=0, warmup_steps=0, eval_interval=4,
                   eval_episodes=2)
-    out = new_chunk(spec, 2, 6)  # the evaluation starts at step 4
+    out = new_chunk(spec, 2, 6, 2)  # the evaluation starts at step 4
     assert actor.fill(out)
     version_a = actor.policy_version
     store.write(other)  # new weights in the middle of the evaluation
-    out2 = new_chunk(spec, 2, 14)
+    out2 = new_chunk(spec, 2, 14, 2)
     assert actor.fill(out2)
     assert actor.policy_version > version_a
     version_b = actor.policy_version
     n = int(out2['meta'][1])
     evals = [k for k in range(n) if out2['episode_evaluation'][k]]
-    # Both episodes of the first evaluation (steps 4..11) carry version A;
-    # the second evaluation (from step 12) version B.
+    # Both episodes of the first evaluation (steps 4..6, at once) carry
+    # version A; the later evaluations (from steps 8, 13, 16) version B.
     starts = [(int(out2['episode_member'][k]),
                int(out2['episode_start_version'][k]),
                int(out2['episode_policy_version'][k])) for k in evals]
@@ -312,11 +338,13 @@ def test_an_evaluation_plays_one_frozen_policy_version():
       assert mine[:2] == [[version_a, version_a]] * 2
       assert all(v == [version_b, version_b] for v in mine[2:])
     for j in range(2):
-      history = actor._eval_envs[j].unwrapped.history
-      # 8 steps of evaluation 1 (episodes of 3 and 5 steps), then 2.
-      first, second = history[:8], history[8:]
-      for weights, steps in ((params, first), (other[0], second)):
-        assert_greedy(agent, weights, hparams, j, steps)
+      for env in actor._eval_envs[j]:
+        history = env.unwrapped.history
+        # 3 steps of evaluation 1, then the later ones.
+        first, second = history[:3], history[3:]
+        assert len(second) == 5 + 3 + 4
+        for weights, steps in ((params, first), (other[0], second)):
+          assert_greedy(agent, weights, hparams, j, steps)
     actor.close()
 
 

@@ -86,7 +86,7 @@ def test_evaluation_episodes_act_at_the_evaluation_epsilon():
     actor = _actor(store, [0, 1], eval_interval=2, eval_episodes=1)
     out = new_chunk(spec, 2, 48)
     assert actor.fill(out)
-    histories = [actor._eval_envs[j].unwrapped.history for j in range(2)]
+    histories = [actor._eval_envs[j][0].unwrapped.history for j in range(2)]
     train = [actor._envs[j].unwrapped.history for j in range(2)]
     actor.close()
   for m in range(2):
