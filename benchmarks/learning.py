@@ -11,6 +11,11 @@ Methods:
 * ``seeds-td3``, ``seeds-sac``: the baseline, ``--population-size``
   independent members at the agent's published defaults
   (``experiments.seeds``): what N default runs give at once;
+* ``seeds-td3-no-catch-up``: the TD3 baseline with
+  ``--no-warmup-counts-as-data``: updates start at zero when the warm-up
+  ends, one per env step after it, as in the reference TD3 and SB3 loops,
+  where the default lets the learner catch up right after the warm-up on
+  its random-action data;
 * ``pbt-td3``, ``pbt-sac``: PBT over the same number of members;
 * ``cemrl``: CEM-RL (its score is the CEM mean policy's return, reported in
   its own column; the members' finals are reported like the others');
@@ -83,6 +88,10 @@ METHODS = {
     # name: (experiment module, extra flags)
     'seeds-td3': ('seeds', ['--agent', 'td3']),
     'pbt-td3': ('pbt', ['--agent', 'td3']),
+    # The baseline with the update accounting of TD3's and SB3's reference
+    # loops: no catch-up on the warm-up's data (see ``sb3-td3``).
+    'seeds-td3-no-catch-up': ('seeds', ['--agent', 'td3',
+                                        '--no-warmup-counts-as-data']),
     'seeds-sac': ('seeds', ['--agent', 'sac']),
     'pbt-sac': ('pbt', ['--agent', 'sac']),
     'cemrl': ('cemrl', []),

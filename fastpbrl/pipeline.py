@@ -84,6 +84,10 @@ class PipelineConfig:
   """Update steps per collected env step, per member (the limiter's cap)."""
   warmup_steps: int | tuple[int, ...] = 10_000
   """Random-action env steps per member before learning (int or N ints)."""
+  warmup_counts_as_data: bool = True
+  """Whether the warm-up's env steps count toward the update-to-data ratio
+  (True: the learner catches up right after the warm-up; False: updates
+  start at zero there, as in TD3's and SB3's reference loops)."""
   max_env_steps_ahead: int | None = None
   """Env steps a member's actor may run ahead of the learner's needs before
   its data is held back and it blocks; None: ``(prefetch_depth + 2) *
@@ -280,7 +284,8 @@ class Pipeline:
       self._limiter = RateLimiter(
           n, config.update_to_data_ratio,
           0 if replay_state is not None else config.warmup_steps,
-          config.env_steps_ahead(), warmup_is_data=not resumed)
+          config.env_steps_ahead(),
+          warmup_is_data=config.warmup_counts_as_data and not resumed)
       self._store = ParamStore.create(tree)
       if has_values:
         self._store.write(tree)
@@ -363,6 +368,7 @@ class Pipeline:
         replay_capacity=run_config.replay_capacity,
         update_to_data_ratio=run_config.update_to_data_ratio,
         warmup_steps=run_config.warmup_steps,
+        warmup_counts_as_data=getattr(run_config, 'warmup_counts_as_data', True),
         num_actor_processes=(None if run_config.num_actors is None else
                              min(run_config.num_actors, n)),
         eval_interval=run_config.eval_every,

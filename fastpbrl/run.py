@@ -72,6 +72,12 @@ class RunConfig:
   """Random-action steps per member before learning starts."""
   update_to_data_ratio: float = 1.0
   """Target update steps per env step (per member); the learner waits above it."""
+  warmup_counts_as_data: bool = True
+  """True: the warm-up's env steps count toward the ratio, so right after the
+  warm-up the learner takes ratio x warm-up update steps at once, on the
+  random-action data. False: only env steps after the warm-up count, as in
+  TD3's and Stable-Baselines3's reference loops (one update per env step
+  from the warm-up's end: ratio x (env steps - warm-up) in all)."""
   num_actors: Optional[int] = None
   """Actor processes (default: CPU cores minus one, at least 1)."""
   hidden_sizes: tuple[int, ...] = (256, 256)

@@ -195,3 +195,25 @@ def _run_rule_with_device_replay(rule, argv, run_dir):
   else:
     cemrl.main(argv + ['--population-size', '2', '--total-env-steps',
                        '2400'])
+
+
+def test_seeds_without_warmup_catch_up_updates_once_per_step_after_it(tmp_path):
+  """``--no-warmup-counts-as-data``: updates start at zero when the 300-step
+  warm-up ends, one per env step after it (TD3's and SB3's loops), where
+  the default would grant 300 at once on the random-action data."""
+  result = seeds.main([
+      '--env', 'Pendulum-v1', '--env-steps', '600', '--warmup-steps', '300',
+      '--hidden-sizes', '16', '16', '--batch-size', '16',
+      '--steps-per-call', '10', '--eval-every', '300', '--num-actors', '1',
+      '--replay-capacity', '5000', '--checkpoint-every', '0',
+      '--eval-episodes', '1', '--no-progress', '--population-size', '2',
+      '--no-warmup-counts-as-data', '--run-dir', str(tmp_path / 'run')])
+  assert result.env_steps >= 600
+  assert result.update_steps == result.calls * 10
+  # The limiter grants at most (least env steps - warm-up) updates. It
+  # holds actors back to 72 env steps ((prefetch depth 2 + 2) calls of 10
+  # plus a 32-step chunk) past what its grants call for, and its grants
+  # run up to 3 calls ahead of the calls done (prefetched, in flight), so
+  # the learner ends at most 72 + 30 steps behind the warm-up's end.
+  assert result.update_steps <= result.env_steps - 300
+  assert result.update_steps >= result.env_steps - 300 - 72 - 30
