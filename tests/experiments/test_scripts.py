@@ -131,15 +131,30 @@ def test_hypertrick_script(tmp_path):
   assert 'HyperTrick:' in text and 'best: configuration' in text
 
 
-def test_seeds_run_without_an_eval_boundary_ends_with_a_final_evaluation(
-    tmp_path):
-  # The budget (1200) holds no --eval-every boundary: the final evaluation
-  # still scores every member, and the summary holds no NaN.
+def test_seeds_run_without_an_eval_boundary_or_warmup_catch_up(tmp_path):
+  """Two properties checked on one run (each end-to-end run costs the suite
+  time). (1) The budget (1200) holds no --eval-every boundary: the final
+  evaluation still scores every member, and the summary holds no NaN.
+  (2) ``--no-warmup-counts-as-data``: updates start at zero when the
+  200-step warm-up ends, one per env step after it (TD3's and SB3's
+  loops), where the default grants 200 at once on the random-action data
+  (without the flag the upper bound below fails: 510 updates at 608 env
+  steps with a 300-step warm-up)."""
   run_dir = str(tmp_path / 'seeds')
   argv = [a if a != '200' or i != TINY.index('--eval-every') + 1 else '100000'
           for i, a in enumerate(TINY)]
   result = seeds.main(argv + ['--population-size', '2', '--eval-episodes', '2',
+                              '--no-warmup-counts-as-data',
                               '--run-dir', run_dir])
+  assert result.env_steps >= 1200
+  assert result.update_steps == result.calls * 10
+  # The limiter grants at most (least env steps - warm-up) updates. It
+  # holds actors back to 72 env steps ((prefetch depth 2 + 2) calls of 10
+  # plus a 32-step chunk) past what its grants call for, and its grants
+  # run up to 3 calls ahead of the calls done (prefetched, in flight), so
+  # the learner ends at most 72 + 30 steps behind the warm-up's end.
+  assert result.update_steps <= result.env_steps - 200
+  assert result.update_steps >= result.env_steps - 200 - 72 - 30
   _assert_run_outputs(run_dir, 2)
   assert len(result.final_returns) == 2
   assert all(np.isfinite(r) for r in result.final_returns)
@@ -196,24 +211,3 @@ def _run_rule_with_device_replay(rule, argv, run_dir):
     cemrl.main(argv + ['--population-size', '2', '--total-env-steps',
                        '2400'])
 
-
-def test_seeds_without_warmup_catch_up_updates_once_per_step_after_it(tmp_path):
-  """``--no-warmup-counts-as-data``: updates start at zero when the 300-step
-  warm-up ends, one per env step after it (TD3's and SB3's loops), where
-  the default would grant 300 at once on the random-action data."""
-  result = seeds.main([
-      '--env', 'Pendulum-v1', '--env-steps', '600', '--warmup-steps', '300',
-      '--hidden-sizes', '16', '16', '--batch-size', '16',
-      '--steps-per-call', '10', '--eval-every', '300', '--num-actors', '1',
-      '--replay-capacity', '5000', '--checkpoint-every', '0',
-      '--eval-episodes', '1', '--no-progress', '--population-size', '2',
-      '--no-warmup-counts-as-data', '--run-dir', str(tmp_path / 'run')])
-  assert result.env_steps >= 600
-  assert result.update_steps == result.calls * 10
-  # The limiter grants at most (least env steps - warm-up) updates. It
-  # holds actors back to 72 env steps ((prefetch depth 2 + 2) calls of 10
-  # plus a 32-step chunk) past what its grants call for, and its grants
-  # run up to 3 calls ahead of the calls done (prefetched, in flight), so
-  # the learner ends at most 72 + 30 steps behind the warm-up's end.
-  assert result.update_steps <= result.env_steps - 300
-  assert result.update_steps >= result.env_steps - 300 - 72 - 30
