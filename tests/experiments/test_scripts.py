@@ -138,8 +138,8 @@ def test_seeds_run_without_an_eval_boundary_or_warmup_catch_up(tmp_path):
   (2) ``--no-warmup-counts-as-data``: updates start at zero when the
   200-step warm-up ends, one per env step after it (TD3's and SB3's
   loops), where the default grants 200 at once on the random-action data
-  (without the flag the upper bound below fails: 510 updates at 608 env
-  steps with a 300-step warm-up)."""
+  (without the flag this run fails the upper bound below: 1120 updates at
+  1216 env steps)."""
   run_dir = str(tmp_path / 'seeds')
   argv = [a if a != '200' or i != TINY.index('--eval-every') + 1 else '100000'
           for i, a in enumerate(TINY)]
@@ -210,4 +210,3 @@ def _run_rule_with_device_replay(rule, argv, run_dir):
   else:
     cemrl.main(argv + ['--population-size', '2', '--total-env-steps',
                        '2400'])
-
