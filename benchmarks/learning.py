@@ -16,6 +16,12 @@ Methods:
   ends, one per env step after it, as in the reference TD3 and SB3 loops,
   where the default lets the learner catch up right after the warm-up on
   its random-action data;
+* ``seeds-td3-no-catch-up-low-lag``: the same with ``--steps-per-call 10``,
+  so the actors act with a policy fewer update steps old (a policy is
+  published after each learner call, and the actors run at most
+  ``(prefetch depth + 2) x steps per call + 32`` env steps ahead of the
+  learner): the policy-lag half of the comparison with SB3's synchronous
+  loop;
 * ``pbt-td3``, ``pbt-sac``: PBT over the same number of members;
 * ``cemrl``: CEM-RL (its score is the CEM mean policy's return, reported in
   its own column; the members' finals are reported like the others');
@@ -92,6 +98,12 @@ METHODS = {
     # loops: no catch-up on the warm-up's data (see ``sb3-td3``).
     'seeds-td3-no-catch-up': ('seeds', ['--agent', 'td3',
                                         '--no-warmup-counts-as-data']),
+    # The same with a tenth of the policy lag: 10 update steps per learner
+    # call (a policy published every 10 updates, actors at most 72 env steps
+    # ahead of the learner's needs) instead of 50 (every 50, 232 ahead).
+    'seeds-td3-no-catch-up-low-lag': ('seeds', [
+        '--agent', 'td3', '--no-warmup-counts-as-data',
+        '--steps-per-call', '10']),
     'seeds-sac': ('seeds', ['--agent', 'sac']),
     'pbt-sac': ('pbt', ['--agent', 'sac']),
     'cemrl': ('cemrl', []),
