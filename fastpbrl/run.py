@@ -320,9 +320,16 @@ def make_agent(config: RunConfig, env_spec):
     raise ConfigError(f'--agent {config.agent} on --env {config.env}: {e}') from None
   if spec.name == 'dqn' and len(env_spec.observations.shape) == 3:
     from fastpbrl.agents.dqn import NATURE_ATARI_RUN  # noqa: PLC0415
-    differ = [f'--{k.replace("_", "-")} {getattr(config, k)} (Nature DQN: '
-              f'{v})' for k, v in NATURE_ATARI_RUN.items()
-              if getattr(config, k) != v]
+
+    def differs(name, ours, nature):
+      name = name.replace('_', '-')
+      if isinstance(nature, bool):  # a flag pair: --name / --no-name
+        return (f'--{"" if ours else "no-"}{name} (Nature DQN: '
+                f'--{"" if nature else "no-"}{name})')
+      return f'--{name} {ours} (Nature DQN: {nature})'
+
+    differ = [differs(k, getattr(config, k), v)
+              for k, v in NATURE_ATARI_RUN.items() if getattr(config, k) != v]
     if differ:
       log.warning('DQN on Atari frames with %s; see NATURE_ATARI_RUN in '
                   'fastpbrl/agents/dqn.py, or fastpbrl pbt --preset atari',

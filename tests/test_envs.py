@@ -112,7 +112,8 @@ def test_preset_atari_is_nature_dqns_schedule():
   config = cli.parse(pbt.PRESETS, 'x', ['--preset', 'atari'])
   assert (config.agent, config.env) == ('dqn', 'ALE/Pong-v5')
   assert (config.update_to_data_ratio, config.warmup_steps,
-          config.replay_capacity) == (0.25, 50_000, 100_000)
+          config.replay_capacity, config.warmup_counts_as_data) == (
+              0.25, 50_000, 100_000, False)
   assert {k: getattr(config, k) for k in dqn.NATURE_ATARI_RUN} == (
       dqn.NATURE_ATARI_RUN)
   PBTDriver(config)  # passes PBT's checks (an evaluation in every span)
@@ -125,13 +126,15 @@ def test_dqn_on_frames_warns_when_flags_are_not_natures(monkeypatch):
                       lambda message, *args: warnings.append(message % args))
   spec = run.make_env_spec('ALE/Pong-v5')
   nature = dict(update_to_data_ratio=0.25, warmup_steps=50_000,
-                replay_capacity=100_000)
+                replay_capacity=100_000, warmup_counts_as_data=False)
   run.make_agent(run.RunConfig(agent='dqn', env='ALE/Pong-v5', **nature), spec)
   assert not warnings
   run.make_agent(run.RunConfig(agent='dqn', env='ALE/Pong-v5'), spec)
   assert len(warnings) == 1
   assert '--update-to-data-ratio 1.0 (Nature DQN: 0.25)' in warnings[0]
   assert '--replay-capacity 1000000 (Nature DQN: 100000)' in warnings[0]
+  assert ('--warmup-counts-as-data (Nature DQN: --no-warmup-counts-as-data)'
+          in warnings[0])
 
 
 @needs_atari
@@ -146,7 +149,8 @@ def test_pbt_of_two_dqn_members_on_pong(tmp_path):
       '--eval-episodes', '1', '--ready-after', '20', '--no-progress',
       '--run-dir', str(tmp_path / 'pong')])
   assert result.env_steps >= 400
-  # One update per 4 env steps after the warm-up, in calls of 10.
+  # One update per 4 env steps after the warm-up (none for the warm-up's
+  # random steps: the preset's --no-warmup-counts-as-data), in calls of 10.
   assert result.update_steps == result.calls * 10
   assert result.update_steps <= (result.env_steps - 200) / 4 + 10
   assert len(read_member_csvs(str(tmp_path / 'pong'))) == 2

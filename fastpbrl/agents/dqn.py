@@ -19,7 +19,8 @@ epsilon-greedy at ``eval_epsilon``, not the greedy one.
 
 The rest of Nature's schedule are run settings, :data:`NATURE_ATARI_RUN`:
 one update per 4 agent steps (``--update-to-data-ratio 0.25``), 50,000
-random-action steps before learning (``--warmup-steps 50000``) and a replay
+random-action steps before learning (``--warmup-steps 50000``), the first
+update only after them (``--no-warmup-counts-as-data``) and a replay
 of ``--replay-capacity 100000`` transitions per member. ``fastpbrl pbt
 --preset atari`` uses them, with the Atari preprocessing
 that ``fastpbrl.envs`` gives any ``ALE/...`` id; ``fastpbrl.run`` warns when
@@ -104,6 +105,11 @@ NATURE_ATARI_RUN = {
     'update_to_data_ratio': 0.25,
     # Uniform random actions before learning starts ("replay start size").
     'warmup_steps': 50_000,
+    # Updates start at zero when the replay start ends, one per 4 agent
+    # steps from there, as in Nature's loop; the run's default would count
+    # the 50,000 random steps as data and take 12,500 updates at once on
+    # them.
+    'warmup_counts_as_data': False,
     # Transitions per member's replay. Nature keeps 1,000,000; a frame
     # transition here stores observation and next observation, 2 x 84 x 84
     # x 4 bytes = 55 KiB, so 1,000,000 would be 53 GiB per member, while
