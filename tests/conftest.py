@@ -1,7 +1,39 @@
-"""Test-wide settings: CPU only, quiet MuJoCo deprecation chatter."""
+"""Test-wide settings: CPU only, quiet MuJoCo deprecation chatter, and one
+JAX compilation cache for the whole test session.
+
+Most of the suite's time is XLA compilation, and many tests (and the actor
+and worker processes they start) compile the same programs: the same small
+TD3 learner and policy on Pendulum-v1, over and over. JAX's persistent
+compilation cache (``JAX_COMPILATION_CACHE_DIR``) lets every process of the
+session after the first load such a program instead of compiling it again.
+The folder is new for each session: the process that starts the session
+(pytest, or the pytest-xdist controller, which loads this file before it
+starts its workers) makes it and removes it when the session ends. The
+workers and every process the tests start inherit the variables, so they
+share it, and no test ever loads a program compiled by another version of
+the code. A folder set by the caller is used as it is and kept.
+"""
 
 import os
+import shutil
+import tempfile
 import warnings
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 warnings.filterwarnings('ignore', message='.*settotalmass.*')
+
+# Workers inherit the variable from the process that set it, so only that
+# process owns (and removes) the folder.
+_OWN_CACHE = 'JAX_COMPILATION_CACHE_DIR' not in os.environ
+if _OWN_CACHE:
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(
+      prefix='fastpbrl-tests-jax-cache-')
+  # Cache every program, not only those that took a second or more to
+  # compile: most of the suite's are small, and there are many of them.
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+
+
+def pytest_sessionfinish(session):
+  del session
+  if _OWN_CACHE:
+    shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
