@@ -28,6 +28,10 @@ Methods:
 * ``dvd``, ``dvd-no-diversity``: DvD-TD3 and the same shared-critic TD3
   with the diversity weight fixed at 0 (the diversity figure compares them);
 * ``hypertrick``: HyperTrick's search over the same slots;
+* ``sync-td3``: our TD3 agent in a plain synchronous loop (one env step
+  per member, then one update, from the warm-up's end; no actor
+  processes, rate limiter or prefetch), to tell a gap to SB3 in the data
+  path from one in the agent;
 * ``sb3-td3``, ``sb3-sac`` (``.[torch]`` extra, which installs
   Stable-Baselines3): the single-agent reference, one SB3 agent per member
   slot with the same seeds, budget, warm-up, network sizes and evaluation
@@ -111,6 +115,12 @@ METHODS = {
     'dvd-no-diversity': ('dvd', ['--lambda-mode', 'schedule',
                                  '--lambda-start', '0', '--lambda-end', '0']),
     'hypertrick': ('hypertrick', []),
+    # Our TD3 agent (the same pure functions) in a plain synchronous loop:
+    # no actor processes, no rate limiter, no prefetch; one env step per
+    # member, then one update on a batch sampled from everything so far, as
+    # SB3 does; so a gap to SB3 is either in the data path (if this closes
+    # it) or in the agent (if it does not).
+    'sync-td3': ('sync', ['td3']),
     'sb3-td3': ('sb3', ['td3']),
     'sb3-sac': ('sb3', ['sac']),
     # SB3's own defaults (TD3: Adam 1e-3, 400x300, learning starts after 100
@@ -350,6 +360,102 @@ def run_sb3(args, task_name: str, algo: str, seed: int,
                      f'{args.population_size}, see benchmarks/learning.py'}
 
 
+def run_sync(args, task_name: str, agent_name: str, seed: int) -> dict:
+  """``--population-size`` members of our agent at its defaults, stepped
+  together in one process: each loop iteration takes one env step per
+  member (uniform random actions during the warm-up, then the agent's
+  exploring ``act``) and, once the warm-up is over, one update per member
+  (``jax.vmap`` of the agent's ``update``) on a batch sampled uniformly
+  from all of that member's transitions so far. Updates start at zero when
+  the warm-up ends, as in SB3's loop; evaluations are the baseline's
+  (``evaluate_population``, the same reset seeds)."""
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  from fastpbrl import agents as agents_lib  # noqa: PLC0415
+  from fastpbrl.agents.base import POPULATION_AXIS  # noqa: PLC0415
+  from fastpbrl.envs import make_env  # noqa: PLC0415
+  from fastpbrl.evaluation import evaluate_population  # noqa: PLC0415
+  from fastpbrl.types import Transition, make_env_spec, scale_action  # noqa: PLC0415
+
+  task = task_budget(args, task_name)
+  n = args.population_size
+  envs = [make_env(task_name) for _ in range(n)]
+  env_spec = make_env_spec(envs[0])
+  agent = agents_lib.make_agent(agent_name, env_spec)
+  batch_size = agent.config.batch_size
+  hparams = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,)),
+                         agent.default_hparams())
+  key = jax.random.PRNGKey(seed)
+  key, init_key = jax.random.split(key)
+  state = jax.jit(jax.vmap(agent.init))(jax.random.split(init_key, n), hparams)
+  # Named like the learner's population axis, so TD3's delayed policy step
+  # stays a real cond (``any_member``), as in the learner.
+  update = jax.jit(jax.vmap(lambda st, hp, b: agent.update(st, hp, b)[0],
+                            axis_name=POPULATION_AXIS))
+  act = jax.jit(jax.vmap(
+      lambda p, o, k, h: agent.act(p, o[None], k, h, True)[0]))
+  policy_params = jax.jit(jax.vmap(agent.policy_params))
+
+  obs_dim = env_spec.observations.shape
+  act_dim = env_spec.actions.shape
+  cap = task.env_steps
+  replay = dict(
+      observation=np.zeros((n, cap, *obs_dim), np.float32),
+      action=np.zeros((n, cap, *act_dim), np.float32),
+      reward=np.zeros((n, cap), np.float32),
+      next_observation=np.zeros((n, cap, *obs_dim), np.float32),
+      terminated=np.zeros((n, cap), np.float32),
+      truncated=np.zeros((n, cap), np.float32))
+  seqs = [np.random.SeedSequence(seed, spawn_key=(1, m)) for m in range(n)]
+  rngs = [np.random.default_rng(s) for s in seqs]
+  sampler = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0,)))
+  obs = np.stack([env.reset(seed=int(s.generate_state(1)[0]))[0]
+                  for env, s in zip(envs, seqs)]).astype(np.float32)
+  rows = np.arange(n)[:, None]
+  curve, start = [], time.monotonic()
+  for t in range(cap):
+    if t < task.warmup_steps:
+      actions = np.stack([r.uniform(-1.0, 1.0, act_dim) for r in rngs]
+                         ).astype(np.float32)
+    else:
+      step_keys = jax.random.split(jax.random.fold_in(key, t), n)
+      actions = np.asarray(act(state.policy, jnp.asarray(obs), step_keys,
+                               hparams))
+    env_actions = scale_action(actions, env_spec.actions)
+    for m, env in enumerate(envs):
+      o, r, term, trunc, _ = env.step(env_actions[m])
+      for name, value in (('observation', obs[m]), ('action', actions[m]),
+                          ('reward', r), ('next_observation', o),
+                          ('terminated', float(term)),
+                          ('truncated', float(trunc))):
+        replay[name][m, t] = value
+      if term or trunc:
+        o, _ = env.reset(seed=int(rngs[m].integers(2**31)))
+      obs[m] = o
+    if t + 1 > task.warmup_steps:
+      idx = sampler.integers(0, t + 1, (n, batch_size))
+      batch = Transition(**{k: jnp.asarray(v[rows, idx])
+                            for k, v in replay.items()})
+      state = update(state, hparams, batch)
+    if (t + 1) % task.eval_every == 0 or t + 1 == cap:
+      returns, _ = evaluate_population(
+          agent, lambda: make_env(task_name), policy_params(state), hparams,
+          args.eval_episodes, seed)
+      means = returns.mean(axis=1)
+      curve.append((t + 1, float(means.max()), float(means.mean())))
+      finals = [float(v) for v in means]
+      print(f'{task_name} sync-{agent_name} seed {seed}: {t + 1} env steps '
+            f'per member, returns {np.round(means).tolist()}', flush=True)
+  for env in envs:
+    env.close()
+  return {'final_returns': finals, 'wall_time_s': time.monotonic() - start,
+          'env_steps': task.env_steps, 'curve': curve,
+          'update_steps': max(0, cap - task.warmup_steps),
+          'command': f'our {agent_name} agent in a synchronous loop, '
+                     'see benchmarks/learning.py (run_sync)'}
+
+
 def run_one(args, task_name: str, method: str, seed: int) -> None:
   path = result_path(args.out, task_name, method, seed, args.env_steps)
   code = code_version()  # at the start: the code the run imports
@@ -357,6 +463,8 @@ def run_one(args, task_name: str, method: str, seed: int) -> None:
   if module_name == 'sb3':
     out = run_sb3(args, task_name, extra[0], seed,
                   own_defaults='own-defaults' in extra)
+  elif module_name == 'sync':
+    out = run_sync(args, task_name, extra[0], seed)
   else:
     out = run_fastpbrl(args, task_name, method, seed)
   out.update(task=task_name, method=method, seed=seed,

@@ -125,3 +125,21 @@ def test_report_plots_the_cem_mean_policy(tmp_path, monkeypatch):
   assert label == 'cemrl mean policy (2 of 2 seeds)'
   # Seed 0 interpolated at 120 is -460 and seed 1 at 200 is -240.
   assert steps == [120, 200] and ys == pytest.approx([-430.0, -270.0])
+
+
+@pytest.mark.slow
+def test_synchronous_loop_is_seeded_and_updates_after_the_warm_up():
+  args = learning.parse_args(['--env-steps', '300', '--population-size', '2',
+                              '--eval-episodes', '1', '--report-only'])
+  task = learning.task_budget(args, 'Pendulum-v1')
+  first = learning.run_sync(args, 'Pendulum-v1', 'td3', seed=3)
+  # One update per env step after the warm-up, as in SB3's loop.
+  assert first['update_steps'] == 300 - task.warmup_steps > 0
+  assert [s for s, _, _ in first['curve']] == list(
+      range(task.eval_every, 301, task.eval_every))
+  steps, best, mean = first['curve'][-1]
+  assert best == max(first['final_returns'])
+  assert mean == pytest.approx(np.mean(first['final_returns']))
+  # The seed fixes everything: a second run gives the same curve.
+  again = learning.run_sync(args, 'Pendulum-v1', 'td3', seed=3)
+  assert again['curve'] == first['curve']
