@@ -451,7 +451,8 @@ def run_sync(args, task_name: str, agent_name: str, seed: int) -> dict:
     env.close()
   return {'final_returns': finals, 'wall_time_s': time.monotonic() - start,
           'env_steps': task.env_steps, 'curve': curve,
-          'update_steps': max(0, cap - task.warmup_steps),
+          # Counted by the agent's own step counter, not by a formula.
+          'update_steps': int(np.asarray(state.step)[0]),
           'command': f'our {agent_name} agent in a synchronous loop, '
                      'see benchmarks/learning.py (run_sync)'}
 

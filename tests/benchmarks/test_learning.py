@@ -133,7 +133,8 @@ def test_synchronous_loop_is_seeded_and_updates_after_the_warm_up():
                               '--eval-episodes', '1', '--report-only'])
   task = learning.task_budget(args, 'Pendulum-v1')
   first = learning.run_sync(args, 'Pendulum-v1', 'td3', seed=3)
-  # One update per env step after the warm-up, as in SB3's loop.
+  # One update per env step after the warm-up, as in SB3's loop (the
+  # agent's own step counter, read back from its state).
   assert first['update_steps'] == 300 - task.warmup_steps > 0
   assert [s for s, _, _ in first['curve']] == list(
       range(task.eval_every, 301, task.eval_every))
