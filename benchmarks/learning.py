@@ -218,6 +218,8 @@ def _curve(run_dir: str, eval_episodes: int, eval_every: int) -> list:
 def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
   import importlib  # noqa: PLC0415
 
+  from fastpbrl.logging import read_rule_csv  # noqa: PLC0415
+
   task = task_budget(args, task_name)
   module_name, extra = METHODS[method]
   module = importlib.import_module(f'experiments.{module_name}')
@@ -256,6 +258,9 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
                       task.eval_every),
       'command': f'python -m experiments.{module_name} ' + ' '.join(argv),
       'rule_scalars': getattr(result, 'rule_scalars', {}) or {},
+      # The rule's scalars over the run (rule.csv): DvD's lambda and action
+      # distance, whose last value alone depends on the bandit's last arm.
+      'rule_curves': read_rule_csv(os.path.join(run_dir, 'run')),
   }
   mean_csv = os.path.join(run_dir, 'run', 'mean_policy.csv')
   if os.path.exists(mean_csv):
@@ -540,6 +545,27 @@ def load_results(out: str) -> list[dict]:
   return results
 
 
+def _run_mean(result: dict, name: str) -> Optional[float]:
+  """The mean of a rule scalar over its measurements in the run (``None``
+  for runs stored before ``rule_curves`` was recorded, or without it). The
+  measurements are evenly spaced in learner calls (every 10th)."""
+  points = result.get('rule_curves', {}).get(name)
+  return float(np.mean([v for _, v in points])) if points else None
+
+
+def _diversity_cell(final: list, run_mean: list) -> str:
+  """``final (run mean)``, each averaged over the seeds that have it."""
+  if not any(d is not None for d in final):
+    return ''
+  cell = f'{np.mean([d for d in final if d is not None]):.3f}'
+  known = [d for d in run_mean if d is not None]
+  if known:
+    cell += f' ({np.mean(known):.3f}' + (
+        f', {len(known)} of {len(run_mean)} seeds)' if len(known) < len(
+            run_mean) else ')')
+  return cell
+
+
 def report(out: str) -> str:
   """Writes ``results.md``, ``results.csv`` and ``learning.png`` from the
   run JSONs in ``out``; returns the markdown table."""
@@ -552,10 +578,11 @@ def report(out: str) -> str:
         r['method'], []).append(r)
   lines = ['| task | env steps per member | method | seeds | best member, '
            'final | population mean, final | CEM mean policy | mean pairwise '
-           'action distance | wall time per run | code |',
+           'action distance: final (mean over the run) | wall time per run | '
+           'code |',
            '|---|---:|---|---:|---:|---:|---:|---:|---:|---|']
   csv_rows = ['task,env_steps_per_member,method,seed,best_final,mean_final,'
-              'cem_mean_policy,diversity,wall_time_s']
+              'cem_mean_policy,diversity,diversity_run_mean,wall_time_s']
   order = {m: i for i, m in enumerate(METHODS)}
   tasks = sorted(by, key=lambda k: (list(TASKS).index(k[0]), k[1]))
   for task, steps in tasks:
@@ -566,19 +593,20 @@ def report(out: str) -> str:
       cem = [r.get('cem_mean_policy_return') for r in runs]
       div = [r.get('rule_scalars', {}).get('mean_pairwise_action_distance')
              for r in runs]
+      div_mean = [_run_mean(r, 'mean_pairwise_action_distance') for r in runs]
       wall = [r['wall_time_s'] for r in runs]
       lines.append(
           f'| {task} | {steps:,} | {method} | {len(runs)} | {_fmt(best)} | '
           f'{_fmt(mean)} | '
           f'{_fmt(cem) if any(c is not None for c in cem) else ""} | '
-          + (f'{np.mean([d for d in div if d is not None]):.3f}'
-             if any(d is not None for d in div) else '')
+          + _diversity_cell(div, div_mean)
           + f' | {np.mean(wall) / 60:.1f} min | '
           + ', '.join(sorted({r.get('code', 'not recorded') for r in runs}))
           + ' |')
-      for r, b, m, c, d in zip(runs, best, mean, cem, div):
+      for r, b, m, c, d, dm in zip(runs, best, mean, cem, div, div_mean):
         csv_rows.append(f'{task},{steps},{method},{r["seed"]},{b},{m},'
                         f'{"" if c is None else c},{"" if d is None else d},'
+                        f'{"" if dm is None else dm},'
                         f'{r["wall_time_s"]:.1f}')
   machines = sorted({r['machine'] for r in results})
   dates = sorted({r['date'] for r in results})

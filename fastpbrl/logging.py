@@ -25,6 +25,7 @@ EPISODE_FIELDS = ('wall_time', 'env_steps', 'update_steps', 'member',
                   'episode_return', 'episode_length', 'evaluation')
 FINAL_RETURNS = 'final_returns.json'  # each member's final evaluation
 HPARAMS_CSV = 'hparams.csv'  # every member's hyperparameters over time
+RULE_CSV = 'rule.csv'  # the population rule's scalars over time
 
 
 def write_json_atomic(path: str, value, default=None) -> None:
@@ -57,46 +58,91 @@ def read_final_returns(run_dir: str) -> dict:
     return json.load(f)
 
 
-class HParamsLog:
-  """``hparams.csv``: every member's hyperparameters at chosen learner
-  calls, one row per member (``env_steps``, ``update_steps``, ``member``,
-  then one column per hyperparameter). The run loop writes a row set at its
-  first call, every 10 calls, at every call where the rule made a decision
-  (so PBT's copies show at the call they happened) and at the end.
+class CsvLog:
+  """An append-only CSV under the run directory whose columns are fixed by
+  its first row (a resumed run keeps the file's columns; a field a later row
+  lacks stays empty, one it adds is left out). Flushed at each write, like
+  the member CSVs: a resumed run cuts it back to its size at the checkpoint
+  (``run.truncate_logs``)."""
 
-  Append-only and flushed at each write, like the member CSVs: a resumed
-  run cuts it back to its size at the checkpoint (``run.truncate_logs``).
-  """
-
-  def __init__(self, run_dir: str):
-    self.path = os.path.join(run_dir, HPARAMS_CSV)
+  def __init__(self, path: str):
+    self.path = path
     self._file = None
     self._writer = None
 
-  def write(self, env_steps: int, update_steps: int,
-            rows: Sequence[Mapping[str, float]]) -> None:
+  def write_rows(self, rows: Sequence[Mapping[str, float]]) -> None:
+    if not rows:
+      return
     if self._writer is None:
-      fields = ['env_steps', 'update_steps', 'member', *rows[0]]
-      if os.path.exists(self.path) and os.path.getsize(self.path):
+      fields = list(rows[0])
+      resumed = os.path.exists(self.path) and os.path.getsize(self.path)
+      if resumed:
         with open(self.path, newline='') as f:
-          fields = next(csv.reader(f))  # a resumed run keeps its columns
-        self._file = open(self.path, 'a', newline='')  # noqa: SIM115
-        self._writer = csv.DictWriter(self._file, fieldnames=fields,
-                                      extrasaction='ignore')
-      else:
-        self._file = open(self.path, 'w', newline='')  # noqa: SIM115
-        self._writer = csv.DictWriter(self._file, fieldnames=fields,
-                                      extrasaction='ignore')
+          fields = next(csv.reader(f))
+      self._file = open(self.path, 'a' if resumed else 'w', newline='')  # noqa: SIM115
+      self._writer = csv.DictWriter(self._file, fieldnames=fields,
+                                    extrasaction='ignore')
+      if not resumed:
         self._writer.writeheader()
-    for member, row in enumerate(rows):
-      self._writer.writerow({'env_steps': int(env_steps),
-                             'update_steps': int(update_steps),
-                             'member': member, **row})
+    self._writer.writerows(rows)
     self._file.flush()
 
   def close(self) -> None:
     if self._file is not None:
       self._file.close()
+
+
+class HParamsLog(CsvLog):
+  """``hparams.csv``: every member's hyperparameters at chosen learner
+  calls, one row per member (``env_steps``, ``update_steps``, ``member``,
+  then one column per hyperparameter). The run loop writes a row set at its
+  first call, every 10 calls, at every call where the rule made a decision
+  (so PBT's copies show at the call they happened) and at the end."""
+
+  def __init__(self, run_dir: str):
+    super().__init__(os.path.join(run_dir, HPARAMS_CSV))
+
+  def write(self, env_steps: int, update_steps: int,
+            rows: Sequence[Mapping[str, float]]) -> None:
+    self.write_rows([{'env_steps': int(env_steps),
+                      'update_steps': int(update_steps), 'member': member,
+                      **row} for member, row in enumerate(rows)])
+
+
+class RuleLog(CsvLog):
+  """``rule.csv``: the population rule's own scalars (``driver.scalars()``:
+  DvD's lambda and mean pairwise action distance, CEM-RL's generation, ...)
+  every 10 learner calls and at the end, in long form: one row per scalar
+  (``env_steps``, ``update_steps``, ``name``, ``value``), so a scalar that
+  first appears later in the run (a distance before its first measurement,
+  CEM-RL's mean-policy return before its first generation) needs no column
+  fixed in advance. ``None`` values are left out. The same values go to
+  the trackers as ``rule/<name>``; this file lets a script read their
+  history without a TensorBoard reader. Rules without scalars write no
+  file."""
+
+  def __init__(self, run_dir: str):
+    super().__init__(os.path.join(run_dir, RULE_CSV))
+
+  def write(self, env_steps: int, update_steps: int,
+            scalars: Mapping[str, Optional[float]]) -> None:
+    self.write_rows([{'env_steps': int(env_steps),
+                      'update_steps': int(update_steps), 'name': name,
+                      'value': float(value)}
+                     for name, value in scalars.items() if value is not None])
+
+
+def read_rule_csv(run_dir: str) -> dict[str, list[tuple[int, float]]]:
+  """``rule.csv`` as ``{name: [(env steps per member, value), ...]}`` in
+  the order written; ``{}`` when the run wrote none."""
+  path = os.path.join(run_dir, RULE_CSV)
+  out: dict[str, list[tuple[int, float]]] = {}
+  if os.path.exists(path):
+    with open(path, newline='') as f:
+      for row in csv.DictReader(f):
+        out.setdefault(row['name'], []).append(
+            (int(row['env_steps']), float(row['value'])))
+  return out
 
 
 class RunLogger:

@@ -41,7 +41,7 @@ from fastpbrl.actors.pool import exit_if_spawned_import
 from fastpbrl.checkpoint import CheckpointError, Checkpointer
 from fastpbrl.learner import PopulationLearner, SharedCriticLearner
 from fastpbrl import plots
-from fastpbrl.logging import (FINAL_RETURNS, HParamsLog, RunLogger,
+from fastpbrl.logging import (FINAL_RETURNS, HParamsLog, RuleLog, RunLogger,
                               plot_returns, summary_table, write_json_atomic)
 from fastpbrl.replay.buffers import format_bytes, transition_fields
 from fastpbrl.replay.device import LOCATIONS as REPLAY_LOCATIONS
@@ -223,7 +223,7 @@ def log_sizes(run_dir: str) -> dict:
   names = [os.path.join('members', f) for f in sorted(
       os.listdir(os.path.join(run_dir, 'members')))] if os.path.isdir(
           os.path.join(run_dir, 'members')) else []
-  names += ['lineage.jsonl', 'mean_policy.csv', 'hparams.csv']
+  names += ['lineage.jsonl', 'mean_policy.csv', 'hparams.csv', 'rule.csv']
   return {name: os.path.getsize(os.path.join(run_dir, name)) for name in names
           if os.path.exists(os.path.join(run_dir, name))}
 
@@ -754,6 +754,8 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
     stack.push(_closing(logger.close))
     hparams_log = HParamsLog(own_dir)
     stack.push(_closing(hparams_log.close))
+    rule_log = RuleLog(own_dir)
+    stack.push(_closing(rule_log.close))
     try:
       pipeline = Pipeline.create(
           dataclasses.replace(config, population_size=processes.local_count,
@@ -894,7 +896,9 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
                           driver.hparam_rows(loop.hparams))
       scalars = None
       if loop.calls % 10 == 0:
-        scalars = {f'rule/{k}': v for k, v in driver.scalars().items()}
+        rule_scalars = driver.scalars()
+        rule_log.write(loop.env_steps, loop.update_steps, rule_scalars)
+        scalars = {f'rule/{k}': v for k, v in rule_scalars.items()}
         scalars['pipeline/learner_wait_fraction'] = pipeline.wait_fraction()
         scalars['pipeline/population_env_steps'] = loop.env_steps * n
         for i, row in enumerate(driver.hparam_rows(loop.hparams)):
@@ -918,6 +922,8 @@ def _run(config: RunConfig, driver: Driver, agent, env_spec, run_dir: str,
           callback.after_rule_decision(loop, event)
     hparams_log.write(loop.env_steps, loop.update_steps,
                       driver.hparam_rows(loop.hparams))
+    if loop.calls % 10:  # else written at this call already
+      rule_log.write(loop.env_steps, loop.update_steps, driver.scalars())
     save()
     if processes.any(stop.requested):
       stack.callback(stop.disarm)  # runs first: the clean-up is not cut

@@ -4,8 +4,9 @@ import os
 
 import pytest
 
-from fastpbrl.logging import (RunLogger, evaluation_points, plot_returns,
-                              read_member_csvs, summary_table)
+from fastpbrl.logging import (RuleLog, RunLogger, evaluation_points,
+                              plot_returns, read_member_csvs, read_rule_csv,
+                              summary_table)
 
 
 def _row(steps, ret, evaluation, wall=0.0):
@@ -65,3 +66,21 @@ def test_logger_writes_whole_evaluations_only(tmp_path):
       ('True', -6.0)]
   assert [p[2] for p in evaluation_points(rows, 2)] == [-15.0, -5.0]
   assert logger.best_return == -5.0
+
+
+def test_rule_log_keeps_scalars_that_appear_later_and_survives_a_resume(
+    tmp_path):
+  log = RuleLog(str(tmp_path))
+  log.write(100, 10, {'lam': 0.5, 'distance': None})  # not measured yet
+  log.write(200, 20, {'lam': 0.0, 'distance': 1.25})
+  log.close()
+  log = RuleLog(str(tmp_path))  # a resumed run appends to the same file
+  log.write(300, 30, {'lam': 0.5, 'distance': 0.75})
+  log.write(400, 40, {})  # a rule without scalars writes nothing
+  log.close()
+  assert read_rule_csv(str(tmp_path)) == {
+      'lam': [(100, 0.5), (200, 0.0), (300, 0.5)],
+      'distance': [(200, 1.25), (300, 0.75)]}
+  with open(tmp_path / 'rule.csv') as f:
+    assert f.read().count('env_steps') == 1  # one header
+  assert read_rule_csv(str(tmp_path / 'nowhere')) == {}

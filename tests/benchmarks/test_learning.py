@@ -127,6 +127,36 @@ def test_report_plots_the_cem_mean_policy(tmp_path, monkeypatch):
   assert steps == [120, 200] and ys == pytest.approx([-430.0, -270.0])
 
 
+def test_report_gives_the_final_and_run_mean_action_distance(tmp_path):
+  out = tmp_path / 'learning'
+  # Seed 0 has the distance's history (rule.csv), seed 1 was stored before
+  # it was recorded: the run mean covers seed 0 only and says so.
+  for seed, final, curves in (
+      (0, 0.5, {'mean_pairwise_action_distance': [(100, 2.0), (200, 1.5),
+                                                  (300, 0.5)]}),
+      (1, 0.7, None)):
+    path = learning.result_path(str(out), 'Pendulum-v1', 'dvd', seed, 400)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    result = {'final_returns': [-200.0, -100.0], 'wall_time_s': 60.0,
+              'curve': [[400, -100.0, -150.0]], 'task': 'Pendulum-v1',
+              'method': 'dvd', 'seed': seed, 'population_size': 2,
+              'eval_episodes': 1, 'budget': {'env_steps': 400},
+              'machine': 'test', 'date': '2026-11-24', 'code': 'x',
+              'rule_scalars': {'mean_pairwise_action_distance': final}}
+    if curves:
+      result['rule_curves'] = curves
+    with open(path, 'w') as f:
+      json.dump(result, f)
+  table = learning.report(str(out))
+  # Final: (0.5 + 0.7) / 2; run mean of seed 0: (2 + 1.5 + 0.5) / 3.
+  assert ('| Pendulum-v1 | 400 | dvd | 2 | -100 ± 0 | -150 ± 0 |  | '
+          '0.600 (1.333, 1 of 2 seeds) | 1.0 min | x |') in table
+  with open(out / 'results.csv') as f:
+    rows = f.read().splitlines()
+  assert rows[1].endswith(',0.5,1.3333333333333333,60.0')
+  assert rows[2].endswith(',0.7,,60.0')
+
+
 @pytest.mark.slow
 def test_synchronous_loop_is_seeded_and_updates_after_the_warm_up():
   args = learning.parse_args(['--env-steps', '300', '--population-size', '2',

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments import cemrl, dvd, hypertrick, pbt, seeds
-from fastpbrl.logging import read_member_csvs
+from fastpbrl.logging import read_member_csvs, read_rule_csv
 from fastpbrl.population import pbt as pbt_lib
 
 TINY = ['--env', 'Pendulum-v1', '--env-steps', '1200', '--warmup-steps', '200',
@@ -102,6 +102,18 @@ def test_dvd_script(tmp_path):
                             '--embedding-states', '8', '--run-dir', run_dir])
   _assert_run_outputs(run_dir, 3)
   assert all(np.isfinite(r['diversity_weight']) for r in result.hparams)
+  # rule.csv holds the rule's scalars over the run; its last row is the
+  # result's, at the run's final env steps.
+  curves = read_rule_csv(run_dir)
+  assert set(curves) == set(result.rule_scalars)
+  for name, value in result.rule_scalars.items():
+    steps, last = curves[name][-1]
+    assert last == pytest.approx(value, rel=1e-6)
+    assert steps == result.env_steps
+  distances = [v for _, v in curves['mean_pairwise_action_distance']]
+  assert len(distances) >= 2 and all(d >= 0 for d in distances)
+  assert [s for s, _ in curves['diversity_weight']] == sorted(
+      s for s, _ in curves['diversity_weight'])
 
 
 def test_cemrl_script(tmp_path):
