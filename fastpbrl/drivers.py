@@ -13,7 +13,7 @@ from fastpbrl.rules.common import (FreshEpisodes, _check_evaluations_per,
                                    _check_shared_critic, _search_space,
                                    _validate_space)
 from fastpbrl.rules.dvd import (_DIVERSITY_EVERY, DvDDriver, DvDRunConfig,
-                                _from_json_number, _json_number, _probe_states)
+                                _probe_states)
 from fastpbrl.rules.hypertrick import HyperTrickDriver, HyperTrickRunConfig
 from fastpbrl.rules.pbt import PBTDriver, PBTRunConfig, ScheduleDriver
 from fastpbrl.rules.seeds import SeedsDriver

@@ -51,7 +51,7 @@ def _lam(loop) -> np.ndarray:
 
 
 def test_bandit_rounds_reward_improvement_over_recent_rounds():
-  driver, loop, _ = _start(_config())
+  driver, loop, _ = _start(_config(bandit_score='best'))
   np.testing.assert_array_equal(_lam(loop), driver.lam)
   # Round = 2 calls; its return = best evaluation in it. Rounds: 10, 12, 11,
   # 15 -> rewards: none (first round), 1 (12 > 10), 0 (11 < max(10, 12)),
@@ -65,12 +65,45 @@ def test_bandit_rounds_reward_improvement_over_recent_rounds():
     assert driver.lam == driver.config.lambda_arms[driver.arm]
   assert list(driver.bandit.history) == [(arms[1], 1.0), (arms[2], 0.0),
                                          (arms[3], 1.0)]
-  assert driver.recent_bests == [11.0, 15.0]  # --bandit-lookback 2
+  assert driver.recent_scores == [11.0, 15.0]  # --bandit-lookback 2
   # A round in which no evaluation ended keeps its arm and earns nothing.
   arm = driver.arm
   _call(driver, loop)
   _call(driver, loop)
   assert driver.arm == arm and len(driver.bandit.history) == 3
+
+
+def _member_call(driver, loop, returns_by_member):
+  """One learner call in which these members' evaluations ended."""
+  loop.calls += 1
+  loop.update_steps += 10
+  loop.episodes = [EpisodeRecord(m, float(r), 200, True, 0, 0)
+                   for m, rs in returns_by_member.items() for r in rs]
+  driver.after_call(loop)
+
+
+@pytest.mark.parametrize('score, rewards, scores', [
+    # Population mean (the default, as the DvD authors' code): member means
+    # first, so member 0's two evaluations in round 3 do not weigh double.
+    ('mean', [0.0, 1.0], [5.0, 0.0, (7.0 + 4.0) / 2]),
+    # Best episode: round 2's best rose although its mean fell.
+    ('best', [1.0, 0.0], [10.0, 20.0, 8.0]),
+])
+def test_bandit_round_return_is_the_population_mean_by_default(
+    score, rewards, scores):
+  config = _config(bandit_lookback=5) if score == 'mean' else _config(
+      bandit_lookback=5, bandit_score=score)
+  assert config.bandit_score == score
+  driver, loop, _ = _start(config)
+  arms = []
+  for first, second in (({0: [10.0]}, {1: [0.0]}),
+                        ({0: [20.0], 1: [-20.0]}, {}),
+                        ({0: [6.0]}, {0: [8.0], 1: [4.0]})):
+    arms.append(driver.arm)
+    _member_call(driver, loop, first)
+    _member_call(driver, loop, second)
+  assert driver.recent_scores == pytest.approx(scores)
+  assert list(driver.bandit.history) == list(zip(arms[1:], rewards))
 
 
 def test_lambda_zero_baseline_never_applies_the_term():
@@ -131,7 +164,21 @@ def test_checkpointed_bandit_continues_identically():
       _call(d, lp, [best])
   assert resumed.arm == driver.arm and resumed.lam == driver.lam
   assert list(resumed.bandit.history) == list(driver.bandit.history)
-  assert resumed.recent_bests == driver.recent_bests
+  assert resumed.recent_scores == driver.recent_scores
+  assert resumed.round_returns == driver.round_returns
+
+
+def test_checkpoint_that_scored_rounds_by_their_best_resumes_only_so():
+  # Written before --bandit-score: the round's best so far, no score mode.
+  old = {'arm': 1, 'lam': 0.5, 'round_best': 7.0, 'recent_bests': [3.0, 5.0],
+         'calls_in_round': 1,
+         'bandit': DvDDriver(_config()).bandit.state()}
+  with pytest.raises(ConfigError, match='--bandit-score best'):
+    DvDDriver(_config()).restore({}, old)
+  driver = DvDDriver(_config(bandit_score='best'))
+  driver.restore({}, old)
+  assert driver.recent_scores == [3.0, 5.0]
+  assert driver.round_returns == {0: [7.0]}
 
 
 def test_checkpoint_from_before_the_scaled_kernel_is_refused():
@@ -146,6 +193,7 @@ def test_checkpoint_from_before_the_scaled_kernel_is_refused():
     ('bandit_lookback', 0, '--bandit-lookback must be >= 1'),
     ('bandit_window', -1, '--bandit-window must be >= 0'),
     ('bandit_burn_in', -1, '--bandit-burn-in must be >= 0'),
+    ('bandit_score', 'median', '--bandit-score must be mean or best'),
     ('diversity_states', 0, '--diversity-states must be >= 1'),
 ])
 def test_bad_bandit_flags_name_the_flag(flag, value, message):

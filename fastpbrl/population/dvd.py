@@ -84,15 +84,18 @@ details open: Beta(1, 1) priors; the first 5 choices uniformly at random;
 a round's reward is 1 if its return beats the best of the previous 5
 rounds, 0 if it is lower and 1/2 on a tie, and none before there is a
 previous round; the posteriors count only the last 50 rewards (the best
-lambda changes during training). Departures: the return of a round is the
-population's best evaluation return in it (the "best agent"; the authors'
-ES code feeds the population mean of one evaluation per iteration); a round
-is ``--bandit-every`` learner calls rather than one ES iteration; a round
-is compared with the 5 rounds just before it (the authors' code compares
-with the 2nd to 6th rounds before it, skipping the latest, which looks like
-an off-by-one) and as soon as one previous round exists (theirs waits for
-5). ``PiecewiseLinear`` is the alternative of Flajolet et al.
-2022: a schedule instead of the bandit.
+lambda changes during training); the return of a round is the population
+mean (``round_score``: each member's mean evaluation return in the round,
+averaged over the members), as the authors' ES code feeds the mean of the
+population's evaluations (``--bandit-score best`` scores a round by its best
+evaluation episode instead, which this code did before: on Pendulum-v1 it
+kept choosing lambda 0.5 while the population mean fell behind the lambda-0
+baseline). Departures: a round is ``--bandit-every`` learner calls rather
+than one ES iteration; a round is compared with the 5 rounds just before
+it (the authors' code compares with the 2nd to 6th rounds before it,
+skipping the latest, which looks like an off-by-one) and as soon as one
+previous round exists (theirs waits for 5). ``PiecewiseLinear`` is the
+alternative of Flajolet et al. 2022: a schedule instead of the bandit.
 
 Also here: ``mean_pairwise_action_distance``, the diversity figure that the
 DvD driver logs (and that a lambda-0 baseline can be compared on).
@@ -391,6 +394,29 @@ class ThompsonBandit:
     self.history.extend((int(a), float(r)) for a, r in state['history'])
     self.selections = int(state['selections'])
     self.rng.bit_generator.state = state['rng']
+
+
+def round_score(returns_by_member: dict, score: str = 'mean') -> Optional[float]:
+  """A bandit round's return, from the evaluation returns that ended in it.
+
+  Args:
+    returns_by_member: ``{member: [evaluation episode returns]}``.
+    score: ``'mean'``: the mean over members of each member's mean return
+      (a member that evaluated more often does not weigh more); ``'best'``:
+      the best single episode.
+
+  Returns:
+    The round's return; ``None`` when no evaluation ended in the round.
+  """
+  groups = [np.asarray(r, np.float64) for r in returns_by_member.values()
+            if len(r)]
+  if not groups:
+    return None
+  if score == 'mean':
+    return float(np.mean([g.mean() for g in groups]))
+  if score == 'best':
+    return float(max(g.max() for g in groups))
+  raise ValueError(f"score must be 'mean' or 'best', got {score!r}")
 
 
 def improvement_reward(previous_returns: Sequence[float],

@@ -55,8 +55,13 @@ class DvDRunConfig(RunConfig):
   bandit_every: int = 100
   """Bandit: learner calls per round (one lambda per round); a round must
   hold an evaluation (see --eval-every)."""
+  bandit_score: str = 'mean'
+  """Bandit: a round's return, which its reward compares: mean (the
+  population mean: each member's mean evaluation return in the round,
+  averaged over the members that evaluated; as the DvD authors' code) or best
+  (the best evaluation episode in the round)."""
   bandit_lookback: int = 5
-  """Bandit: a round's reward is 1 if its best evaluation return beats the
+  """Bandit: a round's reward is 1 if its return (--bandit-score) beats the
   best of the previous this-many rounds, 0 if lower, 0.5 on a tie."""
   bandit_window: int = 50
   """Bandit: the posteriors count only the last this-many rewards (0: all)."""
@@ -119,6 +124,8 @@ class DvDDriver(Driver):
            '--lambda-start and --lambda-end must be >= 0')
     _check(config.lambda_decay_steps >= 1, '--lambda-decay-steps must be >= 1')
     _check(config.bandit_every >= 1, '--bandit-every must be >= 1')
+    _check(config.bandit_score in ('mean', 'best'),
+           f'--bandit-score must be mean or best, got {config.bandit_score!r}')
     _check(config.bandit_lookback >= 1,
            f'--bandit-lookback must be >= 1, got {config.bandit_lookback}')
     _check(config.bandit_window >= 0,
@@ -145,8 +152,9 @@ class DvDDriver(Driver):
         window=config.bandit_window or None, burn_in=config.bandit_burn_in)
     self.arm = None
     self.lam = config.lambda_start
-    self.round_best = -np.inf  # best evaluation return in the current round
-    self.recent_bests = []  # best eval returns of the last lookback rounds
+    # Evaluation returns of the current round, by member.
+    self.round_returns: dict[int, list[float]] = {}
+    self.recent_scores = []  # returns (--bandit-score) of the last rounds
     self.calls_in_round = 0
     self.diversity = None  # last mean pairwise action distance
     self._probe = None  # (states, jitted distance), set by initialize
@@ -189,7 +197,8 @@ class DvDDriver(Driver):
           loop.learner.policy_params(loop.state), states))
     for r in loop.episodes:
       if r['evaluation']:
-        self.round_best = max(self.round_best, float(r['episode_return']))
+        self.round_returns.setdefault(int(r['member']), []).append(
+            float(r['episode_return']))
     if self.config.lambda_mode == 'schedule':
       lam = self.schedule(loop.update_steps)
     else:
@@ -209,14 +218,15 @@ class DvDDriver(Driver):
     if self.calls_in_round < self.config.bandit_every:
       return None
     self.calls_in_round = 0
-    if not np.isfinite(self.round_best):
+    score = dvd_lib.round_score(self.round_returns, self.config.bandit_score)
+    if score is None:
       return None  # no evaluation ended in this round: keep the arm, no reward
-    reward = dvd_lib.improvement_reward(self.recent_bests, self.round_best)
+    reward = dvd_lib.improvement_reward(self.recent_scores, score)
     if reward is not None:  # None: the first round, nothing to compare with
       self.bandit.update(self.arm, reward)
-    self.recent_bests = (self.recent_bests + [self.round_best])[
+    self.recent_scores = (self.recent_scores + [score])[
         -self.config.bandit_lookback:]
-    self.round_best = -np.inf
+    self.round_returns = {}
     self.arm, lam = self.bandit.select()
     return lam
 
@@ -228,21 +238,34 @@ class DvDDriver(Driver):
 
   def checkpoint_meta(self) -> dict:
     return {'arm': self.arm, 'lam': self.lam,
-            'round_best': _json_number(self.round_best),
-            'recent_bests': self.recent_bests,
+            'bandit_score': self.config.bandit_score,
+            'round_returns': {str(m): r for m, r in self.round_returns.items()},
+            'recent_scores': self.recent_scores,
             'calls_in_round': self.calls_in_round,
             'bandit': self.bandit.state()}
 
   def restore(self, arrays, meta) -> None:
     del arrays
-    if 'recent_bests' not in meta:
+    if 'recent_bests' not in meta and 'recent_scores' not in meta:
       raise ConfigError(
           'this DvD checkpoint predates the scaled kernel and the windowed '
           'lambda bandit (its objective is not the one this code trains); '
           'start a new run instead of --resume')
+    # Checkpoints written before --bandit-score scored rounds by their best.
+    saved_score = meta.get('bandit_score', 'best')
+    if saved_score != self.config.bandit_score:
+      raise ConfigError(
+          f'this DvD checkpoint scored bandit rounds with --bandit-score '
+          f'{saved_score}; resume it with --bandit-score {saved_score}')
     self.arm, self.lam = meta['arm'], meta['lam']
-    self.round_best = _from_json_number(meta['round_best'])
-    self.recent_bests = [float(r) for r in meta['recent_bests']]
+    if 'recent_scores' in meta:
+      self.round_returns = {int(m): [float(x) for x in r]
+                            for m, r in meta['round_returns'].items()}
+      self.recent_scores = [float(r) for r in meta['recent_scores']]
+    else:  # the round's best so far stands in for its returns
+      best = meta['round_best']
+      self.round_returns = {} if best is None else {0: [float(best)]}
+      self.recent_scores = [float(r) for r in meta['recent_bests']]
     self.calls_in_round = meta['calls_in_round']
     self.bandit.load_state(meta['bandit'])
 
@@ -258,11 +281,3 @@ class DvDDriver(Driver):
       text += (f'\nDvD mean pairwise action distance (last measured): '
                f'{self.diversity:.4f}')
     return text
-
-
-def _json_number(x: float):
-  return float(x) if np.isfinite(x) else None
-
-
-def _from_json_number(x) -> float:
-  return -np.inf if x is None else float(x)

@@ -317,3 +317,16 @@ def test_improvement_reward_compares_with_the_best_recent_round():
   assert dvd.improvement_reward([1.0, 7.0, 3.0], 6.0) == 0.0
   assert dvd.improvement_reward([1.0, 7.0, 3.0], 7.5) == 1.0
   assert dvd.improvement_reward([1.0, 7.0, 3.0], 7.0) == 0.5
+
+
+def test_round_score_averages_members_then_population():
+  returns = {0: [1.0, 3.0], 1: [10.0], 2: []}
+  # Member means 2 and 10 (member 2 did not evaluate): mean 6, not the
+  # episodes' mean 14 / 3.
+  assert dvd.round_score(returns) == pytest.approx(6.0)
+  assert dvd.round_score(returns, 'mean') == pytest.approx(6.0)
+  assert dvd.round_score(returns, 'best') == 10.0
+  assert dvd.round_score({}) is None
+  assert dvd.round_score({3: []}, 'best') is None
+  with pytest.raises(ValueError, match='mean.*best'):
+    dvd.round_score(returns, 'median')
