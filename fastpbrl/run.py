@@ -41,8 +41,9 @@ from fastpbrl.actors.pool import exit_if_spawned_import
 from fastpbrl.checkpoint import CheckpointError, Checkpointer
 from fastpbrl.learner import PopulationLearner, SharedCriticLearner
 from fastpbrl import plots
-from fastpbrl.logging import (FINAL_RETURNS, HParamsLog, RuleLog, RunLogger,
-                              plot_returns, summary_table, write_json_atomic)
+from fastpbrl.logging import (FINAL_RETURNS, HPARAMS_CSV, RULE_CSV, HParamsLog,
+                              RuleLog, RunLogger, plot_returns, summary_table,
+                              write_json_atomic)
 from fastpbrl.replay.buffers import format_bytes, transition_fields
 from fastpbrl.replay.device import LOCATIONS as REPLAY_LOCATIONS
 from fastpbrl.replay.buffers import state_template as replay_state_template
@@ -223,7 +224,7 @@ def log_sizes(run_dir: str) -> dict:
   names = [os.path.join('members', f) for f in sorted(
       os.listdir(os.path.join(run_dir, 'members')))] if os.path.isdir(
           os.path.join(run_dir, 'members')) else []
-  names += ['lineage.jsonl', 'mean_policy.csv', 'hparams.csv', 'rule.csv']
+  names += ['lineage.jsonl', 'mean_policy.csv', HPARAMS_CSV, RULE_CSV]
   return {name: os.path.getsize(os.path.join(run_dir, name)) for name in names
           if os.path.exists(os.path.join(run_dir, name))}
 
