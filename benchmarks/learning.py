@@ -27,6 +27,8 @@ Methods:
   its own column; the members' finals are reported like the others');
 * ``dvd``, ``dvd-no-diversity``: DvD-TD3 and the same shared-critic TD3
   with the diversity weight fixed at 0 (the diversity figure compares them);
+  ``dvd-best-round``: DvD-TD3 whose lambda bandit scores a round by its best
+  evaluation episode instead of the population mean;
 * ``hypertrick``: HyperTrick's search over the same slots;
 * ``sync-td3``: our TD3 agent in a plain synchronous loop (one env step
   per member, then one update, from the warm-up's end; no actor
@@ -112,6 +114,7 @@ METHODS = {
     'pbt-sac': ('pbt', ['--agent', 'sac']),
     'cemrl': ('cemrl', []),
     'dvd': ('dvd', []),
+    'dvd-best-round': ('dvd', ['--bandit-score', 'best']),
     'dvd-no-diversity': ('dvd', ['--lambda-mode', 'schedule',
                                  '--lambda-start', '0', '--lambda-end', '0']),
     'hypertrick': ('hypertrick', []),
