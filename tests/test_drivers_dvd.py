@@ -2,6 +2,7 @@
 rewards, the lambda-0 baseline, the logged diversity figure and the
 checkpointed bandit state (no pipeline: a stand-in loop)."""
 
+import dataclasses
 import json
 import types
 
@@ -51,7 +52,8 @@ def _lam(loop) -> np.ndarray:
 
 
 def test_bandit_rounds_reward_improvement_over_recent_rounds():
-  driver, loop, _ = _start(_config(bandit_score='best'))
+  driver, loop, _ = _start(_config(bandit_score='best',
+                                   bandit_reward='improvement'))
   np.testing.assert_array_equal(_lam(loop), driver.lam)
   # Round = 2 calls; its return = best evaluation in it. Rounds: 10, 12, 11,
   # 15 -> rewards: none (first round), 1 (12 > 10), 0 (11 < max(10, 12)),
@@ -65,12 +67,31 @@ def test_bandit_rounds_reward_improvement_over_recent_rounds():
     assert driver.lam == driver.config.lambda_arms[driver.arm]
   assert list(driver.bandit.history) == [(arms[1], 1.0), (arms[2], 0.0),
                                          (arms[3], 1.0)]
-  assert driver.recent_scores == [11.0, 15.0]  # --bandit-lookback 2
+  # --bandit-lookback 2 rounds are compared; one more is kept (the
+  # relative-gain reward needs 2 gains).
+  assert driver.recent_scores == [12.0, 11.0, 15.0]
   # A round in which no evaluation ended keeps its arm and earns nothing.
   arm = driver.arm
   _call(driver, loop)
   _call(driver, loop)
   assert driver.arm == arm and len(driver.bandit.history) == 3
+
+
+def test_bandit_rounds_reward_gains_above_the_recent_median_by_default():
+  config = _config(bandit_score='best')
+  assert config.bandit_reward == 'relative-gain'
+  driver, loop, _ = _start(config)
+  # Rounds 10, 12, 11, 15, 16, 19: gains 2, -1, 4, 1, 3. Rewards: none, none
+  # (one previous gain is needed), 0 (-1 < 2), 1 (4 > median(2, -1)),
+  # 0 (1 < median(-1, 4) with --bandit-lookback 2), 1 (3 > median(4, 1)).
+  # improvement would pay rounds 4-6 all 1 (each a new best).
+  arms = []
+  for best in (10.0, 12.0, 11.0, 15.0, 16.0, 19.0):
+    arms.append(driver.arm)
+    _call(driver, loop, [best])
+    _call(driver, loop, [best - 1.0])
+  assert list(driver.bandit.history) == list(zip(arms[2:], [0.0, 1.0, 0.0, 1.0]))
+  assert driver.recent_scores == [15.0, 16.0, 19.0]
 
 
 def _member_call(driver, loop, returns_by_member):
@@ -91,8 +112,9 @@ def _member_call(driver, loop, returns_by_member):
 ])
 def test_bandit_round_return_is_the_population_mean_by_default(
     score, rewards, scores):
-  config = _config(bandit_lookback=5) if score == 'mean' else _config(
-      bandit_lookback=5, bandit_score=score)
+  config = _config(bandit_lookback=5, bandit_reward='improvement')
+  if score != 'mean':
+    config = dataclasses.replace(config, bandit_score=score)
   assert config.bandit_score == score
   driver, loop, _ = _start(config)
   arms = []
@@ -175,7 +197,10 @@ def test_checkpoint_that_scored_rounds_by_their_best_resumes_only_so():
          'bandit': DvDDriver(_config()).bandit.state()}
   with pytest.raises(ConfigError, match='--bandit-score best'):
     DvDDriver(_config()).restore({}, old)
-  driver = DvDDriver(_config(bandit_score='best'))
+  # ... and rewarded improvement.
+  with pytest.raises(ConfigError, match='--bandit-reward improvement'):
+    DvDDriver(_config(bandit_score='best')).restore({}, old)
+  driver = DvDDriver(_config(bandit_score='best', bandit_reward='improvement'))
   driver.restore({}, old)
   assert driver.recent_scores == [3.0, 5.0]
   assert driver.round_returns == {0: [7.0]}
@@ -194,6 +219,8 @@ def test_checkpoint_from_before_the_scaled_kernel_is_refused():
     ('bandit_window', -1, '--bandit-window must be >= 0'),
     ('bandit_burn_in', -1, '--bandit-burn-in must be >= 0'),
     ('bandit_score', 'median', '--bandit-score must be mean or best'),
+    ('bandit_reward', 'gain', '--bandit-reward must be relative-gain or '
+     'improvement'),
     ('diversity_states', 0, '--diversity-states must be >= 1'),
 ])
 def test_bad_bandit_flags_name_the_flag(flag, value, message):

@@ -60,9 +60,15 @@ class DvDRunConfig(RunConfig):
   population mean: each member's mean evaluation return in the round,
   averaged over the members that evaluated; as the DvD authors' code) or best
   (the best evaluation episode in the round)."""
+  bandit_reward: str = 'relative-gain'
+  """Bandit: a round's reward. relative-gain: 1 if its gain in return
+  (--bandit-score) over the previous round beats the median gain of the
+  previous --bandit-lookback rounds, 0 if lower, 0.5 on a tie (this code's
+  default: it sees what a lambda costs while the population learns);
+  improvement (the DvD paper's): 1 if its return beats the best of the
+  previous --bandit-lookback rounds."""
   bandit_lookback: int = 5
-  """Bandit: a round's reward is 1 if its return (--bandit-score) beats the
-  best of the previous this-many rounds, 0 if lower, 0.5 on a tie."""
+  """Bandit: previous rounds a round is compared with (--bandit-reward)."""
   bandit_window: int = 50
   """Bandit: the posteriors count only the last this-many rewards (0: all)."""
   bandit_burn_in: int = 5
@@ -126,6 +132,9 @@ class DvDDriver(Driver):
     _check(config.bandit_every >= 1, '--bandit-every must be >= 1')
     _check(config.bandit_score in ('mean', 'best'),
            f'--bandit-score must be mean or best, got {config.bandit_score!r}')
+    _check(config.bandit_reward in dvd_lib.BANDIT_REWARDS,
+           f'--bandit-reward must be relative-gain or improvement, got '
+           f'{config.bandit_reward!r}')
     _check(config.bandit_lookback >= 1,
            f'--bandit-lookback must be >= 1, got {config.bandit_lookback}')
     _check(config.bandit_window >= 0,
@@ -154,7 +163,9 @@ class DvDDriver(Driver):
     self.lam = config.lambda_start
     # Evaluation returns of the current round, by member.
     self.round_returns: dict[int, list[float]] = {}
-    self.recent_scores = []  # returns (--bandit-score) of the last rounds
+    # Returns (--bandit-score) of the last --bandit-lookback + 1 rounds
+    # (relative-gain compares with the last --bandit-lookback gains).
+    self.recent_scores = []
     self.calls_in_round = 0
     self.diversity = None  # last mean pairwise action distance
     self._probe = None  # (states, jitted distance), set by initialize
@@ -221,11 +232,14 @@ class DvDDriver(Driver):
     score = dvd_lib.round_score(self.round_returns, self.config.bandit_score)
     if score is None:
       return None  # no evaluation ended in this round: keep the arm, no reward
-    reward = dvd_lib.improvement_reward(self.recent_scores, score)
-    if reward is not None:  # None: the first round, nothing to compare with
+    lookback = self.config.bandit_lookback
+    if self.config.bandit_reward == 'improvement':
+      reward = dvd_lib.improvement_reward(self.recent_scores[-lookback:], score)
+    else:
+      reward = dvd_lib.relative_gain_reward(self.recent_scores, score)
+    if reward is not None:  # None: too few rounds yet to compare with
       self.bandit.update(self.arm, reward)
-    self.recent_scores = (self.recent_scores + [score])[
-        -self.config.bandit_lookback:]
+    self.recent_scores = (self.recent_scores + [score])[-(lookback + 1):]
     self.round_returns = {}
     self.arm, lam = self.bandit.select()
     return lam
@@ -239,6 +253,7 @@ class DvDDriver(Driver):
   def checkpoint_meta(self) -> dict:
     return {'arm': self.arm, 'lam': self.lam,
             'bandit_score': self.config.bandit_score,
+            'bandit_reward': self.config.bandit_reward,
             'round_returns': {str(m): r for m, r in self.round_returns.items()},
             'recent_scores': self.recent_scores,
             'calls_in_round': self.calls_in_round,
@@ -257,6 +272,12 @@ class DvDDriver(Driver):
       raise ConfigError(
           f'this DvD checkpoint scored bandit rounds with --bandit-score '
           f'{saved_score}; resume it with --bandit-score {saved_score}')
+    # Checkpoints written before --bandit-reward rewarded improvement.
+    saved_reward = meta.get('bandit_reward', 'improvement')
+    if saved_reward != self.config.bandit_reward:
+      raise ConfigError(
+          f'this DvD checkpoint rewarded bandit rounds with --bandit-reward '
+          f'{saved_reward}; resume it with --bandit-reward {saved_reward}')
     self.arm, self.lam = meta['arm'], meta['lam']
     if 'recent_scores' in meta:
       self.round_returns = {int(m): [float(x) for x in r]

@@ -319,6 +319,46 @@ def test_improvement_reward_compares_with_the_best_recent_round():
   assert dvd.improvement_reward([1.0, 7.0, 3.0], 7.0) == 0.5
 
 
+def test_relative_gain_reward_compares_the_gain_with_the_recent_median():
+  # Fewer than two previous rounds: no previous gain, no reward.
+  assert dvd.relative_gain_reward([], 9.0) is None
+  assert dvd.relative_gain_reward([10.0], 12.0) is None
+  assert dvd.relative_gain_reward([-np.inf, 10.0], 12.0) is None
+  # Previous gains 2, 6, 1 (median 2); this round gains 13 - 9 = 4.
+  previous = [0.0, 2.0, 8.0, 9.0]
+  assert dvd.relative_gain_reward(previous, 13.0) == 1.0
+  assert dvd.relative_gain_reward(previous, 10.0) == 0.0  # gains 1 < 2
+  assert dvd.relative_gain_reward(previous, 11.0) == 0.5  # gains 2 = 2
+  # A new best that gains less than the usual pace earns 0 (improvement_reward
+  # pays it 1): what a lambda costs while the population learns shows.
+  assert dvd.improvement_reward(previous, 10.0) == 1.0
+  # A fall that is smaller than the usual fall earns 1.
+  assert dvd.relative_gain_reward([10.0, 6.0, 3.0], 2.0) == 1.0
+
+
+def test_relative_gain_reward_is_even_for_arms_that_learn_alike():
+  # A concave learning curve with noise, two arms that do not matter: each
+  # arm's mean reward is near 1/2 (improvement_reward pays both ~1).
+  rng = np.random.default_rng(0)
+  scores = 4000 * (1 - np.exp(-np.arange(400) / 150)) + rng.normal(0, 30, 400)
+  arms = rng.integers(2, size=400)
+  gain = {0: [], 1: []}
+  improve = {0: [], 1: []}
+  for t in range(6, 400):
+    gain[arms[t]].append(dvd.relative_gain_reward(scores[t - 6:t], scores[t]))
+    improve[arms[t]].append(dvd.improvement_reward(scores[t - 5:t], scores[t]))
+  for arm in (0, 1):
+    assert abs(np.mean(gain[arm]) - 0.5) < 0.1
+  # And an arm that gains 20% less than the other is told apart.
+  scores = np.zeros(400)
+  for t in range(1, 400):
+    scores[t] = scores[t - 1] + (8.0 if arms[t] else 10.0) + rng.normal(0, 1)
+  gain = {0: [], 1: []}
+  for t in range(6, 400):
+    gain[arms[t]].append(dvd.relative_gain_reward(scores[t - 6:t], scores[t]))
+  assert np.mean(gain[0]) > 0.6 > 0.4 > np.mean(gain[1])
+
+
 def test_round_score_averages_members_then_population():
   returns = {0: [1.0, 3.0], 1: [10.0], 2: []}
   # Member means 2 and 10 (member 2 did not evaluate): mean 6, not the
