@@ -27,11 +27,10 @@ Methods:
   its own column; the members' finals are reported like the others');
 * ``dvd``, ``dvd-no-diversity``: DvD-TD3 and the same shared-critic TD3
   with the diversity weight fixed at 0 (the diversity figure compares them);
-  ``dvd-improvement``: DvD-TD3 whose lambda bandit rewards the paper's
-  improvement (a round's population mean beats the recent rounds') instead
-  of a gain above the recent median gain; ``dvd-best-round``: the same, with
-  a round scored by its best evaluation episode instead of the population
-  mean;
+  ``dvd-best-round``: DvD-TD3 whose lambda bandit scores a round by its
+  best evaluation episode instead of the population mean;
+  ``dvd-relative-gain``: DvD-TD3 whose bandit rewards a round's gain above
+  the recent median gain instead of the paper's improvement;
 * ``hypertrick``: HyperTrick's search over the same slots;
 * ``sync-td3``: our TD3 agent in a plain synchronous loop (one env step
   per member, then one update, from the warm-up's end; no actor
@@ -117,12 +116,11 @@ METHODS = {
     'pbt-sac': ('pbt', ['--agent', 'sac']),
     'cemrl': ('cemrl', []),
     'dvd': ('dvd', []),
-    # The DvD paper's bandit reward (a round earns 1 if the population's
-    # return beats the recent rounds'), scored by the population mean...
-    'dvd-improvement': ('dvd', ['--bandit-reward', 'improvement']),
-    # ... and by the round's best evaluation episode.
-    'dvd-best-round': ('dvd', ['--bandit-score', 'best',
-                               '--bandit-reward', 'improvement']),
+    # A round scored by its best evaluation episode, not the population mean.
+    'dvd-best-round': ('dvd', ['--bandit-score', 'best']),
+    # A round rewarded for a gain above the recent median gain, not for
+    # beating the recent rounds' return (the paper's).
+    'dvd-relative-gain': ('dvd', ['--bandit-reward', 'relative-gain']),
     'dvd-no-diversity': ('dvd', ['--lambda-mode', 'schedule',
                                  '--lambda-start', '0', '--lambda-end', '0']),
     'hypertrick': ('hypertrick', []),

@@ -77,10 +77,10 @@ def test_bandit_rounds_reward_improvement_over_recent_rounds():
   assert driver.arm == arm and len(driver.bandit.history) == 3
 
 
-def test_bandit_rounds_reward_gains_above_the_recent_median_by_default():
-  config = _config(bandit_score='best')
-  assert config.bandit_reward == 'relative-gain'
-  driver, loop, _ = _start(config)
+def test_bandit_rounds_reward_gains_above_the_recent_median_if_asked():
+  assert _config().bandit_reward == 'improvement'  # the paper's, the default
+  driver, loop, _ = _start(_config(bandit_score='best',
+                                   bandit_reward='relative-gain'))
   # Rounds 10, 12, 11, 15, 16, 19: gains 2, -1, 4, 1, 3. Rewards: none, none
   # (one previous gain is needed), 0 (-1 < 2), 1 (4 > median(2, -1)),
   # 0 (1 < median(-1, 4) with --bandit-lookback 2), 1 (3 > median(4, 1)).
@@ -199,8 +199,9 @@ def test_checkpoint_that_scored_rounds_by_their_best_resumes_only_so():
     DvDDriver(_config()).restore({}, old)
   # ... and rewarded improvement.
   with pytest.raises(ConfigError, match='--bandit-reward improvement'):
-    DvDDriver(_config(bandit_score='best')).restore({}, old)
-  driver = DvDDriver(_config(bandit_score='best', bandit_reward='improvement'))
+    DvDDriver(_config(bandit_score='best', bandit_reward='relative-gain')
+              ).restore({}, old)
+  driver = DvDDriver(_config(bandit_score='best'))
   driver.restore({}, old)
   assert driver.recent_scores == [3.0, 5.0]
   assert driver.round_returns == {0: [7.0]}
@@ -219,8 +220,8 @@ def test_checkpoint_from_before_the_scaled_kernel_is_refused():
     ('bandit_window', -1, '--bandit-window must be >= 0'),
     ('bandit_burn_in', -1, '--bandit-burn-in must be >= 0'),
     ('bandit_score', 'median', '--bandit-score must be mean or best'),
-    ('bandit_reward', 'gain', '--bandit-reward must be relative-gain or '
-     'improvement'),
+    ('bandit_reward', 'gain', '--bandit-reward must be improvement or '
+     'relative-gain'),
     ('diversity_states', 0, '--diversity-states must be >= 1'),
 ])
 def test_bad_bandit_flags_name_the_flag(flag, value, message):

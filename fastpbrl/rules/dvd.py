@@ -60,13 +60,12 @@ class DvDRunConfig(RunConfig):
   population mean: each member's mean evaluation return in the round,
   averaged over the members that evaluated; as the DvD authors' code) or best
   (the best evaluation episode in the round)."""
-  bandit_reward: str = 'relative-gain'
-  """Bandit: a round's reward. relative-gain: 1 if its gain in return
-  (--bandit-score) over the previous round beats the median gain of the
-  previous --bandit-lookback rounds, 0 if lower, 0.5 on a tie (this code's
-  default: it sees what a lambda costs while the population learns);
-  improvement (the DvD paper's): 1 if its return beats the best of the
-  previous --bandit-lookback rounds."""
+  bandit_reward: str = 'improvement'
+  """Bandit: a round's reward. improvement (the DvD paper's): 1 if its
+  return (--bandit-score) beats the best of the previous --bandit-lookback
+  rounds, 0 if lower, 0.5 on a tie; relative-gain: 1 if its gain over the
+  previous round beats the median gain of the previous --bandit-lookback
+  rounds (an experiment: it did not learn better, see the README)."""
   bandit_lookback: int = 5
   """Bandit: previous rounds a round is compared with (--bandit-reward)."""
   bandit_window: int = 50
@@ -133,7 +132,7 @@ class DvDDriver(Driver):
     _check(config.bandit_score in ('mean', 'best'),
            f'--bandit-score must be mean or best, got {config.bandit_score!r}')
     _check(config.bandit_reward in dvd_lib.BANDIT_REWARDS,
-           f'--bandit-reward must be relative-gain or improvement, got '
+           f'--bandit-reward must be improvement or relative-gain, got '
            f'{config.bandit_reward!r}')
     _check(config.bandit_lookback >= 1,
            f'--bandit-lookback must be >= 1, got {config.bandit_lookback}')
@@ -233,10 +232,10 @@ class DvDDriver(Driver):
     if score is None:
       return None  # no evaluation ended in this round: keep the arm, no reward
     lookback = self.config.bandit_lookback
-    if self.config.bandit_reward == 'improvement':
-      reward = dvd_lib.improvement_reward(self.recent_scores[-lookback:], score)
-    else:
+    if self.config.bandit_reward == 'relative-gain':
       reward = dvd_lib.relative_gain_reward(self.recent_scores, score)
+    else:
+      reward = dvd_lib.improvement_reward(self.recent_scores[-lookback:], score)
     if reward is not None:  # None: too few rounds yet to compare with
       self.bandit.update(self.arm, reward)
     self.recent_scores = (self.recent_scores + [score])[-(lookback + 1):]
