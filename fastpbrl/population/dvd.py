@@ -96,8 +96,9 @@ it (the authors' code compares with the 2nd to 6th rounds before it,
 skipping the latest, which looks like an off-by-one) and as soon as one
 previous round exists (theirs waits for 5). ``relative_gain_reward``
 (``--bandit-reward relative-gain``) is an alternative that was tried and
-measured, not the default: it did not learn better (README). ``PiecewiseLinear`` is the
-alternative of Flajolet et al. 2022: a schedule instead of the bandit.
+measured, not the default: it did not learn better (README).
+``PiecewiseLinear`` is the alternative of Flajolet et al. 2022: a schedule
+instead of the bandit.
 
 Also here: ``mean_pairwise_action_distance``, the diversity figure that the
 DvD driver logs (and that a lambda-0 baseline can be compared on).
