@@ -31,6 +31,9 @@ Methods:
   best evaluation episode instead of the population mean;
   ``dvd-relative-gain``: DvD-TD3 whose bandit rewards a round's gain above
   the recent median gain instead of the paper's improvement;
+  ``dvd-sigma-0.3``: DvD-TD3 with the kernel length scale 0.3 instead of
+  1, so the term relaxes once members act about as far apart as freshly
+  initialised policies do;
 * ``hypertrick``: HyperTrick's search over the same slots;
 * ``sync-td3``: our TD3 agent in a plain synchronous loop (one env step
   per member, then one update, from the warm-up's end; no actor
@@ -121,6 +124,9 @@ METHODS = {
     # A round rewarded for a gain above the recent median gain, not for
     # beating the recent rounds' return (the paper's).
     'dvd-relative-gain': ('dvd', ['--bandit-reward', 'relative-gain']),
+    # A shorter kernel length scale: members whose actions differ by more
+    # than ~2 sigma (root mean square) look distinct and stop being pushed.
+    'dvd-sigma-0.3': ('dvd', ['--kernel-sigma', '0.3']),
     'dvd-no-diversity': ('dvd', ['--lambda-mode', 'schedule',
                                  '--lambda-start', '0', '--lambda-end', '0']),
     'hypertrick': ('hypertrick', []),
