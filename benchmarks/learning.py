@@ -115,6 +115,10 @@ METHODS = {
     'seeds-td3-no-catch-up-low-lag': ('seeds', [
         '--agent', 'td3', '--no-warmup-counts-as-data',
         '--steps-per-call', '10']),
+    # The baseline with PyTorch's initialisation (SB3's) instead of haiku's
+    # (Acme's): the one difference left between our TD3 and SB3's.
+    'seeds-td3-torch-init': ('seeds', ['--agent', 'td3',
+                                       '--network-init', 'torch']),
     'seeds-sac': ('seeds', ['--agent', 'sac']),
     'pbt-sac': ('pbt', ['--agent', 'sac']),
     'cemrl': ('cemrl', []),

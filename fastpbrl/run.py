@@ -38,6 +38,7 @@ import numpy as np
 
 from fastpbrl import agents as agents_lib
 from fastpbrl.actors.pool import exit_if_spawned_import
+from fastpbrl.agents.networks import NETWORK_INITS
 from fastpbrl.checkpoint import CheckpointError, Checkpointer
 from fastpbrl.learner import PopulationLearner, SharedCriticLearner
 from fastpbrl import plots
@@ -84,6 +85,11 @@ class RunConfig:
   hidden_sizes: tuple[int, ...] = (256, 256)
   """MLP widths of policies and critics (TD3/SAC) or of the Q-MLP (DQN): the
   config field the agent registered as its hidden sizes."""
+  network_init: str = 'haiku'
+  """How MLP weights start (TD3, SAC): 'haiku' (haiku's default, as in
+  Acme: truncated normal of scale 1/sqrt(fan-in), zero biases) or 'torch'
+  (PyTorch's, as in Stable-Baselines3 and the TD3/SAC reference code:
+  weights and biases uniform in +-1/sqrt(fan-in))."""
   batch_size: Optional[int] = None
   """Transitions per member per update step (default: the agent's, 256 / 32)."""
   steps_per_call: Optional[int] = None
@@ -173,6 +179,9 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
          f'--num-actors must be >= 1, got {config.num_actors}')
   _check(all(h >= 1 for h in config.hidden_sizes) and config.hidden_sizes,
          f'--hidden-sizes must be positive widths, got {config.hidden_sizes}')
+  _check(config.network_init in NETWORK_INITS,
+         f'--network-init must be one of {", ".join(NETWORK_INITS)}, got '
+         f'{config.network_init!r}')
   _check(config.batch_size is None or config.batch_size >= 1,
          f'--batch-size must be >= 1, got {config.batch_size}')
   _check(config.steps_per_call is None or config.steps_per_call >= 1,
@@ -314,6 +323,12 @@ def make_agent(config: RunConfig, env_spec):
     overrides['steps_per_call'] = config.steps_per_call
   if spec.hidden_sizes_field is not None:
     overrides[spec.hidden_sizes_field] = tuple(config.hidden_sizes)
+  if any(f.name == 'network_init' for f in dataclasses.fields(spec.config)):
+    overrides['network_init'] = config.network_init
+  else:
+    _check(config.network_init == 'haiku',
+           f'--network-init {config.network_init}: --agent {config.agent} '
+           'has no network_init setting (TD3 and SAC have)')
   try:
     agent = agents_lib.make_agent(
         config.agent, env_spec, dataclasses.replace(spec.config(), **overrides))

@@ -27,52 +27,101 @@ def _pure(fn) -> Network:
   return Network(transformed.init, transformed.apply)
 
 
-def _mlp(sizes: Sequence[int], name: str | None = None) -> hk.nets.MLP:
-  # Default haiku init (truncated normal, fan-in scaled) is what Acme uses for
-  # its TD3/SAC MLPs; ReLU hidden activations as in the TD3 and SAC papers.
-  return hk.nets.MLP(list(sizes), activation=jax.nn.relu, name=name)
+# How MLP parameters start (``network_init`` of the TD3 and SAC configs).
+NETWORK_INITS = ('haiku', 'torch')
 
 
-def deterministic_policy(action_dim: int, hidden: Sequence[int]) -> Network:
+class _TorchInitMLP(hk.Module):
+  """``hk.nets.MLP`` (ReLU between layers, none after the last) with
+  PyTorch's ``nn.Linear`` default initialisation: weights and biases uniform
+  in ``+-1/sqrt(fan_in)``, as in Stable-Baselines3 and the TD3 and SAC
+  reference code. Its layers are made in the constructor, as
+  ``hk.nets.MLP`` makes them, so the parameters have the same names
+  (``mlp/~/linear_<i>``) and tree as the haiku-initialised network."""
+
+  def __init__(self, sizes: Sequence[int], input_size: int,
+               name: str | None = None):
+    super().__init__(name=name or 'mlp')
+    fan_ins = [input_size, *sizes[:-1]]
+    self.layers = []
+    for i, (size, fan_in) in enumerate(zip(sizes, fan_ins)):
+      uniform = hk.initializers.RandomUniform(-1.0 / np.sqrt(fan_in),
+                                              1.0 / np.sqrt(fan_in))
+      self.layers.append(hk.Linear(size, w_init=uniform, b_init=uniform,
+                                   name=f'linear_{i}'))
+
+  def __call__(self, x):
+    for i, layer in enumerate(self.layers):
+      x = layer(x)
+      if i < len(self.layers) - 1:
+        x = jax.nn.relu(x)
+    return x
+
+
+def _mlp(sizes: Sequence[int], name: str | None = None, init: str = 'haiku'):
+  """ReLU hidden activations as in the TD3 and SAC papers. ``init='haiku'``
+  (the default) is haiku's default initialisation, which Acme uses for its
+  TD3/SAC MLPs: weights from a normal of scale ``1/sqrt(fan_in)`` truncated
+  at two scales, zero biases. ``'torch'``: PyTorch's (``_TorchInitMLP``)."""
+  if init == 'haiku':
+    return hk.nets.MLP(list(sizes), activation=jax.nn.relu, name=name)
+  _check_init(init)
+  return lambda x: _TorchInitMLP(list(sizes), x.shape[-1], name=name)(x)
+
+
+def _check_init(init: str) -> None:
+  if init not in NETWORK_INITS:
+    raise ValueError(f'network_init must be one of {NETWORK_INITS}, got '
+                     f'{init!r}')
+
+
+def deterministic_policy(action_dim: int, hidden: Sequence[int],
+                         init: str = 'haiku') -> Network:
   """TD3 actor: MLP then ``tanh``, actions in ``[-1, 1]``."""
+  _check_init(init)
 
   def forward(obs):
-    return jnp.tanh(_mlp([*hidden, action_dim])(obs))
+    return jnp.tanh(_mlp([*hidden, action_dim], init=init)(obs))
 
   return _pure(forward)
 
 
-def critic(hidden: Sequence[int]) -> Network:
+def critic(hidden: Sequence[int], init: str = 'haiku') -> Network:
   """One Q-network on ``concat(obs, action)``; returns ``q`` of shape ``[B]``
   (DDPG)."""
+  _check_init(init)
 
   def forward(obs, action):
-    return _mlp([*hidden, 1])(jnp.concatenate([obs, action], axis=-1))[..., 0]
+    return _mlp([*hidden, 1], init=init)(
+        jnp.concatenate([obs, action], axis=-1))[..., 0]
 
   return _pure(forward)
 
 
-def twin_critic(hidden: Sequence[int]) -> Network:
+def twin_critic(hidden: Sequence[int], init: str = 'haiku') -> Network:
   """Two independent Q-networks on ``concat(obs, action)``; returns ``(q1, q2)``
   each of shape ``[B]`` (TD3 / SAC clipped double-Q)."""
+  _check_init(init)
 
   def forward(obs, action):
     x = jnp.concatenate([obs, action], axis=-1)
-    q1 = _mlp([*hidden, 1], name='q1')(x)[..., 0]
-    q2 = _mlp([*hidden, 1], name='q2')(x)[..., 0]
+    q1 = _mlp([*hidden, 1], name='q1', init=init)(x)[..., 0]
+    q2 = _mlp([*hidden, 1], name='q2', init=init)(x)[..., 0]
     return q1, q2
 
   return _pure(forward)
 
 
-def gaussian_policy(action_dim: int, hidden: Sequence[int]) -> Network:
+def gaussian_policy(action_dim: int, hidden: Sequence[int],
+                    init: str = 'haiku') -> Network:
   """SAC actor: MLP giving the mean and log-std of a Gaussian before ``tanh``.
 
   The log-std is clipped to ``[-20, 2]`` as in the SAC reference code.
   """
+  _check_init(init)
 
   def forward(obs):
-    out = _mlp([*hidden, 2 * action_dim])(obs)
+    out = _mlp([*hidden, 2 * action_dim], init=init)(obs)
     mean, log_std = jnp.split(out, 2, axis=-1)
     return mean, jnp.clip(log_std, -20.0, 2.0)
 

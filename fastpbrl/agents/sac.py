@@ -39,6 +39,9 @@ class SACConfig:
   batch_size: int = 256  # transitions per member per update step
   steps_per_call: int = 50  # update steps compiled into one learner call
   initial_log_alpha: float = 0.0  # log temperature at init (alpha = 1)
+  # 'haiku' (Acme's) or 'torch' (SB3's and the reference code's), see
+  # fastpbrl.agents.networks._mlp.
+  network_init: str = 'haiku'
 
 
 class SACHParams(NamedTuple):
@@ -98,8 +101,9 @@ def make_agent(env_spec: specs.EnvironmentSpec,
                      'discrete actions')
   action_dim = int(env_spec.actions.shape[0])
   obs_shape = tuple(env_spec.observations.shape)
-  policy_net = nets_lib.gaussian_policy(action_dim, config.hidden_sizes)
-  critic_net = nets_lib.twin_critic(config.hidden_sizes)
+  policy_net = nets_lib.gaussian_policy(action_dim, config.hidden_sizes,
+                                       config.network_init)
+  critic_net = nets_lib.twin_critic(config.hidden_sizes, config.network_init)
 
   def init(key: PRNGKey, hparams: SACHParams) -> SACState:
     del hparams

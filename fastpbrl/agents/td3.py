@@ -45,6 +45,9 @@ class TD3Config:
   hidden_sizes: Sequence[int] = (256, 256)  # policy and critic MLP widths
   batch_size: int = 256  # transitions per member per update step
   steps_per_call: int = 50  # update steps compiled into one learner call
+  # 'haiku' (Acme's) or 'torch' (SB3's and the reference code's), see
+  # fastpbrl.agents.networks._mlp.
+  network_init: str = 'haiku'
 
 
 class TD3HParams(NamedTuple):
@@ -84,8 +87,9 @@ def make_networks(env_spec: specs.EnvironmentSpec,
                   config: TD3Config) -> TD3Networks:
   action_dim = det.continuous_action_dim(env_spec, 'TD3')
   return TD3Networks(
-      policy=nets_lib.deterministic_policy(action_dim, config.hidden_sizes),
-      critic=nets_lib.twin_critic(config.hidden_sizes),
+      policy=nets_lib.deterministic_policy(action_dim, config.hidden_sizes,
+                                           config.network_init),
+      critic=nets_lib.twin_critic(config.hidden_sizes, config.network_init),
       obs_shape=tuple(env_spec.observations.shape),
       action_dim=action_dim)
 

@@ -1,0 +1,66 @@
+"""The MLPs' two initialisations (``network_init``): same parameter tree,
+each with its own distribution, and the run flag that selects it."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fastpbrl import run as run_lib
+from fastpbrl.agents import networks
+from fastpbrl.agents import sac, td3
+
+
+def _critic_params(init):
+  net = networks.twin_critic((256, 256), init)
+  return net.init(jax.random.PRNGKey(0), jnp.zeros((1, 11)), jnp.zeros((1, 3)))
+
+
+def test_torch_init_draws_weights_and_biases_uniform_in_one_over_sqrt_fan_in():
+  haiku, torch = _critic_params('haiku'), _critic_params('torch')
+  # The same tree (names and shapes): a checkpoint does not depend on it.
+  assert jax.tree.structure(haiku) == jax.tree.structure(torch)
+  assert jax.tree.map(jnp.shape, haiku) == jax.tree.map(jnp.shape, torch)
+  for module, layer in torch.items():
+    fan_in = layer['w'].shape[0]
+    bound = 1 / np.sqrt(fan_in)
+    for name in ('w', 'b'):
+      values = np.asarray(layer[name]).ravel()
+      assert np.abs(values).max() <= bound, (module, name)
+      if values.size >= 256:  # uniform in +-bound: std bound / sqrt(3)
+        assert np.std(values) == pytest.approx(bound / np.sqrt(3), rel=0.1)
+    # haiku's: zero biases, a normal of scale 1/sqrt(fan_in) truncated at
+    # two scales (std 0.88 / sqrt(fan_in)).
+    assert not np.asarray(haiku[module]['b']).any()
+    if fan_in * layer['w'].shape[1] >= 256:
+      assert np.std(np.asarray(haiku[module]['w'])) == pytest.approx(
+          0.88 * bound, rel=0.1)
+
+
+def test_agents_build_their_networks_with_the_configured_init():
+  spec = run_lib.make_env_spec('Pendulum-v1')
+  for module, config in ((td3, td3.TD3Config), (sac, sac.SACConfig)):
+    agent = module.make_agent(spec, config(hidden_sizes=(32, 32),
+                                           network_init='torch'))
+    state = agent.init(jax.random.PRNGKey(1), agent.default_hparams())
+    biases = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(
+        state.critic) if path[-1].key == 'b']
+    assert biases and all(np.asarray(b).any() for b in biases), module
+  with pytest.raises(ValueError, match='network_init'):
+    td3.make_agent(spec, td3.TD3Config(network_init='xavier'))
+
+
+def test_network_init_flag_is_checked_and_reaches_the_agent():
+  config = run_lib.RunConfig(env='Pendulum-v1', agent='td3',
+                             network_init='torch', hidden_sizes=(8,))
+  agent = run_lib.make_agent(config, run_lib.make_env_spec('Pendulum-v1'))
+  assert agent.config.network_init == 'torch'
+  with pytest.raises(run_lib.ConfigError, match='--network-init must be one'):
+    run_lib.validate(dataclasses.replace(config, network_init='xavier'))
+  with pytest.raises(run_lib.ConfigError,
+                     match='--network-init torch: --agent dqn has no'):
+    run_lib.make_agent(dataclasses.replace(config, agent='dqn',
+                                           env='CartPole-v1'),
+                       run_lib.make_env_spec('CartPole-v1'))
