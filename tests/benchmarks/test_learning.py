@@ -119,8 +119,9 @@ def test_report_plots_the_cem_mean_policy(tmp_path, monkeypatch):
 
   monkeypatch.setattr(matplotlib.axes.Axes, 'plot', plot)
   table = learning.report(str(out))
-  assert '| Pendulum-v1 | 400 | cemrl | 2 | -800 ± 0 | -850 ± 0 | -250 ± 50 |' \
-      in table
+  # The curve has no point in the budget's last fifth: no late mean.
+  assert ('| Pendulum-v1 | 400 | cemrl | 2 | -800 ± 0 | - | -850 ± 0 | '
+          '-250 ± 50 |') in table
   (steps, ys, label), = lines
   assert label == 'cemrl mean policy (2 of 2 seeds)'
   # Seed 0 interpolated at 120 is -460 and seed 1 at 200 is -240.
@@ -149,12 +150,43 @@ def test_report_gives_the_final_and_run_mean_action_distance(tmp_path):
       json.dump(result, f)
   table = learning.report(str(out))
   # Final: (0.5 + 0.7) / 2; run mean of seed 0: (2 + 1.5 + 0.5) / 3.
-  assert ('| Pendulum-v1 | 400 | dvd | 2 | -100 ± 0 | -150 ± 0 |  | '
+  assert ('| Pendulum-v1 | 400 | dvd | 2 | -100 ± 0 | -100 ± 0 | -150 ± 0 |  | '
           '0.600 (1.333, 1 of 2 seeds) | 1.0 min | x |') in table
   with open(out / 'results.csv') as f:
     rows = f.read().splitlines()
   assert rows[1].endswith(',0.5,1.3333333333333333,60.0')
   assert rows[2].endswith(',0.7,,60.0')
+
+
+def test_late_best_averages_the_best_member_over_the_last_fifth(tmp_path):
+  result = {'budget': {'env_steps': 1000},
+            'curve': [[100, 500.0, 0.0], [700, 10.0, 0.0], [850, 20.0, 0.0],
+                      [900, float('nan'), 0.0], [950, 40.0, 0.0],
+                      [1000, 60.0, 0.0]]}
+  # Points at 800 steps or later, the final one included; a missing
+  # evaluation (nan) is left out: (20 + 40 + 60) / 3.
+  assert learning.late_best(result) == pytest.approx(40.0)
+  assert learning.late_best({'budget': {'env_steps': 1000}, 'curve': []}) \
+      is None
+  out = tmp_path / 'learning'
+  for seed, curve in ((0, result['curve']),
+                      (1, [[800, 100.0, 0.0], [1000, 0.0, 0.0]])):
+    path = learning.result_path(str(out), 'Pendulum-v1', 'pbt-td3', seed, 1000)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'w') as f:
+      json.dump({'final_returns': [60.0 if seed == 0 else 0.0, -10.0],
+                 'wall_time_s': 60.0, 'curve': curve, 'task': 'Pendulum-v1',
+                 'method': 'pbt-td3', 'seed': seed, 'population_size': 2,
+                 'eval_episodes': 1, 'budget': {'env_steps': 1000},
+                 'machine': 'test', 'date': '2026-11-25', 'code': 'x'}, f)
+  table = learning.report(str(out))
+  # Finals 60 and 0; late means 40 and 50.
+  assert '| Pendulum-v1 | 1,000 | pbt-td3 | 2 | 30 ± 30 | 45 ± 5 |' in table
+  with open(out / 'results.csv') as f:
+    rows = f.read().splitlines()
+  assert rows[0].startswith('task,env_steps_per_member,method,seed,'
+                            'best_final,best_late,mean_final,')
+  assert rows[1].startswith('Pendulum-v1,1000,pbt-td3,0,60.0,40.0,25.0,')
 
 
 @pytest.mark.slow
