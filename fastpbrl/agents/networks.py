@@ -58,21 +58,21 @@ class _TorchInitMLP(hk.Module):
     return x
 
 
-def _mlp(sizes: Sequence[int], name: str | None = None, init: str = 'haiku'):
-  """ReLU hidden activations as in the TD3 and SAC papers. ``init='haiku'``
-  (the default) is haiku's default initialisation, which Acme uses for its
-  TD3/SAC MLPs: weights from a normal of scale ``1/sqrt(fan_in)`` truncated
-  at two scales, zero biases. ``'torch'``: PyTorch's (``_TorchInitMLP``)."""
-  if init == 'haiku':
-    return hk.nets.MLP(list(sizes), activation=jax.nn.relu, name=name)
-  _check_init(init)
-  return lambda x: _TorchInitMLP(list(sizes), x.shape[-1], name=name)(x)
-
-
 def _check_init(init: str) -> None:
   if init not in NETWORK_INITS:
     raise ValueError(f'network_init must be one of {NETWORK_INITS}, got '
                      f'{init!r}')
+
+
+def _mlp(sizes: Sequence[int], name: str | None = None, init: str = 'haiku'):
+  """ReLU hidden activations as in the TD3 and SAC papers. ``init='haiku'``
+  (the default) is haiku's default initialisation, which Acme uses for its
+  TD3/SAC MLPs: weights from a normal of scale ``1/sqrt(fan_in)`` truncated
+  at two scales, zero biases. ``'torch'``: PyTorch's (``_TorchInitMLP``).
+  The public constructors below check ``init`` when they are called."""
+  if init == 'haiku':
+    return hk.nets.MLP(list(sizes), activation=jax.nn.relu, name=name)
+  return lambda x: _TorchInitMLP(list(sizes), x.shape[-1], name=name)(x)
 
 
 def deterministic_policy(action_dim: int, hidden: Sequence[int],
