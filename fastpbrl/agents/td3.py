@@ -150,7 +150,7 @@ def make_agent(env_spec: specs.EnvironmentSpec,
     # each member keeps or drops its step by its own flag.
     do_policy = periodic_flag(state.step, hp.policy_delay)
     current = (state.policy, state.policy_opt, state.target_policy,
-               state.target_critic, jnp.zeros((), jnp.float32))
+               state.target_critic, jnp.zeros((), c_loss.dtype))
 
     def policy_step(_):
       p_loss, p_grads = jax.value_and_grad(
