@@ -19,6 +19,8 @@ exact: in float32 a difference at rounding level (1e-7) grows to about
 1% of the weights within 500 Hopper-v5 updates, for two runs of *our*
 update as much as for ours against SB3's (Adam turns rounding-level
 gradients into full-size steps), and then says nothing about the method.
+``--perturb 1e-7`` shows that growth in float64: SB3 starts from our
+weights changed at float32's rounding level.
 
     python -m benchmarks.sb3_td3_equivalence --env Hopper-v5 --steps 1000
 
@@ -84,7 +86,13 @@ def main(argv=None) -> int:
                       help='compute in float32, as training does; the '
                       'default, float64, keeps rounding from growing into '
                       'differences of its own within the compared steps')
+  parser.add_argument('--perturb', type=float, default=0.0,
+                      help="multiply SB3's copy of the initial weights by "
+                      '1 + PERTURB x N(0, 1), element by element, to see how '
+                      'far a difference of that size grows')
   args = parser.parse_args(argv)
+  if args.perturb < 0:
+    parser.error(f'--perturb must be at least 0, got {args.perturb}')
   if args.steps < 1:
     parser.error(f'--steps must be at least 1, got {args.steps}')
 
@@ -147,6 +155,13 @@ def main(argv=None) -> int:
       module.double()
   for get, prefix, module in pairs.values():
     copy_into(haiku_linears(get(state), prefix), torch_linears(module))
+  if args.perturb:
+    gen = torch.Generator().manual_seed(args.seed)
+    with torch.no_grad():
+      for module in (model.actor, model.critic):
+        for p in module.parameters():
+          p.mul_(1 + args.perturb * torch.randn(p.shape, generator=gen,
+                                                dtype=p.dtype))
 
   # Transitions from the task under uniform random actions, with real
   # terminations (Hopper falls) and time-limit truncations.
