@@ -1,28 +1,36 @@
-"""Our TD3 update against Stable-Baselines3's, step by step, from the same
-weights on the same batches (needs the ``.[torch]`` extra).
+"""Our TD3 and SAC updates against Stable-Baselines3's, step by step, from
+the same weights on the same batches and noise (needs the ``.[torch]``
+extra).
 
 The learning benchmark's ``sb3-td3`` reference is ahead of our TD3 baseline
-on Hopper-v5 over the last fifth of the budget, and ``sync-td3`` (our agent
-in SB3's synchronous loop) is too. This script splits the agent from
-everything else: it copies one member's initial parameters (online and
-target, policy and both critics) into an SB3 ``TD3`` model, feeds both the
-same sequence of batches (transitions from the task's environment under
-random actions) and the same target smoothing noise (ours, handed to
-SB3's draw), and after update steps prints the largest relative
-difference of every parameter group and of the critic loss: twin critics,
-clipped double-Q target with clipped smoothing noise, termination mask,
-Adam, the delayed policy and target steps and Polyak averaging are all
-compared.
+on Hopper-v5 over the last fifth of the budget (within seed noise), and
+``sync-td3`` (our agent in SB3's synchronous loop) is too. This script
+splits the agent from everything else: it copies one member's initial
+parameters (policy, both critics, their targets; SAC's temperature) into an
+SB3 model, feeds both the same sequence of batches (transitions from the
+task's environment under random actions) and the same random normals (ours,
+handed to SB3's draws), and after update steps prints the largest relative
+difference of every parameter group and of the critic loss. TD3: twin
+critics, clipped double-Q target with clipped smoothing noise, termination
+mask, Adam, the delayed policy and target steps, Polyak averaging. SAC: the
+tanh-Gaussian policy's samples and log-probabilities, the soft target, the
+temperature's loss and step, and the order of the three steps.
 
 By default both sides compute in float64, so that the comparison is
-exact: in float32 a difference at rounding level (1e-7) grows to about
-1% of the weights within 500 Hopper-v5 updates, for two runs of *our*
+exact: in float32 a difference at rounding level (1e-7) grows to a few
+percent of the weights within 500 Hopper-v5 updates, for two runs of *our*
 update as much as for ours against SB3's (Adam turns rounding-level
 gradients into full-size steps), and then says nothing about the method.
 ``--perturb 1e-7`` shows that growth in float64: SB3 starts from our
 weights changed at float32's rounding level.
 
-    python -m benchmarks.sb3_td3_equivalence --env Hopper-v5 --steps 1000
+SAC's one known difference: SB3 adds 1e-6 inside ``log(1 - tanh(u)^2)``
+(``SquashedDiagGaussianDistribution.epsilon``), where ours uses the exact
+stable form; the check sets SB3's to ``--sb3-epsilon`` (default 0, so the
+rest is compared exactly; 1e-6 shows what it changes).
+
+    python -m benchmarks.sb3_equivalence --agent td3 --env Hopper-v5 --steps 1000
+    python -m benchmarks.sb3_equivalence --agent sac --env Hopper-v5 --steps 1000
 
 Exit status 1 if any difference exceeds ``--tolerance``.
 """
@@ -31,11 +39,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Callable, NamedTuple
 
 import numpy as np
 
+Linears = list  # [(w [in, out], b)] in layer order
 
-def haiku_linears(params: dict, prefix: str) -> list[tuple[np.ndarray, np.ndarray]]:
+
+def haiku_linears(params: dict, prefix: str) -> Linears:
   """The ``(w [in, out], b)`` of the MLP under ``prefix`` in layer order."""
   names = sorted((k for k in params if k.startswith(prefix)),
                  key=lambda k: int(k.rsplit('_', 1)[1]))
@@ -43,12 +54,20 @@ def haiku_linears(params: dict, prefix: str) -> list[tuple[np.ndarray, np.ndarra
           for k in names]
 
 
+def split_head(linears: Linears, action_dim: int) -> Linears:
+  """SAC's policy MLP ends in one layer of ``2 x action_dim`` outputs (mean,
+  then log-std); SB3's has two heads (``mu``, ``log_std``)."""
+  *body, (w, b) = linears
+  return [*body, (w[:, :action_dim], b[:action_dim]),
+          (w[:, action_dim:], b[action_dim:])]
+
+
 def torch_linears(module) -> list:
   import torch  # noqa: PLC0415
   return [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
 
 
-def copy_into(linears_src, torch_modules) -> None:
+def copy_into(linears_src: Linears, torch_modules) -> None:
   import torch  # noqa: PLC0415
   assert len(linears_src) == len(torch_modules)
   with torch.no_grad():
@@ -57,7 +76,7 @@ def copy_into(linears_src, torch_modules) -> None:
       lin.bias.copy_(torch.as_tensor(b.copy()))
 
 
-def max_rel_diff(linears_src, torch_modules) -> float:
+def max_rel_diff(linears_src: Linears, torch_modules) -> float:
   """The largest relative difference ``|A - B| / |A|`` (Frobenius norms)
   over the layers' weights and biases. Element-wise differences are not
   meaningful: Adam moves a parameter whose gradient is at rounding level
@@ -72,14 +91,25 @@ def max_rel_diff(linears_src, torch_modules) -> float:
   return worst
 
 
+class Pair(NamedTuple):
+  """One parameter group: ours (from the agent's state) and SB3's modules."""
+
+  ours: Callable  # state -> Linears
+  theirs: list  # torch Linear modules in the same order
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser.add_argument('--agent', choices=('td3', 'sac'), default='td3')
   parser.add_argument('--env', default='Hopper-v5')
   parser.add_argument('--steps', type=int, default=200,
                       help='update steps to compare')
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--target-noise', type=float, default=0.2,
-                      help='target smoothing noise std on both sides')
+                      help='TD3: target smoothing noise std on both sides')
+  parser.add_argument('--sb3-epsilon', type=float, default=0.0,
+                      help="SAC: SB3's epsilon in log(1 - tanh(u)^2 + eps) "
+                      '(SB3 default 1e-6; ours is exact)')
   parser.add_argument('--tolerance', type=float, default=1e-6,
                       help='largest allowed relative difference')
   parser.add_argument('--float32', action='store_true',
@@ -93,6 +123,8 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.perturb < 0:
     parser.error(f'--perturb must be at least 0, got {args.perturb}')
+  if args.sb3_epsilon < 0:
+    parser.error(f'--sb3-epsilon must be at least 0, got {args.sb3_epsilon}')
   if args.steps < 1:
     parser.error(f'--steps must be at least 1, got {args.steps}')
 
@@ -121,8 +153,11 @@ def main(argv=None) -> int:
     sb3_policies.preprocess_obs = lambda obs, *_, **__: obs
   env = make_env(args.env)
   spec = make_env_spec(env)
-  agent = agents_lib.make_agent('td3', spec)
-  hp = agent.default_hparams()._replace(target_noise=args.target_noise)
+  action_dim = int(spec.actions.shape[0])
+  agent = agents_lib.make_agent(args.agent, spec)
+  hp = agent.default_hparams()
+  if args.agent == 'td3':
+    hp = hp._replace(target_noise=args.target_noise)
   # The defaults are float32 arrays; str() gives their shortest decimal
   # (3e-4, not float32's 2.9999999e-4), which SB3 also uses.
   hp = jax.tree.map(lambda x: jnp.asarray(float(str(np.float32(x))), dtype),
@@ -133,28 +168,58 @@ def main(argv=None) -> int:
       else x, state)
   update = jax.jit(lambda st, b: agent.update(st, hp, b))
 
-  model = sb3.TD3('MlpPolicy', env, learning_rate=3e-4, batch_size=256,
-                  tau=0.005, gamma=0.99, policy_delay=2,
-                  target_policy_noise=args.target_noise, target_noise_clip=0.5,
-                  policy_kwargs={'net_arch': [256, 256]}, seed=args.seed,
-                  device='cpu', verbose=0)
+  common = dict(learning_rate=3e-4, batch_size=256, tau=0.005, gamma=0.99,
+                policy_kwargs={'net_arch': [256, 256]}, seed=args.seed,
+                device='cpu', verbose=0)
+  q_pairs = lambda st_field, critic: {  # noqa: E731
+      f'{st_field} q{i + 1}': Pair(
+          lambda s, i=i: haiku_linears(getattr(s, st_field), f'q{i + 1}'),
+          torch_linears(critic.q_networks[i])) for i in range(2)}
+  if args.agent == 'td3':
+    model = sb3.TD3('MlpPolicy', env, policy_delay=2,
+                    target_policy_noise=args.target_noise,
+                    target_noise_clip=0.5, **common)
+    pairs = {
+        'policy': Pair(lambda s: haiku_linears(s.policy, 'mlp'),
+                       torch_linears(model.actor)),
+        'target_policy': Pair(lambda s: haiku_linears(s.target_policy, 'mlp'),
+                              torch_linears(model.actor_target)),
+        **q_pairs('critic', model.critic),
+        **q_pairs('target_critic', model.critic_target)}
+    modules = (model.actor, model.actor_target, model.critic,
+               model.critic_target)
+
+    def normals(st, shape):
+      # TD3's update splits its key into (next key, smoothing-noise key).
+      return [jax.random.normal(jax.random.split(st.key)[1], shape, dtype)]
+  else:
+    model = sb3.SAC('MlpPolicy', env, ent_coef='auto_1.0',
+                    target_entropy='auto', **common)
+    model.actor.action_dist.epsilon = args.sb3_epsilon
+    actor = model.actor
+    pairs = {
+        'policy': Pair(
+            lambda s: split_head(haiku_linears(s.policy, 'mlp'), action_dim),
+            [*torch_linears(actor.latent_pi), actor.mu, actor.log_std]),
+        **q_pairs('critic', model.critic),
+        **q_pairs('target_critic', model.critic_target)}
+    modules = (model.actor, model.critic, model.critic_target)
+    if not args.float32:
+      model.log_ent_coef.data = model.log_ent_coef.data.double()
+    with torch.no_grad():
+      model.log_ent_coef.fill_(float(state.log_alpha))
+
+    def normals(st, shape):
+      # SAC's update splits its key into (next, critic, policy); SB3 draws
+      # the policy's sample on the batch first, then the target's.
+      _, k_critic, k_policy = jax.random.split(st.key, 3)
+      return [jax.random.normal(k, shape, dtype) for k in (k_policy, k_critic)]
   model.set_logger(Logger(folder=None, output_formats=[]))
-  pairs = {
-      'policy': (lambda s: s.policy, 'mlp', model.actor),
-      'target_policy': (lambda s: s.target_policy, 'mlp', model.actor_target),
-      'critic q1': (lambda s: s.critic, 'q1', model.critic.q_networks[0]),
-      'critic q2': (lambda s: s.critic, 'q2', model.critic.q_networks[1]),
-      'target_critic q1': (lambda s: s.target_critic, 'q1',
-                           model.critic_target.q_networks[0]),
-      'target_critic q2': (lambda s: s.target_critic, 'q2',
-                           model.critic_target.q_networks[1]),
-  }
   if not args.float32:
-    for module in (model.actor, model.actor_target, model.critic,
-                   model.critic_target):
+    for module in modules:
       module.double()
-  for get, prefix, module in pairs.values():
-    copy_into(haiku_linears(get(state), prefix), torch_linears(module))
+  for pair in pairs.values():
+    copy_into(pair.ours(state), pair.theirs)
   if args.perturb:
     gen = torch.Generator().manual_seed(args.seed)
     with torch.no_grad():
@@ -169,7 +234,7 @@ def main(argv=None) -> int:
   obs, _ = env.reset(seed=args.seed)
   data = {k: [] for k in ('observation', 'action', 'reward',
                           'next_observation', 'terminated', 'truncated')}
-  for _ in range(max(256 * 4, 2000)):
+  for _ in range(2000):
     action = rng.uniform(-1.0, 1.0, spec.actions.shape).astype(np.float32)
     nxt, r, term, trunc, _ = env.step(action)
     for k, v in (('observation', obs), ('action', action), ('reward', r),
@@ -184,11 +249,9 @@ def main(argv=None) -> int:
   for step in range(args.steps):
     idx = rng.integers(0, size, 256)
     batch = {k: v[idx] for k, v in data.items()}
-    # The standard normals our update draws for its target smoothing noise
-    # (TD3's update splits its key the same way), handed to SB3 in place
-    # of the draw its train() makes with ``Tensor.normal_``.
-    normals = np.asarray(jax.random.normal(
-        jax.random.split(state.key)[1], batch['action'].shape, dtype))
+    # The standard normals our update draws, handed to SB3's draws (its
+    # train() makes them with ``Tensor.normal_``) in SB3's order.
+    draws = iter([np.array(z) for z in normals(state, batch['action'].shape)])
     state, metrics = update(state, Transition(**{
         k: jnp.asarray(v) for k, v in batch.items()}))
 
@@ -203,28 +266,35 @@ def main(argv=None) -> int:
         rewards=torch.as_tensor(batch['reward'])[:, None])
     model.replay_buffer.sample = lambda *a, _t=tensors, **k: _t
     draw = torch.Tensor.normal_
-    torch.Tensor.normal_ = (lambda t, mean=0.0, std=1.0, _z=normals:
-                            t.copy_(torch.as_tensor(_z) * std + mean))
+    torch.Tensor.normal_ = (lambda t, mean=0.0, std=1.0:
+                            t.copy_(torch.as_tensor(next(draws)) * std + mean))
     try:
       model.train(gradient_steps=1, batch_size=256)
     finally:
       torch.Tensor.normal_ = draw
+    leftover = next(draws, None)
+    assert leftover is None, 'SB3 drew fewer normals than our update'
     sb3_loss = model.logger.name_to_value['train/critic_loss']
 
-    diffs = {name: max_rel_diff(haiku_linears(get(state), prefix),
-                                torch_linears(module))
-             for name, (get, prefix, module) in pairs.items()}
+    diffs = {name: max_rel_diff(pair.ours(state), pair.theirs)
+             for name, pair in pairs.items()}
     loss = float(metrics['critic_loss'])
     diffs['critic loss'] = abs(loss - sb3_loss) / max(abs(sb3_loss), 1e-12)
+    extra = ''
+    if args.agent == 'sac':
+      ours_la = float(state.log_alpha)
+      diffs['log alpha'] = (abs(ours_la - model.log_ent_coef.item())
+                            / max(abs(ours_la), 1e-12))
+      extra = f', log alpha {ours_la:.6g}'
     worst = max(worst, max(diffs.values()))
     if step < 3 or (step + 1) % max(1, args.steps // 10) == 0:
       print(f'step {step + 1:4d}: critic loss ours {loss:.6g}, SB3 '
-            f'{sb3_loss:.6g}; largest relative difference ' +
+            f'{sb3_loss:.6g}{extra}; largest relative difference ' +
             ', '.join(f'{k} {v:.1e}' for k, v in diffs.items()), flush=True)
   ok = worst <= args.tolerance
-  print(f'{args.env}, {args.steps} update steps: largest relative difference '
-        f'{worst:.2e} ({"within" if ok else "above"} the tolerance '
-        f'{args.tolerance:g})')
+  print(f'{args.agent}, {args.env}, {args.steps} update steps: largest '
+        f'relative difference {worst:.2e} ({"within" if ok else "above"} the '
+        f'tolerance {args.tolerance:g})')
   return 0 if ok else 1
 
 

@@ -1,0 +1,51 @@
+"""Our TD3 and SAC updates against Stable-Baselines3's, from the same
+weights on the same batches and noise (``benchmarks/sb3_equivalence.py``).
+Needs the ``.[torch]`` extra; skipped without it (CI installs ``.[test]``
+only)."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip('stable_baselines3')
+
+pytestmark = pytest.mark.slow
+
+
+def _run(*args):
+  # A process of its own: the check turns on JAX's float64 mode, which
+  # must not leak into other tests.
+  proc = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.sb3_equivalence', '--env',
+       'Pendulum-v1', *args], capture_output=True, text=True, timeout=900)
+  found = re.search(r'largest relative difference (\S+) \(', proc.stdout)
+  assert found, proc.stdout + proc.stderr
+  return proc.returncode, float(found.group(1))
+
+
+@pytest.mark.parametrize('agent', ['td3', 'sac'])
+def test_update_equals_sb3_in_float64(agent):
+  # 60 steps (TD3: 30 of them with policy and target steps, target noise
+  # 0.2; SAC: its temperature moves every step).
+  rc, worst = _run('--agent', agent, '--steps', '60')
+  assert rc == 0
+  assert worst < 1e-10
+
+
+def test_the_check_reports_float32_rounding_as_a_difference():
+  # The same comparison in float32 differs at rounding level and above, so
+  # a tolerance below that makes the check fail: it can fail.
+  rc, worst = _run('--steps', '60', '--float32', '--tolerance', '1e-12')
+  assert rc == 1
+  assert 1e-12 < worst < 1e-1
+
+
+def test_sac_check_sees_sb3s_log_prob_epsilon():
+  # SB3's 1e-6 inside log(1 - tanh^2) is a real (small) difference: with
+  # it the float64 comparison is no longer exact.
+  rc, worst = _run('--agent', 'sac', '--steps', '5', '--sb3-epsilon', '1e-6',
+                   '--tolerance', '1e-10')
+  assert rc == 1
+  assert worst > 1e-10
