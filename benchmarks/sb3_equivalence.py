@@ -151,10 +151,15 @@ def main(argv=None) -> int:
     # SB3 casts Box observations to float32 on the way into its networks.
     import stable_baselines3.common.policies as sb3_policies  # noqa: PLC0415
     sb3_policies.preprocess_obs = lambda obs, *_, **__: obs
-  env = make_env(args.env)
-  spec = make_env_spec(env)
+  import gymnasium as gym  # noqa: PLC0415
+  try:
+    env = make_env(args.env)
+    spec = make_env_spec(env)
+    agent = agents_lib.make_agent(args.agent, spec)
+  except (gym.error.Error, ImportError, ValueError) as e:
+    raise SystemExit(f'--env {args.env} with --agent {args.agent}: {e}'
+                     ) from None
   action_dim = int(spec.actions.shape[0])
-  agent = agents_lib.make_agent(args.agent, spec)
   hp = agent.default_hparams()
   if args.agent == 'td3':
     hp = hp._replace(target_noise=args.target_noise)

@@ -49,3 +49,14 @@ def test_sac_check_sees_sb3s_log_prob_epsilon():
                    '--tolerance', '1e-10')
   assert rc == 1
   assert worst > 1e-10
+
+
+def test_a_discrete_task_is_refused_in_one_line():
+  proc = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.sb3_equivalence', '--env',
+       'CartPole-v1', '--steps', '2'], capture_output=True, text=True,
+      timeout=900)
+  assert proc.returncode == 1
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('--env CartPole-v1'), \
+      proc.stderr
