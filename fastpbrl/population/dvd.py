@@ -40,8 +40,8 @@ longer tell a spread population from a huddled one of the same shape; we
 keep a fixed kernel. A shorter one (``sigma = 0.3``, so that the push
 relaxes once members act about as far apart as fresh policies do) was
 measured on HalfCheetah-v5: the bandit then chose lambda 0 for most of the
-run and the members ended no more diverse than with lambda 0 (README), so
-the default stays 1.
+run and the members ended no more diverse than with lambda 0
+(``docs/learning-benchmark.md``), so the default stays 1.
 
 Departures from the paper:
 
@@ -100,7 +100,8 @@ it (the authors' code compares with the 2nd to 6th rounds before it,
 skipping the latest, which looks like an off-by-one) and as soon as one
 previous round exists (theirs waits for 5). ``relative_gain_reward``
 (``--bandit-reward relative-gain``) is an alternative that was tried and
-measured, not the default: it did not learn better (README).
+measured, not the default: it did not learn better
+(``docs/learning-benchmark.md``).
 ``PiecewiseLinear`` is the alternative of Flajolet et al. 2022: a schedule
 instead of the bandit.
 

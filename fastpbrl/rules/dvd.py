@@ -65,7 +65,8 @@ class DvDRunConfig(RunConfig):
   return (--bandit-score) beats the best of the previous --bandit-lookback
   rounds, 0 if lower, 0.5 on a tie; relative-gain: 1 if its gain over the
   previous round beats the median gain of the previous --bandit-lookback
-  rounds (an experiment: it did not learn better, see the README)."""
+  rounds (an experiment: it did not learn better, see
+  docs/learning-benchmark.md)."""
   bandit_lookback: int = 5
   """Bandit: previous rounds a round is compared with (--bandit-reward)."""
   bandit_window: int = 50
