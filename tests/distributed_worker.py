@@ -9,6 +9,11 @@ one PBT exploit per generation on fitness it measures for its own members,
 and writes ``OUT_DIR/process_<id>.json``: its rule decisions and its rows
 of the final state. ``reference()`` is the same run in one process on one
 device, unsharded, for the test to compare with.
+
+Both compute in float64 (states, hyperparameters and batches cast with
+``numerics.as_float64``), so that the two programs, which sum in different
+orders, agree to ``numerics.TRAJECTORY`` (``tests/numerics.py``, rule 2);
+``reference()`` must be called inside ``numerics.float64()``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.population import pbt as pbt_lib
 from fastpbrl.population import search_space as ss
 from fastpbrl.types import random_transitions
+from tests import numerics
 from tests.agents.helpers import env_spec
 
 N, STEPS, BATCH, CALLS, GENERATIONS, SEED = 4, 2, 4, 2, 2, 7
@@ -44,9 +50,9 @@ def agent():
 
 
 def hparams_of(a):
-  return population_hparams(a, N, policy_lr=np.linspace(1e-4, 1e-3, N),
-                            critic_lr=np.linspace(3e-4, 2e-3, N),
-                            discount=np.linspace(0.9, 0.99, N))
+  return numerics.as_float64(population_hparams(
+      a, N, policy_lr=np.linspace(1e-4, 1e-3, N),
+      critic_lr=np.linspace(3e-4, 2e-3, N), discount=np.linspace(0.9, 0.99, N)))
 
 
 def batch_rows(a, call: int, rows) -> jax.Array:
@@ -54,7 +60,8 @@ def batch_rows(a, call: int, rows) -> jax.Array:
   the same whichever process builds it."""
   parts = [random_transitions(a.env_spec, (1, STEPS, BATCH),
                               seed=[SEED, call, int(r)]) for r in rows]
-  return jax.tree.map(lambda *x: np.concatenate(x), *parts)
+  return numerics.as_float64(jax.tree.map(lambda *x: np.concatenate(x),
+                                          *parts))
 
 
 def fitness_of(policy_rows, generation: int, rows) -> np.ndarray:
@@ -80,6 +87,7 @@ def decision_dict(decision) -> dict:
 
 
 def distributed_run(out_dir: str) -> None:
+  jax.config.update('jax_enable_x64', True)
   info = distributed.initialize_from_env()
   mesh = distributed.global_population_mesh()
   rows = distributed.member_rows(mesh, N)
@@ -93,8 +101,8 @@ def distributed_run(out_dir: str) -> None:
   local = distributed.local_members(N, mesh)
   hparams = distributed.to_global(
       jax.tree.map(lambda x: np.asarray(x)[local], hparams_of(a)), mesh, N)
-  state = learner.init(distributed.replicate(jax.random.PRNGKey(SEED), mesh),
-                       hparams)
+  state = numerics.as_float64(learner.init(
+      distributed.replicate(jax.random.PRNGKey(SEED), mesh), hparams))
   last_ready = distributed.to_global(np.zeros(len(rows), np.int32), mesh, N)
   decisions = []
   for generation in range(GENERATIONS):
@@ -134,7 +142,7 @@ def reference() -> dict:
   learner = PopulationLearner(a)
   exploit = pbt_lib.CompiledExploitExplore(CONFIG, SPACE)
   hparams = hparams_of(a)
-  state = learner.init(jax.random.PRNGKey(SEED), hparams)
+  state = numerics.as_float64(learner.init(jax.random.PRNGKey(SEED), hparams))
   last_ready = np.zeros(N, np.int32)
   decisions = []
   for generation in range(GENERATIONS):

@@ -2,6 +2,12 @@
 subprocess whose ``XLA_FLAGS`` give it 4 host CPU devices (the flag must be
 set before jax is imported). ``python -m tests.sharding_worker NAME``
 runs one check; it prints ``OK NAME`` and exits 0, or fails an assertion.
+
+The checks compute in float64 (``jax_enable_x64``, states and batches cast
+with ``numerics.as_float64``), so that the sharded and unsharded programs,
+which sum in different orders, agree to ``numerics.TRAJECTORY``: in float32
+Adam can turn a rounding-level difference into ``2 lr`` per step, more than
+any tolerance can allow (``tests/numerics.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,11 @@ from fastpbrl.population import cem as cem_lib
 from fastpbrl.population import dvd as dvd_lib
 from fastpbrl.population import pbt as pbt_lib
 from fastpbrl.population import search_space as ss
+from tests import numerics
 from tests.agents.helpers import env_spec, random_batch
+
+jax.config.update('jax_enable_x64', True)
+f64 = numerics.as_float64
 
 N, D, STEPS, BATCH = 8, 4, 3, 8
 TINY = td3.TD3Config(hidden_sizes=(8, 8), batch_size=BATCH,
@@ -39,10 +49,10 @@ def mesh():
 
 
 def hparams_of(a, scale=1.0):
-  return population_hparams(
+  return f64(population_hparams(
       a, N, policy_lr=scale * np.linspace(1e-4, 1e-3, N),
       critic_lr=scale * np.linspace(3e-4, 2e-3, N),
-      discount=np.linspace(0.9, 0.99, N), policy_delay=[0.5, 1.0] * (N // 2))
+      discount=np.linspace(0.9, 0.99, N), policy_delay=[0.5, 1.0] * (N // 2)))
 
 
 def host(tree):
@@ -65,10 +75,10 @@ def compiled_text(learner, *args):
 def check_population_learner():
   a, m = agent(), mesh()
   hparams = hparams_of(a)
-  batch = random_batch(a.env_spec, (N, STEPS, BATCH), seed=1)
+  batch = f64(random_batch(a.env_spec, (N, STEPS, BATCH), seed=1))
   plain, sharded = PopulationLearner(a), PopulationLearner(a, mesh=m)
   key = jax.random.PRNGKey(0)
-  s0, s1 = plain.init(key, hparams), sharded.init(key, hparams)
+  s0, s1 = f64(plain.init(key, hparams)), f64(sharded.init(key, hparams))
   assert_population_sharded(s1, m)
   chex.assert_trees_all_equal(host(s0), host(s1))
   text = compiled_text(sharded, *sharded.shard(s1, hparams, (batch, jnp.ones(
@@ -81,8 +91,8 @@ def check_population_learner():
     s0, m0 = plain.update(s0, h, batch)
     s1, m1 = sharded.update(s1, h, batch)  # s1 donated, reused sharded
     assert_population_sharded((s1, m1), m)
-    chex.assert_trees_all_close(host(s0), host(s1), rtol=1e-5, atol=1e-6)
-    chex.assert_trees_all_close(host(m0), host(m1), rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(host(s0), host(s1), **numerics.TRAJECTORY)
+    chex.assert_trees_all_close(host(m0), host(m1), **numerics.TRAJECTORY)
   assert sharded.compilations == 1, sharded.compilations
   assert sharded._step._cache_size() == 1  # pylint: disable=protected-access
   # A batch already placed on the mesh is not copied.
@@ -92,13 +102,13 @@ def check_population_learner():
                                     jax.tree.leaves(again)))
   assert_population_sharded(sharded.policy_params(s1), m)
   chex.assert_trees_all_close(host(plain.policy_params(s0)),
-                              host(sharded.policy_params(s1)), rtol=1e-5,
-                              atol=1e-6)
+                              host(sharded.policy_params(s1)),
+                              **numerics.TRAJECTORY)
   rows = np.arange(N) % 3 == 0
   r0 = plain.reinit_members(key, s0, hparams, rows)
   r1 = sharded.reinit_members(key, s1, hparams, rows)
   assert_population_sharded(r1, m)
-  chex.assert_trees_all_close(host(r0), host(r1), rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(host(r0), host(r1), **numerics.TRAJECTORY)
 
 
 def check_device_replay():
@@ -134,7 +144,7 @@ def check_device_replay():
   learners = PopulationLearner(a, batch_size=BATCH), PopulationLearner(
       a, batch_size=BATCH, mesh=m)
   key = jax.random.PRNGKey(5)
-  states = [learner.init(key, hparams) for learner in learners]
+  states = [f64(learner.init(key, hparams)) for learner in learners]
   for call in range(2):
     k = jax.random.fold_in(key, call)
     s0, m0 = learners[0].update_from_replay(states[0], hparams, plain.state, k)
@@ -142,7 +152,7 @@ def check_device_replay():
                                             sharded.state, k)
     states = [s0, s1]
     assert_population_sharded((s1, m1), m)
-    chex.assert_trees_all_close(host(s0), host(s1), rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(host(s0), host(s1), **numerics.TRAJECTORY)
   assert learners[1].compilations == 1
 
 
@@ -163,12 +173,12 @@ def shared_critics(a):
 
 def check_shared_critic_learner():
   a, m = agent(), mesh()
-  batch = random_batch(a.env_spec, (N, STEPS, BATCH), seed=2)
+  batch = f64(random_batch(a.env_spec, (N, STEPS, BATCH), seed=2))
   for name, shared, hparams in shared_critics(a):
     plain = SharedCriticLearner(shared, STEPS)
     sharded = SharedCriticLearner(shared, STEPS, mesh=m)
     key = jax.random.PRNGKey(3)
-    s0, s1 = plain.init(key, hparams), sharded.init(key, hparams)
+    s0, s1 = f64(plain.init(key, hparams)), f64(sharded.init(key, hparams))
     chex.assert_trees_all_equal(host(s0), host(s1))
     per_member = ('policy', 'target_policy', 'policy_opt', 'key')
     for field in s1._fields:
@@ -178,14 +188,13 @@ def check_shared_critic_learner():
     text = compiled_text(sharded, *sharded.shard(s1, hparams, batch))
     # The critic loss is the mean over members, who live on 4 devices.
     assert 'all-reduce' in text, name
-    # Up to float rounding: the mean over members is an all-reduce of four
-    # partial sums here, one sum there, and after two calls a small Adam
-    # moment (about 0.009) can differ by a few 1e-6.
+    # The mean over members is an all-reduce of four partial sums here, one
+    # sum there: equal up to float64 rounding through 2 calls (rule 2).
     for _ in range(2):
       s0, m0 = plain.update(s0, hparams, batch)
       s1, m1 = sharded.update(s1, hparams, batch)
-      chex.assert_trees_all_close(host(s0), host(s1), rtol=1e-4, atol=1e-5)
-      chex.assert_trees_all_close(host(m0), host(m1), rtol=1e-4, atol=1e-5)
+      chex.assert_trees_all_close(host(s0), host(s1), **numerics.TRAJECTORY)
+      chex.assert_trees_all_close(host(m0), host(m1), **numerics.TRAJECTORY)
     for field in per_member:
       assert_population_sharded(getattr(s1, field), m)
     assert s1.critic is not None and all(
@@ -199,7 +208,7 @@ def check_rules():
   a, m = agent(), mesh()
   hparams = hparams_of(a)
   learner = PopulationLearner(a, mesh=m)
-  state = learner.init(jax.random.PRNGKey(4), hparams)
+  state = f64(learner.init(jax.random.PRNGKey(4), hparams))
   state = state._replace(step=jnp.arange(N, dtype=state.step.dtype) * 10)
   state, hparams, _ = learner.shard(state, hparams)
   assert_population_sharded((state, hparams), m)
@@ -229,7 +238,7 @@ def check_rules():
                                          jax.tree.leaves(result.state)}))
   # The learner takes the rule's output (placed as it is) without compiling
   # again, and returns it sharded.
-  batch = random_batch(a.env_spec, (N, STEPS, BATCH), seed=6)
+  batch = f64(random_batch(a.env_spec, (N, STEPS, BATCH), seed=6))
   new, _ = learner.update(result.state, result.hparams, batch)
   new, _ = learner.update(new, result.hparams, batch)
   assert_population_sharded(new, m)
@@ -238,15 +247,19 @@ def check_rules():
 
   # CEM: the distribution update and a new generation on sharded policies.
   plain = PopulationLearner(a)
-  s0 = plain.init(jax.random.PRNGKey(4), hparams_of(a))
-  s1 = learner.init(jax.random.PRNGKey(4), hparams_of(a))
+  s0 = f64(plain.init(jax.random.PRNGKey(4), hparams_of(a)))
+  s1 = f64(learner.init(jax.random.PRNGKey(4), hparams_of(a)))
   flat0, unravel = cem_lib.flatten_population(s0.policy)
   flat1, _ = cem_lib.flatten_population(s1.policy)
   cem_state = cem_lib.init(flat0[0])
   fit = jnp.asarray(np.arange(N)[::-1], jnp.float32)
   c0 = cem_lib.update(cem_state, flat0, fit)
   c1 = cem_lib.update(cem_state, flat1, fit)
-  chex.assert_trees_all_close(host(c0), host(c1), rtol=1e-6, atol=1e-8)
+  # A weighted mean and variance over 8 members of parameters of size <= 1,
+  # summed in another order: rule 1 with k = 32 (absolute where the mean
+  # cancels towards 0).
+  tol = numerics.rounding_rtol(32, np.float64)
+  chex.assert_trees_all_close(host(c0), host(c1), rtol=tol, atol=tol)
   sample = cem_lib.sample(jax.random.PRNGKey(7), c1, N)
   g0 = cem_lib.load_policies(s0, sample, unravel)
   g1 = cem_lib.load_policies(s1, sample, unravel)
@@ -254,15 +267,22 @@ def check_rules():
 
   # DvD: the diversity measure over sharded policies.
   probe = jnp.asarray(np.random.default_rng(0).normal(
-      size=(5,) + a.env_spec.observations.shape), jnp.float32)
+      size=(5,) + a.env_spec.observations.shape), jnp.float64)
   distance = jax.jit(lambda p, s: dvd_lib.mean_pairwise_action_distance(
       jax.vmap(a.shared_critic.policy_apply, in_axes=(0, None))(p, s)))
+  # A mean of 8 x 8 x 5 positive distances, each after a small forward pass
+  # (< 50 operations): rule 1 with k = 400.
   np.testing.assert_allclose(distance(s0.policy, probe),
-                             distance(s1.policy, probe), rtol=1e-5)
+                             distance(s1.policy, probe),
+                             rtol=numerics.rounding_rtol(400, np.float64))
   kernel = lambda p: dvd_lib.diversity_loss(  # noqa: E731
       jax.vmap(a.shared_critic.policy_apply, in_axes=(0, None))(p, probe), 1.0)
+  # log det of K + 1e-4 I (Cholesky): rule 1's bound for the 400 operations
+  # that build K, times K + 1e-4 I's condition number, at most
+  # (8 + 1e-4) / 1e-4 < 1e5 for 8 members (entries in [0, 1]).
   np.testing.assert_allclose(jax.jit(kernel)(s0.policy),
-                             jax.jit(kernel)(s1.policy), rtol=1e-5)
+                             jax.jit(kernel)(s1.policy),
+                             rtol=1e5 * numerics.rounding_rtol(400, np.float64))
 
 
 def check_choose_devices():

@@ -5,12 +5,17 @@ import functools
 import gymnasium as gym
 import jax
 import numpy as np
+import pytest
 
 from fastpbrl import agents
 from fastpbrl.agents.td3 import TD3Config
 from fastpbrl.evaluation import evaluate_population, evaluation_seeds
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.types import make_env_spec, scale_action
+from tests import numerics
+
+# Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
+pytestmark = pytest.mark.numeric
 
 
 def test_lockstep_evaluation_equals_one_episode_at_a_time():
@@ -20,24 +25,31 @@ def test_lockstep_evaluation_equals_one_episode_at_a_time():
   n, k = 3, 2
   hparams = population_hparams(agent, n)
   state = PopulationLearner(agent).init(jax.random.PRNGKey(0), hparams)
-  params = state.policy
-  returns, lengths = evaluate_population(agent, env_fn, params, hparams, k,
-                                         seed=7)
-  assert returns.shape == lengths.shape == (n, k)
-  np.testing.assert_array_equal(lengths, 30)
-  for m in range(n):
-    p = jax.tree.map(lambda x: x[m], params)
-    for e, seed in enumerate(evaluation_seeds(7, m, k)):
-      env = env_fn()
-      obs, _ = env.reset(seed=seed)
-      total, done = 0.0, False
-      while not done:
-        a = np.asarray(agent.act(p, obs[None].astype(np.float32),
-                                 jax.random.PRNGKey(0), agent.default_hparams(),
-                                 False))[0]
-        obs, r, term, trunc, _ = env.step(scale_action(a, spec.actions))
-        total += float(r)
-        done = term or trunc
-      np.testing.assert_allclose(returns[m, e], total, rtol=1e-5)
-  # Members differ (different weights), seeds differ per member and episode.
+  # The policies in float64: the two routes' actions then agree to ~1e-14.
+  with numerics.float64():
+    params, hparams = numerics.as_float64((state.policy, hparams))
+    returns, lengths = evaluate_population(agent, env_fn, params, hparams, k,
+                                           seed=7)
+    assert returns.shape == lengths.shape == (n, k)
+    np.testing.assert_array_equal(lengths, 30)
+    for m in range(n):
+      p = jax.tree.map(lambda x: x[m], params)
+      for e, seed in enumerate(evaluation_seeds(7, m, k)):
+        env = env_fn()
+        obs, _ = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+          a = np.asarray(agent.act(p, obs[None].astype(np.float32),
+                                   jax.random.PRNGKey(0),
+                                   agent.default_hparams(), False))[0]
+          obs, r, term, trunc, _ = env.step(scale_action(a, spec.actions))
+          total += float(r)
+          done = term or trunc
+        # Actions within 64 float64 roundings of sums of size <= 16 (2e-13,
+        # rule 1); Pendulum's returns move by less than the actions' relative
+        # change (one float32 ulp of every action moves them by < 1e-7), so
+        # 1e-9 leaves 10^3 to spare; another member or seed is off by > 1e-3.
+        np.testing.assert_allclose(returns[m, e], total, rtol=1e-9)
+  # Members differ (different weights), seeds differ per member and episode:
+  # these returns lie > 5 apart, far beyond the 1e-3 they are rounded to.
   assert len({round(float(r), 3) for r in returns.ravel()}) == n * k

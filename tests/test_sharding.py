@@ -17,6 +17,9 @@ import pytest
 from fastpbrl import sharding
 from fastpbrl.run import ConfigError, RunConfig, validate
 
+# Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
+pytestmark = pytest.mark.numeric
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Added to the session's XLA_FLAGS (tests/conftest.py sets some).
 FOUR_DEVICES = {**os.environ, 'XLA_FLAGS':

@@ -133,7 +133,9 @@ def nature_q_network(num_actions: int) -> Network:
   uint8 frames; returns Q-values ``[B, num_actions]``."""
 
   def forward(frames):
-    x = frames.astype(jnp.float32) / 255.0
+    # JAX's default float: float32, float64 under jax_enable_x64 (where
+    # the convolutions' parameters are float64 too).
+    x = frames.astype(jax.dtypes.canonicalize_dtype(jnp.float64)) / 255.0
     x = hk.Conv2D(32, 8, stride=4, padding='VALID')(x)
     x = jax.nn.relu(x)
     x = hk.Conv2D(64, 4, stride=2, padding='VALID')(x)

@@ -247,8 +247,10 @@ def make_shared_critic(nets: TD3Networks,
 
     do_policy = jax.vmap(periodic_flag, in_axes=(None, 0))(
         state.step, hp.policy_delay)  # [N]
+    # The skipped step's losses take the critic losses' dtype, so that the
+    # update also runs in float64 (the suite's exact comparisons).
     current = (state.policy, state.policy_opt, state.target_policy,
-               jnp.zeros(do_policy.shape, jnp.float32))
+               jnp.zeros(do_policy.shape, c_losses.dtype))
 
     def total_policy_loss(policies):
       losses = jax.vmap(lambda p, o: policy_loss(nets, p, critic, o))(

@@ -149,9 +149,10 @@ def kernel_matrix(actions: jax.Array, sigma: float | jax.Array) -> jax.Array:
       module docstring.
 
   Returns:
-    ``[N, N]`` float32, ones on the diagonal.
+    ``[N, N]`` float32 (float64 for float64 actions), ones on the diagonal.
   """
-  phi = actions.reshape(actions.shape[0], -1).astype(jnp.float32)
+  phi = actions.reshape(actions.shape[0], -1)
+  phi = phi.astype(jnp.promote_types(phi.dtype, jnp.float32))
   mean_sq_dists = pairwise_sq_dists(phi) / phi.shape[1]
   return jnp.exp(-mean_sq_dists / (2.0 * jnp.square(sigma)))
 
@@ -167,7 +168,7 @@ def diversity_loss(actions: jax.Array, sigma: float | jax.Array, *,
       keeps the Cholesky factorisation defined for identical members.
 
   Returns:
-    A float32 scalar.
+    A scalar of the kernel's dtype (``kernel_matrix``).
   """
   k = kernel_matrix(actions, sigma)
   n = k.shape[0]

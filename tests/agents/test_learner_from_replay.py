@@ -1,5 +1,9 @@
 """update_from_replay (sampling inside the compiled call) against update on
-the batch that ``fastpbrl.replay.device.sample`` draws with the same key."""
+the batch that ``fastpbrl.replay.device.sample`` draws with the same key.
+
+The two are different programs (XLA fuses the sampling into one), so their
+3 Adam steps compare in float64, to ``numerics.TRAJECTORY``
+(``tests/numerics.py``, rule 2); the replay holds float32 transitions."""
 
 import chex
 import jax
@@ -13,7 +17,11 @@ from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
 from fastpbrl.replay import device, transition_fields
 from fastpbrl.replay.device import DeviceReplay
 from fastpbrl.types import random_transitions
+from tests import numerics
 from tests.agents.helpers import env_spec
+
+# Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
+pytestmark = pytest.mark.numeric
 
 STEPS, BATCH, N = 3, 8, 3
 SMALL = td3.TD3Config(hidden_sizes=(16, 16), batch_size=BATCH,
@@ -40,27 +48,30 @@ copy = lambda s: jax.tree.map(jnp.copy, s)  # the learners donate the state
 def test_update_from_replay_equals_update_on_the_same_sample(agent):
   learner = PopulationLearner(agent)
   assert (learner.num_steps, learner.batch_size) == (STEPS, BATCH)
-  hparams = population_hparams(agent, N, discount=[0.99, 0.9, 0.95])
-  start = learner.init(jax.random.PRNGKey(0), hparams)
   replay = filled_replay(agent, 'per_member', [20, 5, 0])
   active = np.array([True, True, False])  # member 2: empty and inactive
   key = jax.random.PRNGKey(7)
   batch = device.sample(replay, key, STEPS, BATCH, ~active)
-  expected, expected_metrics = learner.update(copy(start), hparams, batch,
-                                              active)
-  got, metrics = learner.update_from_replay(copy(start), hparams, replay, key,
-                                            active)
-  chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-6)
-  chex.assert_trees_all_close(metrics, expected_metrics, rtol=1e-5, atol=1e-6)
-  chex.assert_trees_all_equal(jax.tree.map(lambda x: x[2], got),
-                              jax.tree.map(lambda x: x[2], start))
-  # The replay state is not donated: it is still usable.
-  assert np.asarray(replay.size).tolist() == [20, 5, 0]
-  compiled = learner.compilations
-  for seed in range(3):  # new keys, masks and states: no new trace
-    got, _ = learner.update_from_replay(got, hparams, replay,
-                                        jax.random.PRNGKey(seed),
-                                        np.array([True, seed > 0, False]))
+  with numerics.float64():
+    hparams = numerics.as_float64(
+        population_hparams(agent, N, discount=[0.99, 0.9, 0.95]))
+    start = numerics.as_float64(learner.init(jax.random.PRNGKey(0), hparams))
+    expected, expected_metrics = learner.update(copy(start), hparams, batch,
+                                                active)
+    got, metrics = learner.update_from_replay(copy(start), hparams, replay,
+                                              key, active)
+    chex.assert_trees_all_close(got, expected, **numerics.TRAJECTORY)
+    chex.assert_trees_all_close(metrics, expected_metrics,
+                                **numerics.TRAJECTORY)
+    chex.assert_trees_all_equal(jax.tree.map(lambda x: x[2], got),
+                                jax.tree.map(lambda x: x[2], start))
+    # The replay state is not donated: it is still usable.
+    assert np.asarray(replay.size).tolist() == [20, 5, 0]
+    compiled = learner.compilations
+    for seed in range(3):  # new keys, masks and states: no new trace
+      got, _ = learner.update_from_replay(got, hparams, replay,
+                                          jax.random.PRNGKey(seed),
+                                          np.array([True, seed > 0, False]))
   assert learner.compilations == compiled == 2  # update + update_from_replay
 
 
@@ -83,16 +94,19 @@ def test_update_from_replay_checks_its_arguments(agent):
 
 def test_shared_critic_update_from_replay_equals_update(agent):
   learner = SharedCriticLearner(agent.shared_critic, STEPS, BATCH)
-  hparams = population_hparams(agent, N)
-  start = learner.init(jax.random.PRNGKey(0), hparams)
   replay = filled_replay(agent, 'shared', [6, 9, 3])
   key = jax.random.PRNGKey(11)
   batch = device.sample(replay, key, STEPS, BATCH, num_members=N)
-  expected, expected_metrics = learner.update(copy(start), hparams, batch)
-  got, metrics = learner.update_from_replay(copy(start), hparams, replay, key)
-  chex.assert_trees_all_close(got, expected, rtol=1e-5, atol=1e-6)
-  chex.assert_trees_all_close(metrics, expected_metrics, rtol=1e-5, atol=1e-6)
-  learner.update_from_replay(got, hparams, replay, jax.random.PRNGKey(1))
+  with numerics.float64():
+    hparams = numerics.as_float64(population_hparams(agent, N))
+    start = numerics.as_float64(learner.init(jax.random.PRNGKey(0), hparams))
+    expected, expected_metrics = learner.update(copy(start), hparams, batch)
+    got, metrics = learner.update_from_replay(copy(start), hparams, replay,
+                                              key)
+    chex.assert_trees_all_close(got, expected, **numerics.TRAJECTORY)
+    chex.assert_trees_all_close(metrics, expected_metrics,
+                                **numerics.TRAJECTORY)
+    learner.update_from_replay(got, hparams, replay, jax.random.PRNGKey(1))
   assert learner.compilations == 2
   with pytest.raises(ValueError, match='batch_size'):
     SharedCriticLearner(agent.shared_critic, STEPS).update_from_replay(

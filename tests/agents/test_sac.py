@@ -9,7 +9,11 @@ import pytest
 
 from fastpbrl.agents import sac
 from fastpbrl.learner import PopulationLearner, population_hparams
+from tests import numerics
 from tests.agents.helpers import assert_population_matches_loop, env_spec, random_batch
+
+# Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
+pytestmark = pytest.mark.numeric
 
 SMALL = sac.SACConfig(hidden_sizes=(32, 32), batch_size=16, steps_per_call=50)
 
@@ -27,20 +31,34 @@ def test_population_call_matches_per_member_loop(agent):
       agent, hparams, num_steps=50, batch_size=16)
   # Different target entropies drive the temperatures apart.
   alphas = np.exp(np.asarray(population.log_alpha))
+  # Rounded to 1e-6: far below how far apart 50 Adam steps of 1e-4 to 3e-3
+  # on log alpha, towards three different targets, set them (> 1e-3).
   assert len(set(np.round(alphas, 6))) == 3
   chex.assert_shape(metrics['alpha'], (3, 50))
 
 
 def test_tanh_gaussian_log_density_matches_change_of_variables():
-  mean = jnp.array([[0.3, -1.2], [2.0, 0.0]])
-  log_std = jnp.array([[-0.5, 0.2], [0.1, -1.0]])
-  action, logp = sac.sample_tanh_gaussian(mean, log_std, jax.random.PRNGKey(0))
-  u = np.arctanh(np.clip(np.asarray(action, np.float64), -1 + 1e-12, 1 - 1e-12))
-  std = np.exp(np.asarray(log_std, np.float64))
+  # In float64: arctanh amplifies the action's last-bit rounding by
+  # 1 / (1 - a^2), which float32 would turn into ~1e-4 of the log-density.
+  with numerics.float64():
+    mean = jnp.array([[0.3, -1.2], [2.0, 0.0]], jnp.float64)
+    log_std = jnp.array([[-0.5, 0.2], [0.1, -1.0]], jnp.float64)
+    action, logp = sac.sample_tanh_gaussian(mean, log_std,
+                                            jax.random.PRNGKey(0))
+  action = np.asarray(action)
+  u = np.arctanh(np.clip(action, -1 + 1e-12, 1 - 1e-12))
+  std = np.exp(np.asarray(log_std))
   normal_logp = (-0.5 * ((u - np.asarray(mean)) / std) ** 2 - np.log(std)
                  - 0.5 * np.log(2 * np.pi))
   expected = np.sum(normal_logp - np.log(1 - np.tanh(u) ** 2), axis=-1)
-  np.testing.assert_allclose(logp, expected, rtol=1e-3)
+  # Rule 1 in float64: ~30 roundings a side on terms up to ~15 |logp| (the
+  # sums cancel), and the action's last-bit rounding, which arctanh grows by
+  # 1 / (1 - a^2) (7.6e2 at a = 0.9993 here) and logp's slope (<= 5) carries
+  # on: within 64 eps / (1 - a^2); a wrong or missing term is off by O(1).
+  amplification = np.max(1 / (1 - action ** 2))
+  np.testing.assert_allclose(
+      logp, expected,
+      rtol=numerics.rounding_rtol(64, np.float64) * amplification)
 
 
 def test_temperature_moves_towards_target_entropy(agent):

@@ -11,8 +11,12 @@ from fastpbrl.agents import td3
 from fastpbrl.agents.base import periodic_flag
 from fastpbrl.learner import PopulationLearner, SharedCriticLearner, population_hparams
 from fastpbrl.types import Transition
+from tests import numerics
 from tests.agents.helpers import (assert_population_matches_loop, env_spec,
                                   member, random_batch)
+
+# Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
+pytestmark = pytest.mark.numeric
 
 SMALL = td3.TD3Config(hidden_sizes=(32, 32), batch_size=16, steps_per_call=50)
 
@@ -62,6 +66,8 @@ def test_per_member_hparams_differ_and_never_recompile(agent):
       state, hparams._replace(policy_lr=jnp.array([1e-4, 1e-2]),
                               critic_lr=jnp.array([1e-4, 1e-2])), batch)
   leaves = jax.tree.leaves(state.critic)
+  # Five Adam steps of 1e-2 against 1e-4 set every leaf 2e-2 to 5e-2 apart,
+  # far beyond allclose's default 1e-5 |x| + 1e-8 (|x| < 1 here).
   assert all(not np.allclose(x[0], x[1]) for x in leaves)
   for lr in (3e-4, 1e-3, 5e-3):
     state, _ = learner.update(state, population_hparams(agent, 2, critic_lr=lr,
@@ -88,16 +94,22 @@ def test_truncated_transition_bootstraps_terminated_does_not(agent):
                    + np.mean((np.asarray(q2) - expected_target) ** 2))
   loss, _ = td3.critic_loss(nets, state.critic, state.target_critic,
                             state.target_policy, batch, jax.random.PRNGKey(0), hp)
-  np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+  # Rule 1: policy (17+32+32 terms, tanh) then critic (23+32+32) on the
+  # target's path, then a few loss ops: <= 200 roundings, on a sum of squares.
+  rtol = numerics.rounding_rtol(200)
+  np.testing.assert_allclose(loss, expected_loss, rtol=rtol)
   # The truncation flag never changes the target; the termination flag does.
   flipped, _ = td3.critic_loss(
       nets, state.critic, state.target_critic, state.target_policy,
       batch._replace(truncated=np.zeros(2, np.float32)), jax.random.PRNGKey(0), hp)
-  np.testing.assert_allclose(flipped, loss, rtol=1e-6)
+  # critic_loss never reads ``truncated``: the same ops on the same inputs.
+  np.testing.assert_array_equal(flipped, loss)
   bootstrapped, _ = td3.critic_loss(
       nets, state.critic, state.target_critic, state.target_policy,
       batch._replace(terminated=np.zeros(2, np.float32)), jax.random.PRNGKey(0), hp)
-  assert not np.isclose(bootstrapped, loss)
+  # Bootstrapping row 1 adds 0.9 min(Q') to its target, which moves the loss
+  # by a third, far beyond the rounding allowed above (2.4e-5 relative).
+  assert not np.isclose(bootstrapped, loss, rtol=rtol, atol=0)
 
 
 def test_periodic_flag_is_every_dth_step():
@@ -134,21 +146,31 @@ def test_shared_critic_gradient_is_population_mean(agent):
   hparams = population_hparams(agent, n, discount=[0.99, 0.9, 0.95],
                                target_noise=[0.2, 0.1, 0.3])
   learner = SharedCriticLearner(agent.shared_critic, num_steps=1)
-  state = learner.init(jax.random.PRNGKey(0), hparams)
   batch = random_batch(agent.env_spec, (n, 1, 16), seed=1)
-  # Independent route: each member's TD3 critic gradient alone, then the mean.
-  noise_keys = jax.vmap(jax.random.split)(state.key)[:, 1]
-  grads = [
-      jax.grad(lambda c: td3.critic_loss(
-          nets, c, state.target_critic, member(state.target_policy, i),
-          jax.tree.map(lambda x: x[i, 0], batch), noise_keys[i],
-          member(hparams, i))[0])(state.critic) for i in range(n)]
-  mean_grad = jax.tree.map(lambda *g: sum(g) / n, *grads)
-  critic_before = jax.tree.map(np.array, state.critic)
-  state, metrics = learner.update(state, hparams, batch)
-  # After one Adam step the first moment is (1 - b1) * gradient = 0.1 * g.
-  used_grad = jax.tree.map(lambda mu: mu / 0.1, state.critic_opt[0].mu)
-  chex.assert_trees_all_close(used_grad, mean_grad, rtol=1e-4, atol=1e-7)
+  # In float64: gradient entries are sums over the batch that cancel to near
+  # zero, where float32 keeps no relative digit.
+  with numerics.float64():
+    hparams, batch = numerics.as_float64((hparams, batch))
+    state = numerics.as_float64(learner.init(jax.random.PRNGKey(0), hparams))
+    # Independent route: each member's TD3 critic gradient alone, then the mean.
+    noise_keys = jax.vmap(jax.random.split)(state.key)[:, 1]
+    grads = [
+        jax.grad(lambda c: td3.critic_loss(
+            nets, c, state.target_critic, member(state.target_policy, i),
+            jax.tree.map(lambda x: x[i, 0], batch), noise_keys[i],
+            member(hparams, i))[0])(state.critic) for i in range(n)]
+    mean_grad = jax.tree.map(lambda *g: sum(g) / n, *grads)
+    critic_before = jax.tree.map(np.array, state.critic)
+    state, metrics = learner.update(state, hparams, batch)
+    # After one Adam step the first moment is (1 - b1) * gradient = 0.1 * g.
+    used_grad = jax.tree.map(lambda mu: mu / 0.1, state.critic_opt[0].mu)
+  # Rule 1 in float64: forward and backward through policy and critic, a mean
+  # over 16 samples and 3 members: <= 1000 roundings, of terms of size <= 1
+  # (atol, for entries that cancel); another member's batch or key is off by ~g.
+  tol = numerics.rounding_rtol(1000, np.float64)
+  chex.assert_trees_all_close(used_grad, mean_grad, rtol=tol, atol=tol)
+  # One Adam step moves every weight with a nonzero gradient by ~3e-4 (the
+  # learning rate), far beyond allclose's default 1e-5 |w| + 1e-8 (|w| < 1).
   assert not np.allclose(jax.tree.leaves(critic_before)[0],
                          jax.tree.leaves(state.critic)[0])
   chex.assert_shape(metrics['critic_loss'], (n, 1))
@@ -161,7 +183,8 @@ def test_shared_critic_policies_match_independent_td3_policy_step(agent):
   n = 2
   hparams = population_hparams(agent, n, policy_lr=[1e-3, 1e-4],
                                policy_delay=1.0)
-  batch = random_batch(agent.env_spec, (n, 1, 16), seed=2)
+  # In float64, as above: policy gradients that cancel to near zero.
+  batch = numerics.as_float64(random_batch(agent.env_spec, (n, 1, 16), seed=2))
 
   def extra(policies, observations):
     actions = jax.vmap(nets.policy.apply)(policies, observations)
@@ -172,24 +195,30 @@ def test_shared_critic_policies_match_independent_td3_policy_step(agent):
     if extra_term is not None:
       shared = shared.with_policy_loss(extra_term)
     learner = SharedCriticLearner(shared, num_steps=1)
-    state = learner.init(jax.random.PRNGKey(5), hparams)
-    policies_before = jax.tree.map(np.array, state.policy)
-    state, _ = learner.update(state, hparams, batch)
-    for i in range(n):
-      obs = batch.observation[i, 0]
+    with numerics.float64():
+      hp64 = numerics.as_float64(hparams)
+      state = numerics.as_float64(learner.init(jax.random.PRNGKey(5), hp64))
+      policies_before = jax.tree.map(np.array, state.policy)
+      state, _ = learner.update(state, hp64, batch)
+      for i in range(n):
+        obs = batch.observation[i, 0]
 
-      def loss(p, i=i, obs=obs):
-        total = td3.policy_loss(nets, p, state.critic, obs)
-        if extra_term is not None:
-          others = jax.tree.map(lambda a, b: jnp.asarray(a).at[i].set(b),
-                                  policies_before, p)
-          total = total + extra_term(others, batch.observation[:, 0])
-        return total
+        def loss(p, i=i, obs=obs):
+          total = td3.policy_loss(nets, p, state.critic, obs)
+          if extra_term is not None:
+            others = jax.tree.map(lambda a, b: jnp.asarray(a).at[i].set(b),
+                                    policies_before, p)
+            total = total + extra_term(others, batch.observation[:, 0])
+          return total
 
-      g = jax.grad(loss)(member(policies_before, i))
-      mu = jax.tree.map(lambda x: x[i], state.policy_opt[0].mu)
-      chex.assert_trees_all_close(mu, jax.tree.map(lambda x: 0.1 * x, g),
-                                  rtol=1e-4, atol=1e-8)
+        g = jax.grad(loss)(member(policies_before, i))
+        mu = jax.tree.map(lambda x: x[i], state.policy_opt[0].mu)
+        # Rule 1 in float64: policy and critic forward and back, a mean over
+        # 16 samples: <= 1000 roundings of terms of size <= 1; a missing
+        # extra term or another member's batch is off by ~g.
+        tol = numerics.rounding_rtol(1000, np.float64)
+        chex.assert_trees_all_close(mu, jax.tree.map(lambda x: 0.1 * x, g),
+                                    rtol=tol, atol=tol)
 
 
 def test_bad_batch_shape_is_a_clear_error(agent):

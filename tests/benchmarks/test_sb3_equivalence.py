@@ -31,6 +31,8 @@ def test_update_equals_sb3_in_float64(agent):
   # 0.2; SAC: its temperature moves every step).
   rc, worst = _run('--agent', agent, '--steps', '60')
   assert rc == 0
+  # float64 (tests/numerics.py, rule 2): rounding, 256 x 1.1e-16 = 3e-14 a
+  # step, stays near 2e-12 in 60; a defect moves weights by ~lr = 3e-4.
   assert worst < 1e-10
 
 
@@ -39,6 +41,8 @@ def test_the_check_reports_float32_rounding_as_a_difference():
   # a tolerance below that makes the check fail: it can fail.
   rc, worst = _run('--steps', '60', '--float32', '--tolerance', '1e-12')
   assert rc == 1
+  # Above: float32 rounds at 6e-8 relative, far above 1e-12. Below: it grows
+  # to a few percent only in 500 Hopper updates (the module's docstring).
   assert 1e-12 < worst < 1e-1
 
 
@@ -48,6 +52,8 @@ def test_sac_check_sees_sb3s_log_prob_epsilon():
   rc, worst = _run('--agent', 'sac', '--steps', '5', '--sb3-epsilon', '1e-6',
                    '--tolerance', '1e-10')
   assert rc == 1
+  # The 1e-6 shifts each log-probability by 1e-6 / (1 - tanh^2) >= 1e-6,
+  # above the 1e-10 that float64 rounding stays under (the first test).
   assert worst > 1e-10
 
 

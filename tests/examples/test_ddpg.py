@@ -12,7 +12,11 @@ import pytest
 
 from examples import ddpg
 from fastpbrl import agents
+from tests import numerics
 from tests.agents.helpers import env_spec, random_batch
+
+# Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
+pytestmark = pytest.mark.numeric
 
 SMALL = ddpg.DDPGConfig(hidden_sizes=(8,), batch_size=6)
 
@@ -45,43 +49,59 @@ def _first_adam_step(params, grads, lr):
 def test_update_matches_an_independent_computation():
   agent = agents.make_agent('examples.ddpg:DDPG', env_spec('Pendulum-v1'),
                             SMALL)
-  hp = ddpg.default_hparams()._replace(
-      weight_decay=jnp.float32(0.1), tau=jnp.float32(0.25), discount=jnp.float32(0.9))
-  state = agent.init(jax.random.PRNGKey(0), hp)
-  # Targets apart from the online networks, so that the test tells them apart.
-  state = state._replace(
-      target_policy=jax.tree.map(lambda x: 0.5 * x, state.policy),
-      target_critic=jax.tree.map(lambda x: 0.9 * x, state.critic))
-  batch = jax.tree.map(jnp.asarray,
-                       random_batch(agent.env_spec, (6,), seed=1))
-  new, metrics = jax.jit(agent.update)(state, hp, batch)
+  # In float64 (rule 2): Adam's first step, lr g / (|g| + 1e-8), turns a
+  # float32 rounding of a gradient entry near zero into a step of up to lr.
+  with numerics.float64():
+    # Set in float64: their float32 roundings would be 1e-8 off the
+    # literals of the independent computation below.
+    f64 = lambda x: jnp.asarray(x, jnp.float64)  # noqa: E731
+    hp = numerics.as_float64(ddpg.default_hparams())._replace(
+        policy_lr=f64(1e-4), critic_lr=f64(1e-3), weight_decay=f64(0.1),
+        tau=f64(0.25), discount=f64(0.9))
+    state = numerics.as_float64(agent.init(jax.random.PRNGKey(0), hp))
+    # Targets apart from the online networks, so that the test tells them apart.
+    state = state._replace(
+        target_policy=jax.tree.map(lambda x: 0.5 * x, state.policy),
+        target_critic=jax.tree.map(lambda x: 0.9 * x, state.critic))
+    batch = jax.tree.map(jnp.asarray, numerics.as_float64(
+        random_batch(agent.env_spec, (6,), seed=1)))
+    new, metrics = jax.jit(agent.update)(state, hp, batch)
 
-  def critic_loss(critic):
-    next_q = _q(state.target_critic, batch.next_observation,
-                _pi(state.target_policy, batch.next_observation))
-    y = batch.reward + 0.9 * (1.0 - batch.terminated) * next_q
-    l2 = sum(jnp.sum(w ** 2) for w in jax.tree.leaves(critic))
-    return jnp.mean((_q(critic, batch.observation, batch.action) - y) ** 2) + (
-        0.05 * l2)
+    def critic_loss(critic):
+      next_q = _q(state.target_critic, batch.next_observation,
+                  _pi(state.target_policy, batch.next_observation))
+      y = batch.reward + 0.9 * (1.0 - batch.terminated) * next_q
+      l2 = sum(jnp.sum(w ** 2) for w in jax.tree.leaves(critic))
+      return jnp.mean((_q(critic, batch.observation, batch.action) - y) ** 2) + (
+          0.05 * l2)
 
-  critic = _first_adam_step(state.critic, jax.grad(critic_loss)(state.critic),
-                            1e-3)
-  policy_objective = lambda p: -jnp.mean(  # noqa: E731
-      _q(critic, batch.observation, _pi(p, batch.observation)))
-  policy = _first_adam_step(
-      state.policy, jax.grad(policy_objective)(state.policy), 1e-4)
-  np.testing.assert_allclose(metrics['critic_loss'],
-                             critic_loss(state.critic), rtol=1e-5)
-  np.testing.assert_allclose(metrics['policy_loss'],
-                             policy_objective(state.policy), rtol=1e-5)
-  chex.assert_trees_all_close(new.critic, critic, rtol=1e-5, atol=1e-7)
-  chex.assert_trees_all_close(new.policy, policy, rtol=1e-5, atol=1e-7)
-  chex.assert_trees_all_close(
-      new.target_critic, jax.tree.map(lambda t, o: 0.75 * t + 0.25 * o,
-                                      state.target_critic, critic), rtol=1e-5)
-  chex.assert_trees_all_close(
-      new.target_policy, jax.tree.map(lambda t, o: 0.75 * t + 0.25 * o,
-                                      state.target_policy, policy), rtol=1e-5)
+    critic = _first_adam_step(state.critic,
+                              jax.grad(critic_loss)(state.critic), 1e-3)
+    policy_objective = lambda p: -jnp.mean(  # noqa: E731
+        _q(critic, batch.observation, _pi(p, batch.observation)))
+    policy = _first_adam_step(
+        state.policy, jax.grad(policy_objective)(state.policy), 1e-4)
+    expected_critic_loss = critic_loss(state.critic)
+    expected_policy_loss = policy_objective(state.policy)
+    polyak = lambda t, o: 0.75 * t + 0.25 * o  # noqa: E731
+    target_critic = jax.tree.map(polyak, state.target_critic, critic)
+    target_policy = jax.tree.map(polyak, state.target_policy, policy)
+  # Rule 1 in float64: target policy and critic (3 + 9 and 4 + 9 terms), the
+  # squared errors' mean and the 49 squares of the L2 term: <= 100 roundings
+  # of a sum of squares (no cancellation).
+  np.testing.assert_allclose(metrics['critic_loss'], expected_critic_loss,
+                             rtol=numerics.rounding_rtol(100, np.float64))
+  # After the critic's Adam step (rule 2): the objective reads the new critic.
+  np.testing.assert_allclose(metrics['policy_loss'], expected_policy_loss,
+                             **numerics.TRAJECTORY)
+  # Rule 2: one Adam step each; a wrong learning rate moves a parameter by
+  # >= 1e-4, a wrong tau a target by ~0.25 |online - target|.
+  chex.assert_trees_all_close(new.critic, critic, **numerics.TRAJECTORY)
+  chex.assert_trees_all_close(new.policy, policy, **numerics.TRAJECTORY)
+  chex.assert_trees_all_close(new.target_critic, target_critic,
+                              **numerics.TRAJECTORY)
+  chex.assert_trees_all_close(new.target_policy, target_policy,
+                              **numerics.TRAJECTORY)
   assert int(new.step) == 1
 
 

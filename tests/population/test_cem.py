@@ -10,13 +10,23 @@ import pytest
 
 from fastpbrl.agents import td3
 from fastpbrl.population import cem
+from tests import numerics
 from tests.population.conftest import pendulum_spec
+
+# Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
+pytestmark = pytest.mark.numeric
+
+# float32 elite weights: two logs (2 ulps each) whose difference cancels by
+# < 5 for K <= 3 (20 eps), as much for their sum, a division: rule 1, k = 64.
+WEIGHTS_OPS = 64
 
 
 def test_elite_weights_by_hand():
   # K = 3: log(4) - log(i) = log 4, log 2, log(4/3), normalised.
   raw = np.array([math.log(4), math.log(2), math.log(4 / 3)])
-  np.testing.assert_allclose(cem.elite_weights(3), raw / raw.sum(), rtol=1e-6)
+  # The float64 reference is exact to float32: the weights' error alone.
+  np.testing.assert_allclose(cem.elite_weights(3), raw / raw.sum(),
+                             rtol=numerics.rounding_rtol(WEIGHTS_OPS))
   assert cem.num_elites(10, 0.5) == 5 and cem.num_elites(3, 0.5) == 1
 
 
@@ -35,42 +45,65 @@ def test_update_matches_hand_computation():
   new = jax.jit(cem.update)(state, samples, fitness)
   w1 = math.log(3) / (math.log(3) + math.log(1.5))
   w2 = 1 - w1
+  # The constant is w1 to 7 decimals (within 5e-8).
   assert w1 == pytest.approx(0.7304227, abs=1e-7)
   eps = 0.95 * 1e-2 + 0.05 * 1e-5
-  np.testing.assert_allclose(new.mean, [3 * w1, -w1 + 4 * w2], rtol=1e-6)
-  np.testing.assert_allclose(new.mean, [2.1912681, 0.3478865], atol=1e-6)
+  # w @ z: the weights' error, a 2-term dot, a float32 reference's 3 ops (rule
+  # 1, k = 72) of sum |w_i z_i| <= max|z| = 4 (absolute: mean'[1] cancels).
+  mean_atol = 4 * numerics.rounding_rtol(WEIGHTS_OPS + 8)
+  np.testing.assert_allclose(new.mean, [3 * w1, -w1 + 4 * w2], rtol=0,
+                             atol=mean_atol)
+  # The constants are printed to 7 decimals (within 5e-8).
+  np.testing.assert_allclose(new.mean, [2.1912681, 0.3478865], rtol=0,
+                             atol=mean_atol + 5e-8)
+  # var' sums non-negative terms (no cancellation): the weights' error, the
+  # dot product and the extra noise (k = 5, below): rule 1, k = 72.
+  var_rtol = numerics.rounding_rtol(WEIGHTS_OPS + 8)
   np.testing.assert_allclose(new.var, [4 * w1 + w2 + eps, 25 * w2 + eps],
-                             rtol=1e-6)
-  np.testing.assert_allclose(new.var, [3.2007686, 6.748933], atol=1e-5)
-  assert float(new.extra_noise) == pytest.approx(eps, rel=1e-6)
-  # Not the variance around the NEW mean.
+                             rtol=var_rtol)
+  # The constants are printed to 8 and 7 significant digits (within 5e-7).
+  np.testing.assert_allclose(new.var, [3.2007686, 6.748933], rtol=var_rtol,
+                             atol=5e-7)
+  # 0.01 and 0.95 as float32, a product, 5e-7 as float32 and a sum of
+  # positive terms: rule 1 with k = 5, counted as 8.
+  assert float(new.extra_noise) == pytest.approx(
+      eps, rel=numerics.rounding_rtol(8))
+  # Not the variance around the NEW mean, which is smaller by (mean' -
+  # mean)^2 = [1.4, 1.8], far beyond allclose's rtol of 1e-5.
   around_new = w1 * (samples[1] - new.mean) ** 2 + w2 * (
       samples[3] - new.mean) ** 2 + eps
   assert not np.allclose(new.var, around_new)
-  # NaN fitness ranks last.
+  # NaN fitness ranks last. The other elites give a mean [-0.54, 2.92]
+  # against [2.19, 0.35]: far beyond allclose's rtol of 1e-5.
   nan_fit = fitness.at[1].set(jnp.nan)
   assert not np.allclose(cem.update(state, samples, nan_fit).mean, new.mean)
   np.testing.assert_allclose(
       cem.update(state, samples, nan_fit).mean, w1 * samples[3] + w2 * samples[2],
-      rtol=1e-6)
+      rtol=0, atol=mean_atol)  # as for mean' above
 
 
 def test_extra_noise_decays_towards_the_floor():
   state = cem.init(jnp.zeros(3))
-  assert float(state.extra_noise) == pytest.approx(1e-2)
+  # 1e-2 as float32: one rounding.
+  assert float(state.extra_noise) == pytest.approx(
+      1e-2, rel=numerics.rounding_rtol(1))
   samples = jnp.zeros((4, 3))
   noises = []
   for _ in range(200):
     state = cem.update(state, samples, jnp.arange(4.0))
     noises.append(float(state.extra_noise))
-  # eps_t - 1e-5 = 0.95^t (1e-2 - 1e-5)
+  # eps_t - 1e-5 = 0.95^t (1e-2 - 1e-5). Each step's 4 roundings (0.95, 5e-7,
+  # a product, a sum) carry on with weight 0.95^j: rule 1, k = 4 max(20, t).
   np.testing.assert_allclose(noises[9], 1e-5 + 0.95 ** 10 * (1e-2 - 1e-5),
-                             rtol=1e-5)
+                             rtol=numerics.rounding_rtol(4 * 20))
   np.testing.assert_allclose(noises[-1], 1e-5 + 0.95 ** 200 * (1e-2 - 1e-5),
-                             rtol=1e-4)
-  assert 1e-5 < noises[-1] < 1.04e-5  # approaches the floor, never below
-  # Identical elites at the mean: the variance is the extra noise alone.
-  np.testing.assert_allclose(state.var, noises[-1], rtol=1e-6)
+                             rtol=numerics.rounding_rtol(4 * 200))
+  # Approaches the floor, never below: 1.035e-5 is >= 5e-3 (relative) from
+  # either bound, 50 times the rounding allowed above.
+  assert 1e-5 < noises[-1] < 1.04e-5
+  # Identical elites at the mean: the variance is the extra noise alone,
+  # exactly (w @ 0 = 0, and 0 + eps' = eps').
+  np.testing.assert_array_equal(state.var, np.full(3, noises[-1], np.float32))
 
 
 def test_mirrored_sampling():
@@ -78,12 +111,23 @@ def test_mirrored_sampling():
                        var=jnp.array([0.01, 1.0, 4.0]),
                        extra_noise=jnp.asarray(0.0))
   s = cem.sample(jax.random.PRNGKey(0), state, 6)
+  # fl(m + e) + fl(m - e): three roundings of values <= max|s| (rule 1,
+  # k = 4, absolute).
   np.testing.assert_allclose(s[:3] + s[3:], 2 * np.broadcast_to(
-      state.mean, (3, 3)), atol=1e-6)
+      state.mean, (3, 3)), rtol=0,
+                             atol=numerics.rounding_rtol(4) * np.abs(s).max())
+  # Mirrored rows differ by 2 e, up to 4 here: far beyond allclose's 1e-5.
   assert not np.allclose(s[:3], s[3:])
   big = cem.sample(jax.random.PRNGKey(1), state, 20000)
-  np.testing.assert_allclose(big.mean(0), state.mean, atol=1e-6)  # exact
-  np.testing.assert_allclose(big.var(0), state.var, rtol=0.05)
+  # Pairs cancel but for each sample's rounding (eps/2 |x|); averaged in
+  # float64: rule 1, k = 1 of max|x|. Unmirrored: off by sd >= 7e-4.
+  np.testing.assert_allclose(np.asarray(big, np.float64).mean(0), state.mean,
+                             rtol=0,
+                             atol=numerics.rounding_rtol(1) * np.abs(big).max())
+  # Statistical: 10000 independent e^2 (the mirrored half repeats them),
+  # whose mean has relative sd sqrt(2 / 10000) = 0.014; 5 sd.
+  np.testing.assert_allclose(big.var(0), state.var,
+                             rtol=5 * np.sqrt(2 / (20000 // 2)))
   with pytest.raises(ValueError, match='even n'):
     cem.sample(jax.random.PRNGKey(0), state, 5)
   odd = cem.sample(jax.random.PRNGKey(0), state, 5, mirrored=False)
@@ -102,7 +146,9 @@ def test_cem_climbs_a_quadratic():
 
   for k in jax.random.split(key, 60):
     state = step(state, k)
-  np.testing.assert_allclose(state.mean, target, atol=0.05)
+  # Statistical: the final mean's error has sd 0.007 (measured over 2000
+  # seeds): 0.05 is 7 sd; a mean that did not climb misses by >= 0.1.
+  np.testing.assert_allclose(state.mean, target, rtol=0, atol=0.05)
 
 
 def test_flatten_roundtrip_and_load_policies():
@@ -185,27 +231,31 @@ def test_rl_schedule_steps_exactly_up_to_its_bound():
 
 def test_rl_schedule_is_the_shared_update_of_the_rl_half_alone():
   from tests.population.conftest import random_batch
-  agent, learner, hparams, state = _rl_population(steps=1, train_until=1)
-  batch = random_batch(pendulum_spec(), (4, 1, 4), 5)
   head = lambda t: jax.tree.map(lambda x: x[:2], t)
   tail = lambda t: jax.tree.map(lambda x: x[2:], t)
-  # The other route: the agent's own shared-critic update on a population
-  # made of the two RL members only.
-  rl_only = state._replace(**{f: head(getattr(state, f))
-                              for f in cem.MEMBER_FIELDS})
-  expected, _ = jax.jit(agent.shared_critic.update)(
-      rl_only, head(hparams.agent),
-      jax.tree.map(lambda x: x[:2, 0], batch))
-  members = jax.tree.map(jnp.copy, tuple(getattr(state, f)
-                                         for f in cem.MEMBER_FIELDS))
-  got, _ = learner.update(state, hparams, batch)
+  # An Adam step along two programs: in float32 a rounding-level gradient
+  # difference can flip a step's sign, so compare in float64 (rule 2).
+  with numerics.float64():
+    agent, learner, hparams, state = _rl_population(steps=1, train_until=1)
+    hparams, state = numerics.as_float64((hparams, state))
+    batch = numerics.as_float64(random_batch(pendulum_spec(), (4, 1, 4), 5))
+    # The other route: the agent's own shared-critic update on a population
+    # made of the two RL members only.
+    rl_only = state._replace(**{f: head(getattr(state, f))
+                                for f in cem.MEMBER_FIELDS})
+    expected, _ = jax.jit(agent.shared_critic.update)(
+        rl_only, head(hparams.agent),
+        jax.tree.map(lambda x: x[:2, 0], batch))
+    members = jax.tree.map(jnp.copy, tuple(getattr(state, f)
+                                           for f in cem.MEMBER_FIELDS))
+    got, _ = learner.update(state, hparams, batch)
   chex.assert_trees_all_close(
       (got.critic, got.target_critic, got.critic_opt, got.step),
       (expected.critic, expected.target_critic, expected.critic_opt,
-       expected.step), rtol=1e-6, atol=1e-7)
+       expected.step), **numerics.TRAJECTORY)
   for f in cem.MEMBER_FIELDS:
     chex.assert_trees_all_close(head(getattr(got, f)), getattr(expected, f),
-                                rtol=1e-6, atol=1e-7)
+                                **numerics.TRAJECTORY)
   chex.assert_trees_all_equal(
       tail(tuple(getattr(got, f) for f in cem.MEMBER_FIELDS)), tail(members))
 

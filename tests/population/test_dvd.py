@@ -15,10 +15,35 @@ from fastpbrl.agents import td3
 from fastpbrl.drivers import DvDRunConfig
 from fastpbrl.learner import SharedCriticLearner, population_hparams
 from fastpbrl.population import dvd
+from tests import numerics
 from tests.population.conftest import pendulum_spec, random_batch, tiny_td3
+
+# Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
+pytestmark = pytest.mark.numeric
 
 SIGMA = 1.5
 JITTER = 1e-4
+
+
+def logdet_atol(n: int, ops: int, dtype=np.float64) -> float:
+  """Bound on -log det(M), M = K + jitter I, between two routes whose
+  entries of M (<= 1) differ by rule 1's bound for ``ops`` operations: log det
+  moves by tr(M^-1 dM) <= n^2 max|dM_ij| / jitter (``||M^-1|| <= 1 /
+  jitter``). In float32 it is ~1 for 4 members (k = 64): hence float64."""
+  return n ** 2 / JITTER * numerics.rounding_rtol(ops, dtype)
+
+
+def logdet_grad_atol(n: int, d: int, ops: int) -> float:
+  """The same in float64 for the gradient, ``2 / (sigma^2 D) sum_j (M^-1 o
+  K)_kj (phi_k - phi_j)`` with ``|phi_k - phi_j| <= 2``: ``M^-1``'s entries
+  move by up to ``||M^-1||^2 ||dM|| <= n max|dM_ij| / jitter^2``."""
+  return 4 * n ** 2 / (SIGMA ** 2 * d * JITTER ** 2) * numerics.rounding_rtol(
+      ops, np.float64)
+
+
+# Rule 1's k for the entries of M, counted generously: a squared distance
+# over D <= 16 entries, an exp, Cholesky's n + 1 steps (or the reference's LU).
+KERNEL_OPS = 64
 
 
 def np_loss(actions: np.ndarray, sigma: float = SIGMA,
@@ -54,25 +79,35 @@ def actions():
 
 
 def test_loss_matches_direct_formula(actions):
-  got = jax.jit(dvd.diversity_loss, static_argnames='jitter')(
-      actions, SIGMA, jitter=JITTER)
-  np.testing.assert_allclose(got, np_loss(actions), rtol=1e-4)
-  # More spread, more volume, lower loss.
-  assert float(dvd.diversity_loss(2 * actions, SIGMA)) < float(got)
+  # In float64: K + jitter I's conditioning leaves float32 no useful bound.
+  with numerics.float64():
+    a64 = actions.astype(np.float64)
+    got = jax.jit(dvd.diversity_loss, static_argnames='jitter')(
+        a64, SIGMA, jitter=JITTER)
+    np.testing.assert_allclose(got, np_loss(actions), rtol=0,
+                               atol=logdet_atol(4, KERNEL_OPS))
+    # More spread, more volume, lower loss (2.26 against 5.81).
+    assert float(dvd.diversity_loss(2 * a64, SIGMA)) < float(got)
 
 
 def test_gradient_matches_analytic_and_finite_differences(actions):
-  g = np.asarray(jax.grad(dvd.diversity_loss)(actions, SIGMA))
-  np.testing.assert_allclose(g, np_grad(actions), rtol=2e-3, atol=1e-5)
-  # Central differences of the float64 formula.
   a64 = actions.astype(np.float64)
+  # In float64, as the loss (float32's bound exceeds the gradient itself).
+  with numerics.float64():
+    g = np.asarray(jax.grad(dvd.diversity_loss)(a64, SIGMA))
+  grad_atol = logdet_grad_atol(4, 6, KERNEL_OPS)
+  np.testing.assert_allclose(g, np_grad(actions), rtol=0, atol=grad_atol)
+  # Central differences of the float64 formula.
   fd = np.zeros_like(a64)
   h = 1e-5
   for idx in np.ndindex(a64.shape):
     e = np.zeros_like(a64)
     e[idx] = h
     fd[idx] = (np_loss(a64 + e) - np_loss(a64 - e)) / (2 * h)
-  np.testing.assert_allclose(g, fd, rtol=2e-3, atol=1e-5)
+  # The formula's rounding over h (2.3e-4) and h^2 f'''/6 (1e-10: the error
+  # is 1.3e-6 at h = 1e-3, measured).
+  np.testing.assert_allclose(
+      g, fd, rtol=0, atol=logdet_atol(4, KERNEL_OPS) / h + grad_atol)
 
 
 def test_identical_policies_are_finite():
@@ -82,14 +117,23 @@ def test_identical_policies_are_finite():
   loss, g = jax.value_and_grad(dvd.diversity_loss)(same, SIGMA)
   # K = all ones: eigenvalues n + jitter (once) and jitter (n - 1 times).
   expected = -np.log(n + JITTER) - (n - 1) * np.log(JITTER)
-  np.testing.assert_allclose(loss, expected, rtol=1e-3)
-  assert np.all(np.isfinite(g)) and np.allclose(g, 0.0)
+  # float32: M = 1 + jitter I is exact but for k = 8 roundings (1 + jitter,
+  # Cholesky's n + 1 steps); logdet_atol: 0.24 of 35.2.
+  np.testing.assert_allclose(loss, expected, rtol=0,
+                             atol=logdet_atol(n, 8, np.float32))
+  # Exactly 0: every term carries a pairwise difference phi_i - phi_j = 0.
+  assert np.all(np.isfinite(g)) and np.all(np.asarray(g) == 0)
   # Nearly identical: still finite, and the gradient pushes members apart.
   near = same + 1e-3 * np.random.default_rng(2).standard_normal(
       same.shape).astype(np.float32)
   loss, g = jax.value_and_grad(dvd.diversity_loss)(near, SIGMA)
   assert np.isfinite(loss) and np.all(np.isfinite(g))
-  assert float(dvd.diversity_loss(near - 1e-4 * g, SIGMA)) < float(loss)
+  # The step lowers the loss by ~1e-3, below float32's bound (0.24, above):
+  # both losses in float64, where logdet_atol(5, 8) is 4e-10.
+  with numerics.float64():
+    near64, g64 = numerics.as_float64((near, np.asarray(g)))
+    assert float(dvd.diversity_loss(near64 - 1e-4 * g64, SIGMA)) < float(
+        dvd.diversity_loss(near64, SIGMA))
 
 
 def test_kernel_does_not_depend_on_the_embedding_size():
@@ -98,12 +142,17 @@ def test_kernel_does_not_depend_on_the_embedding_size():
   and actions that differ by exactly sigma everywhere give exp(-1/2)."""
   rng = np.random.default_rng(4)
   acts = rng.uniform(-1, 1, (3, 5, 2)).astype(np.float32)
+  # Sums of 30 and 10 squared gaps and the scaling (k = 48) in an exponent <=
+  # 2^2 / (2 0.7^2) = 4.1, which scales them, plus exp's ulps: k = 48 4.1 + 4.
   np.testing.assert_allclose(dvd.kernel_matrix(np.tile(acts, (1, 3, 1)), 0.7),
-                             dvd.kernel_matrix(acts, 0.7), rtol=1e-5)
+                             dvd.kernel_matrix(acts, 0.7),
+                             rtol=numerics.rounding_rtol(48 * 4.1 + 4))
   pair = np.stack([np.zeros((20, 17)), np.full((20, 17), 0.3)]).astype(
       np.float32)
+  # A sum of 340 squares and the scaling (k = 344) in an exponent of 1/2,
+  # plus exp's ulps: rule 1 with k = 180.
   np.testing.assert_allclose(dvd.kernel_matrix(pair, 0.3)[0, 1],
-                             np.exp(-0.5), rtol=1e-5)
+                             np.exp(-0.5), rtol=numerics.rounding_rtol(180))
 
 
 def _spec(obs_dim: int, action_dim: int) -> specs.EnvironmentSpec:
@@ -155,6 +204,8 @@ def test_diversity_term_is_active_at_initialisation(obs_dim, action_dim):
         jax.random.split(jax.random.PRNGKey(n), n))
     k, g_div, g_policy = measure(policies)
     off = np.asarray(k)[~np.eye(n, dtype=bool)]
+    # Thresholds of the design, not of rounding: the entries lie in ~[0.4,
+    # 0.99], and their float32 error is ~1e-5 (rule 1, a few hundred ops).
     assert off.min() > 1e-3, (n, off)
     assert off.max() < 1 - 1e-3, (n, off)
     ratio = _tree_norm(g_div) / _tree_norm(g_policy)
@@ -168,13 +219,18 @@ def test_policy_term_uses_shared_states():
       jax.random.split(jax.random.PRNGKey(0), n), jnp.zeros((1, 3)))
   obs = jax.random.normal(jax.random.PRNGKey(1), (n, b, 3))
   term = jax.jit(dvd.make_policy_term(nets.policy.apply, 0.7, SIGMA))
-  acts = np.asarray(jax.jit(jax.vmap(nets.policy.apply, (0, None)))(
-      policies, obs[0]))
-  np.testing.assert_allclose(term(policies, obs), 0.7 * np_loss(acts),
-                             rtol=1e-4)
-  # Other members' batches do not enter.
+  # In float64 (test_loss_matches_direct_formula); the two forward passes'
+  # actions (in [-1, 1], k = 32) move M's entries by < 4x that: k = 64 + 128.
+  with numerics.float64():
+    policies64, obs64 = numerics.as_float64((policies, obs))
+    acts = np.asarray(jax.jit(jax.vmap(nets.policy.apply, (0, None)))(
+        policies64, obs64[0]))
+    np.testing.assert_allclose(term(policies64, obs64), 0.7 * np_loss(acts),
+                               rtol=0, atol=0.7 * logdet_atol(n, 192))
+  # Other members' batches do not enter: one program on the same states
+  # gives the same bits.
   other = obs.at[1:].set(0.0)
-  np.testing.assert_allclose(term(policies, other), term(policies, obs))
+  np.testing.assert_array_equal(term(policies, other), term(policies, obs))
   # Identical policies: finite gradient through the networks.
   same = jax.tree.map(lambda x: jnp.broadcast_to(x[:1], x.shape), policies)
   g = jax.jit(jax.grad(term))(same, obs)
@@ -193,21 +249,31 @@ def test_with_diversity_traces_lambda_once():
   plain = SharedCriticLearner(agent.shared_critic, steps)
   key = jax.random.PRNGKey(0)
 
-  hp0 = dvd.dvd_hparams(agent_hp, 0.0)
-  out0, _ = diverse.update(diverse.init(key, hp0), hp0, batch)
-  ref, _ = plain.update(plain.init(key, agent_hp), agent_hp, batch)
-  chex.assert_trees_all_close(out0, ref, rtol=1e-5, atol=1e-6)
+  # Two Adam steps along two programs: compared in float64 (rule 2).
+  with numerics.float64():
+    agent_hp, batch = numerics.as_float64((agent_hp, batch))
+    hp0 = numerics.as_float64(dvd.dvd_hparams(agent_hp, 0.0))
+    out0, _ = diverse.update(numerics.as_float64(diverse.init(key, hp0)), hp0,
+                             batch)
+    ref, _ = plain.update(numerics.as_float64(plain.init(key, agent_hp)),
+                          agent_hp, batch)
+    chex.assert_trees_all_close(out0, ref, **numerics.TRAJECTORY)
 
-  hp1 = dvd.set_lambda(hp0, 5.0)
-  out1, _ = diverse.update(diverse.init(key, hp1), hp1, batch)
+    hp1 = dvd.set_lambda(hp0, 5.0)
+    out1, _ = diverse.update(numerics.as_float64(diverse.init(key, hp1)), hp1,
+                             batch)
   assert diverse.compilations == 1  # a new lambda did not recompile
-  delta = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
-                       out1.policy, out0.policy)
-  assert max(jax.tree.leaves(delta)) > 1e-6  # and it acts on the policies
+  delta = jax.tree.map(
+      lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
+      out1.policy, out0.policy)
+  # And it acts on the policies: Adam's step moves them by ~lr = 3e-4 (6e-4
+  # here), far above 1e-6, itself far above float64's rounding.
+  assert max(jax.tree.leaves(delta)) > 1e-6
   # Lambda enters the policy loss only: with policy_delay 0.5 the policies
   # (and targets) move on the second step, so both critic steps saw the same
-  # target policies and the critics agree.
-  chex.assert_trees_all_close(out1.critic, out0.critic)
+  # target policies and the critics agree, bit for bit (one program, the
+  # same inputs to the critic's steps).
+  chex.assert_trees_all_equal(out1.critic, out0.critic)
 
 
 def test_mean_pairwise_action_distance_by_hand():
@@ -218,8 +284,10 @@ def test_mean_pairwise_action_distance_by_hand():
                    [[3., 4.], [1., 1.]],
                    [[1., 0.], [2., 1.]]], np.float32)
   expected = (2.5 + 1.0 + (np.sqrt(20.0) + 1.0) / 2) / 3
+  # Positive terms, no cancellation: squares, a sum, a sqrt, means over 2
+  # states and 9 pairs, a division: rule 1 with k = 16.
   np.testing.assert_allclose(dvd.mean_pairwise_action_distance(acts),
-                             expected, rtol=1e-6)
+                             expected, rtol=numerics.rounding_rtol(16))
   assert float(dvd.mean_pairwise_action_distance(acts[[0, 0, 0]])) == 0.0
   with pytest.raises(ValueError, match='>= 2 members'):
     dvd.mean_pairwise_action_distance(acts[:1])
@@ -228,8 +296,11 @@ def test_mean_pairwise_action_distance_by_hand():
 def test_piecewise_linear_schedule():
   sched = dvd.PiecewiseLinear(((0, 0.5), (100, 0.0), (200, 0.2)))
   assert sched(-5) == 0.5 and sched(0) == 0.5
-  assert sched(50) == pytest.approx(0.25)
-  assert sched(150) == pytest.approx(0.1) and sched(1000) == 0.2
+  # np.interp in float64: a slope, a product and a sum (rule 1, k = 4).
+  assert sched(50) == pytest.approx(0.25, rel=numerics.rounding_rtol(
+      4, np.float64))
+  assert sched(150) == pytest.approx(0.1, rel=numerics.rounding_rtol(
+      4, np.float64)) and sched(1000) == 0.2
   with pytest.raises(ValueError, match='increase'):
     dvd.PiecewiseLinear(((0, 0.5), (0, 0.1)))
 
@@ -246,9 +317,13 @@ def test_thompson_bandit_prefers_the_better_arm():
     pulls[arm] += 1
     bandit.update(arm, float(rng.uniform() < success[arm]))
   assert pulls[1] > 3 * pulls[0]
-  np.testing.assert_allclose(bandit.means()[1], 0.7, atol=0.08)
-  # Beta counts: alpha - 1 + beta - 1 = pulls.
-  np.testing.assert_allclose(bandit.alpha + bandit.beta - 2, pulls)
+  # Statistical: a success rate over pulls[1] draws, sd sqrt(0.7 0.3 /
+  # pulls[1]) = 0.024; 5 sd, plus the Beta(1, 1) prior's pull (1 / pulls[1]).
+  np.testing.assert_allclose(
+      bandit.means()[1], 0.7, rtol=0,
+      atol=5 * np.sqrt(0.7 * 0.3 / pulls[1]) + 1 / pulls[1])
+  # Beta counts: alpha - 1 + beta - 1 = pulls, sums of 0/1 rewards: exact.
+  np.testing.assert_array_equal(bandit.alpha + bandit.beta - 2, pulls)
   with pytest.raises(ValueError, match='reward'):
     bandit.update(0, 2.0)
   with pytest.raises(ValueError, match='arm'):
@@ -289,8 +364,11 @@ def test_bandit_burn_in_picks_uniformly_whatever_the_evidence():
       bandit.update(1, 0.0)
     first += [bandit.select()[0] for _ in range(5)]
     later.append(bandit.select()[0])
-  assert 0.4 < np.mean(first) < 0.6  # arm 1 about half the time
-  assert np.mean(later) < 0.02  # then (almost) never
+  # Arm 1 about half the time: 1000 fair picks, sd 0.016; 0.1 is 6 sd.
+  assert 0.4 < np.mean(first) < 0.6
+  # Then (almost) never: P(Beta(1, 41) > Beta(41, 1)) ~ 1e-24 per pick; 0.02
+  # allows 4 of 200.
+  assert np.mean(later) < 0.02
 
 
 def test_bandit_state_round_trip_continues_identically():
@@ -346,7 +424,9 @@ def test_relative_gain_reward_is_even_for_arms_that_learn_alike():
   for t in range(6, 400):
     gain[arms[t]].append(dvd.relative_gain_reward(scores[t - 6:t], scores[t]))
   for arm in (0, 1):
-    assert abs(np.mean(gain[arm]) - 0.5) < 0.1
+    # Statistical: rewards in [0, 1] with mean 1/2, sd <= 0.5 / sqrt(n) per
+    # arm (0.028 measured over 300 seeds); 5 sd.
+    assert abs(np.mean(gain[arm]) - 0.5) < 5 * 0.5 / np.sqrt(len(gain[arm]))
   # And an arm that gains 20% less than the other is told apart.
   scores = np.zeros(400)
   for t in range(1, 400):
@@ -354,6 +434,8 @@ def test_relative_gain_reward_is_even_for_arms_that_learn_alike():
   gain = {0: [], 1: []}
   for t in range(6, 400):
     gain[arms[t]].append(dvd.relative_gain_reward(scores[t - 6:t], scores[t]))
+  # The means are 0.78 and 0.22, sd 0.028 (measured over 300 seeds): the
+  # thresholds are 6 sd away.
   assert np.mean(gain[0]) > 0.6 > 0.4 > np.mean(gain[1])
 
 
@@ -361,8 +443,9 @@ def test_round_score_averages_members_then_population():
   returns = {0: [1.0, 3.0], 1: [10.0], 2: []}
   # Member means 2 and 10 (member 2 did not evaluate): mean 6, not the
   # episodes' mean 14 / 3.
-  assert dvd.round_score(returns) == pytest.approx(6.0)
-  assert dvd.round_score(returns, 'mean') == pytest.approx(6.0)
+  # Means of small integers: exact in float64.
+  assert dvd.round_score(returns) == 6.0
+  assert dvd.round_score(returns, 'mean') == 6.0
   assert dvd.round_score(returns, 'best') == 10.0
   assert dvd.round_score({}) is None
   assert dvd.round_score({3: []}, 'best') is None

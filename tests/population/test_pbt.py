@@ -10,7 +10,11 @@ import pytest
 from fastpbrl.learner import population_hparams
 from fastpbrl.population import pbt
 from fastpbrl.population import search_space as ss
+from tests import numerics
 from tests.population.conftest import pendulum_spec
+
+# Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
+pytestmark = pytest.mark.numeric
 
 N = 10
 SPACE = ss.default_search_space('td3')
@@ -80,8 +84,13 @@ def test_truncation_copies_the_whole_state(population):
     src = old[parent[replaced]]
     if name in SPACE.fields:
       dist = SPACE[name]
-      ok = (np.isclose(new[replaced], explored(dist, src, 0.8), rtol=1e-4)
-            | np.isclose(new[replaced], explored(dist, src, 1.2), rtol=1e-4))
+      # float32 explore: ~8 ops in log space, where |log x| <= 11 (x, 1 - gamma
+      # >= 3e-5), relative after exp: rule 1, k = 100 (the other factor: 50%).
+      tol = numerics.rounding_rtol(100)
+      ok = (np.isclose(new[replaced], explored(dist, src, 0.8), rtol=tol,
+                       atol=0)
+            | np.isclose(new[replaced], explored(dist, src, 1.2), rtol=tol,
+                         atol=0))
       assert ok.all(), name
     else:
       np.testing.assert_array_equal(new[replaced], src)
@@ -176,8 +185,11 @@ def test_tournament(population):
     counts += replaced[np.argsort(fitness)]  # by rank, worst first
   # Rank j (0 = worst) loses to a uniform opponent with probability
   # (N - 1 - j) / (N - 1).
-  np.testing.assert_allclose(counts / 200, (N - 1 - np.arange(N)) / (N - 1),
-                             atol=0.12)
+  p = (N - 1 - np.arange(N)) / (N - 1)
+  # Statistical: a rate over 200 draws, sd sqrt(p (1 - p) / 200) <= 0.035;
+  # 5 sd (0 at the ends, which are certain).
+  assert np.all(np.abs(counts / 200 - p) <= 5 * np.sqrt(p * (1 - p) / 200)), (
+      counts / 200, p)
   # The full step copies state for tournament too.
   fitness = np.arange(N, dtype=np.float32)
   out = pbt.exploit_explore(jax.random.PRNGKey(0), state, hparams, fitness,
@@ -294,7 +306,8 @@ def test_lineage_and_schedule(tmp_path, population):
       assert e['step'] == step and e['parent'] == parent[e['member']]
       assert e['new_hparams'] == new_rows[e['member']]
       assert e['old_hparams'] == rows(hparams)[e['member']]
-      assert e['fitness'] == pytest.approx(float(fitness[e['member']]))
+      # A float32 value as a Python float through JSON: exact.
+      assert e['fitness'] == float(fitness[e['member']])
     state, hparams = out.state, out.hparams
 
   events = pbt.read_lineage(path)
@@ -304,7 +317,7 @@ def test_lineage_and_schedule(tmp_path, population):
     got = pbt.schedule(path, i)
     assert [s for s, _ in got] == [s for s, _ in expected[i]]
     for (_, a), (_, b) in zip(got, expected[i]):
-      assert a == pytest.approx(b)
+      assert a == b  # float32 values as Python floats through JSON: exact
   # The schedule as of an earlier step.
   initial = rows(population[1])[:n]
   assert pbt.schedule(events, 0, until_step=0) == [(0, initial[0])]

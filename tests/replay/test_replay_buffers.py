@@ -142,6 +142,8 @@ def test_shared_layout_samples_across_everything_inserted():
   # Roughly uniform over the 60 transitions.
   counts = np.bincount(np.searchsorted(sorted(inserted), ids.ravel()),
                        minlength=60)
+  # Each count is Binomial(3000, 1/60): mean 50, sd 7.0, so the bounds are
+  # 3.5 sd either side (fixed seed; a row never drawn gives 0).
   assert counts.min() > 0.5 * counts.mean()
   assert counts.max() < 1.5 * counts.mean()
 
