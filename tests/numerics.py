@@ -78,7 +78,11 @@ def as_float64(tree):
   def cast(x):
     if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
       return x
-    return x.astype(jnp.float64) if isinstance(x, jax.Array) else np.asarray(
-        x, np.float64)
+    if not isinstance(x, jax.Array):
+      return np.asarray(x, np.float64)
+    if not jax.config.jax_enable_x64:  # jax would truncate to float32
+      raise RuntimeError('as_float64 of a jax array outside '
+                         'numerics.float64(): it would stay float32')
+    return x.astype(jnp.float64)
 
   return jax.tree.map(cast, tree)

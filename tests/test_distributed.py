@@ -291,7 +291,10 @@ def test_single_process_round_trip_and_pbt_step():
   np.testing.assert_array_equal(
       distributed.allgather_members(np.arange(4), mesh, 4), np.arange(4))
   a = distributed_worker.agent()
-  hparams = distributed_worker.hparams_of(a)
+  with numerics.float64():  # the worker's hparams are float64 ...
+    hparams = distributed_worker.hparams_of(a)
+  # ... and this check runs in float32.
+  hparams = jax.tree.map(lambda x: np.asarray(x, np.float32), hparams)
   state = {'x': np.arange(4.0)[:, None] * np.ones((4, 3)),
            'key': np.asarray(jax.random.split(jax.random.PRNGKey(0), 4))}
   exploit = pbt_lib.CompiledExploitExplore(distributed_worker.CONFIG,
