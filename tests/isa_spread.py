@@ -45,7 +45,14 @@ import tempfile
 import jax
 import numpy as np
 
+from benchmarks.learning import code_version, machine
+from fastpbrl import sharding
+from fastpbrl.agents import td3
+from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
+                              population_hparams)
+from fastpbrl.population import dvd
 from tests import numerics
+from tests.agents.helpers import env_spec, random_batch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ISAS = ('SSE4_2', 'AVX', 'AVX2', 'default')
@@ -60,14 +67,11 @@ DTYPES = ('float32', 'float64')
 
 
 def _agent():
-  from fastpbrl.agents import td3  # noqa: PLC0415  (after XLA_FLAGS are set)
-  from tests.agents.helpers import env_spec  # noqa: PLC0415
   return td3.make_agent(env_spec('Pendulum-v1'), td3.TD3Config(
       hidden_sizes=HIDDEN, batch_size=BATCH, steps_per_call=STEPS))
 
 
 def _hparams(agent):
-  from fastpbrl.learner import population_hparams  # noqa: PLC0415
   return population_hparams(
       agent, N, policy_lr=np.linspace(1e-4, 1e-3, N),
       critic_lr=np.linspace(3e-4, 2e-3, N), discount=np.linspace(0.9, 0.99, N),
@@ -75,7 +79,6 @@ def _hparams(agent):
 
 
 def _shared_dvd(agent):
-  from fastpbrl.population import dvd  # noqa: PLC0415
   shared = dvd.with_diversity(agent.shared_critic,
                               agent.shared_critic.policy_apply, 1.0,
                               num_states=8)
@@ -85,8 +88,6 @@ def _shared_dvd(agent):
 def _learners(name, agent, mesh):
   """``(plain, other)`` learners of route pair ``name`` and its hparams
   transform."""
-  from fastpbrl.learner import (PopulationLearner,  # noqa: PLC0415
-                                SharedCriticLearner)
   if name == 'sharded_dvd':
     shared, wrap = _shared_dvd(agent)
     return (SharedCriticLearner(shared, STEPS),
@@ -101,7 +102,6 @@ PAIRS = ('population_loop', 'sharded_population', 'sharded_dvd')
 def inputs(name: str) -> dict:
   """Route pair ``name``'s inputs as numpy leaves: ``state``, ``hparams``,
   ``batch`` (built once, by the parent, so every child starts alike)."""
-  from tests.agents.helpers import random_batch  # noqa: PLC0415
   agent = _agent()
   plain, _, wrap = _learners(name, agent, None)
   hparams = wrap(_hparams(agent))
@@ -126,7 +126,6 @@ def _loop(agent, state, hparams, batch):
 
 def run_pair(name: str, data: dict, dtype: str) -> tuple:
   """``(route A, route B)`` final states of pair ``name`` from ``data``."""
-  from fastpbrl import sharding  # noqa: PLC0415
   agent = _agent()
   plain, other, _ = _learners(name, agent, sharding.make_mesh(jax.devices()))
   cast = numerics.as_float64 if dtype == 'float64' else (lambda t: t)
@@ -274,7 +273,6 @@ def _cpu_flags() -> list[str]:
 def write(out: str, rows: list[dict], isas, command: str) -> None:
   """``isa_spread.json`` (rows and how they were measured), then the
   table made from it."""
-  from benchmarks.learning import code_version, machine  # noqa: PLC0415
   os.makedirs(out, exist_ok=True)
   meta = {'command': command, 'machine': machine(),
           'cpu_vector_flags': _cpu_flags(),
