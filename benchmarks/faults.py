@@ -383,10 +383,10 @@ def diverging_member(out: str) -> Row:
 
 def child_diverge(run_dir: str) -> None:
   from fastpbrl.cli import setup_logging  # noqa: PLC0415
-  from fastpbrl.rules.pbt import PBTDriver, PBTRunConfig  # noqa: PLC0415
+  from fastpbrl.rules.pbt import PBT, PBTRunConfig  # noqa: PLC0415
   from fastpbrl.run import run  # noqa: PLC0415
 
-  class OneBadMember(PBTDriver):
+  class OneBadMember(PBT):
     def initial_hparams(self, key, agent, population_size):
       hp = super().initial_hparams(key, agent, population_size)
       return hp._replace(critic_lr=hp.critic_lr.at[2].set(1e3),

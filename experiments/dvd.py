@@ -1,12 +1,22 @@
 """Alias of ``fastpbrl dvd`` (the installed command), kept so that
-``python -m experiments.dvd`` works from a checkout; the implementation is
-``fastpbrl/commands/dvd.py``."""
+``python -m experiments.dvd`` works from a checkout; the rule is
+``fastpbrl/rules/dvd.py``."""
 
-from fastpbrl.commands.dvd import *  # noqa: F403
-from fastpbrl.commands.dvd import PRESETS, main  # noqa: F401
+import sys
+from typing import Optional, Sequence
+
+from fastpbrl import cli
+from fastpbrl.rules import registry
+
+RULE = registry.get('dvd')
+PRESETS = RULE.presets
+
+
+def main(argv: Optional[Sequence[str]] = None):
+  """``fastpbrl dvd`` with ``argv``."""
+  return cli.train_command(RULE, argv, prog='fastpbrl dvd')
+
 
 if __name__ == '__main__':
-  import sys
-
   from fastpbrl.commands import main as fastpbrl_main
   sys.exit(fastpbrl_main(['dvd', *sys.argv[1:]]))  # as `fastpbrl dvd`

@@ -1,12 +1,22 @@
 """Alias of ``fastpbrl hypertrick`` (the installed command), kept so that
-``python -m experiments.hypertrick`` works from a checkout; the implementation is
-``fastpbrl/commands/hypertrick.py``."""
+``python -m experiments.hypertrick`` works from a checkout; the rule is
+``fastpbrl/rules/hypertrick.py``."""
 
-from fastpbrl.commands.hypertrick import *  # noqa: F403
-from fastpbrl.commands.hypertrick import PRESETS, main  # noqa: F401
+import sys
+from typing import Optional, Sequence
+
+from fastpbrl import cli
+from fastpbrl.rules import registry
+
+RULE = registry.get('hypertrick')
+PRESETS = RULE.presets
+
+
+def main(argv: Optional[Sequence[str]] = None):
+  """``fastpbrl hypertrick`` with ``argv``."""
+  return cli.train_command(RULE, argv, prog='fastpbrl hypertrick')
+
 
 if __name__ == '__main__':
-  import sys
-
   from fastpbrl.commands import main as fastpbrl_main
   sys.exit(fastpbrl_main(['hypertrick', *sys.argv[1:]]))  # as `fastpbrl hypertrick`

@@ -1,12 +1,22 @@
 """Alias of ``fastpbrl pbt`` (the installed command), kept so that
-``python -m experiments.pbt`` works from a checkout; the implementation is
-``fastpbrl/commands/pbt.py``."""
+``python -m experiments.pbt`` works from a checkout; the rule is
+``fastpbrl/rules/pbt.py``."""
 
-from fastpbrl.commands.pbt import *  # noqa: F403
-from fastpbrl.commands.pbt import PRESETS, main  # noqa: F401
+import sys
+from typing import Optional, Sequence
+
+from fastpbrl import cli
+from fastpbrl.rules import registry
+
+RULE = registry.get('pbt')
+PRESETS = RULE.presets
+
+
+def main(argv: Optional[Sequence[str]] = None):
+  """``fastpbrl pbt`` with ``argv``."""
+  return cli.train_command(RULE, argv, prog='fastpbrl pbt')
+
 
 if __name__ == '__main__':
-  import sys
-
   from fastpbrl.commands import main as fastpbrl_main
   sys.exit(fastpbrl_main(['pbt', *sys.argv[1:]]))  # as `fastpbrl pbt`

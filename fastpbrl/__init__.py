@@ -17,8 +17,8 @@ _API = {
     'train': 'fastpbrl.api', 'load_policy': 'fastpbrl.api',
     'evaluate': 'fastpbrl.api', 'best_member': 'fastpbrl.api',
     'TrainResult': 'fastpbrl.api', 'Policy': 'fastpbrl.api',
-    'Evaluation': 'fastpbrl.api', 'Callback': 'fastpbrl.run',
-    'ConfigError': 'fastpbrl.run', 'RunConfig': 'fastpbrl.run',
+    'Evaluation': 'fastpbrl.api', 'Callback': 'fastpbrl.callbacks',
+    'ConfigError': 'fastpbrl.config', 'RunConfig': 'fastpbrl.config',
 }
 
 __all__ = sorted(_API)

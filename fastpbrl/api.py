@@ -25,24 +25,45 @@ import json
 import os
 from typing import Any, Optional, Sequence, Union
 
+import gymnasium as gym
+import jax
 import numpy as np
+from acme import specs
 
-from fastpbrl.run import Callback, ConfigError, RunResult
+from fastpbrl import build, distributed
+from fastpbrl.callbacks import Callback
+from fastpbrl.checkpoint import Checkpointer
+from fastpbrl.config import ConfigError
+from fastpbrl.envs import make_env
+from fastpbrl.evaluation import evaluation_seeds
+from fastpbrl.finish import RunResult
+from fastpbrl.logging import FINAL_RETURNS, read_final_returns
+from fastpbrl.population.pbt import read_lineage
+from fastpbrl.resume import RULE_FORMAT
+from fastpbrl.rules import registry
+from fastpbrl.rules.base import Rule
+from fastpbrl.run import run
+from fastpbrl.types import scale_action
 
 Member = Union[str, int]
 
 
-def _rules() -> dict:
-  """rule -> (config class, driver class), imported on first use."""
-  from fastpbrl.rules import cemrl, dvd, hypertrick, pbt, seeds  # noqa: PLC0415
-  from fastpbrl.run import RunConfig  # noqa: PLC0415
-  return {
-      'pbt': (pbt.PBTRunConfig, pbt.PBTDriver),
-      'cemrl': (cemrl.CEMRLRunConfig, cemrl.CEMRLDriver),
-      'dvd': (dvd.DvDRunConfig, dvd.DvDDriver),
-      'hypertrick': (hypertrick.HyperTrickRunConfig, hypertrick.HyperTrickDriver),
-      'seeds': (RunConfig, seeds.SeedsDriver),
-  }
+def rule_class(rule: Union[str, type]) -> type:
+  """The registered rule class ``rule`` names (a ref, as on the command
+  line) or is."""
+  if isinstance(rule, type) and issubclass(rule, Rule):
+    try:
+      found = registry.get(registry.ref_of(rule))
+    except ValueError:
+      found = None
+    if found is not rule:
+      raise ConfigError(f'rule {rule.__qualname__} is not registered: '
+                        'decorate it with @fastpbrl.rules.register')
+    return rule
+  try:
+    return registry.get(rule)
+  except ValueError as e:
+    raise ConfigError(f'rule {e}') from None
 
 
 @dataclasses.dataclass
@@ -57,12 +78,14 @@ class TrainResult:
   run: RunResult  # everything else: final returns, hparams, counters...
 
 
-def train(rule: str = 'pbt', *, callbacks: Sequence[Callback] = (),
+def train(rule: Union[str, type] = 'pbt', *,
+          callbacks: Sequence[Callback] = (),
           **config_fields: Any) -> TrainResult:
   """Trains a population with ``rule`` and returns where its best member is.
 
   Args:
-    rule: ``pbt``, ``cemrl``, ``dvd``, ``hypertrick`` or ``seeds``.
+    rule: ``pbt``, ``cemrl``, ``dvd``, ``hypertrick``, ``seeds``, a rule
+      of your own as ``module:Class``, or its (registered) class.
     callbacks: ``fastpbrl.Callback`` instances (``after_call(loop)``,
       ``after_rule_decision(loop, event)``).
     **config_fields: the rule's settings, named as the command's flags with
@@ -73,30 +96,23 @@ def train(rule: str = 'pbt', *, callbacks: Sequence[Callback] = (),
     ConfigError: an unknown rule or setting, or an invalid value (the
       message names it as the flag: ``--env-steps must be > 0``).
   """
-  rules = _rules()
-  if rule not in rules:
-    raise ConfigError(f'rule {rule!r} is unknown; choose one of '
-                      f'{", ".join(rules)}')
-  config_cls, driver_cls = rules[rule]
+  rule_cls = rule_class(rule)
+  config_cls = rule_cls.config_class
   fields = {f.name for f in dataclasses.fields(config_cls)}
   unknown = sorted(set(config_fields) - fields)
   if unknown:
-    raise ConfigError(f'{rule} has no setting {unknown[0]!r} '
+    raise ConfigError(f'{rule_cls.name} has no setting {unknown[0]!r} '
                       f'(--{unknown[0].replace("_", "-")}); see fastpbrl '
-                      f'{rule} --help')
+                      f'{registry.ref_of(rule_cls)} --help')
   if 'hidden_sizes' in config_fields:
     config_fields['hidden_sizes'] = tuple(config_fields['hidden_sizes'])
-  from fastpbrl.run import run  # noqa: PLC0415
-
-  from fastpbrl import distributed  # noqa: PLC0415
   distributed.initialize_if_launched()  # under fastpbrl.launch or srun
-  driver = driver_cls(config_cls(**config_fields))
-  result = run(driver.config, driver, callbacks=callbacks)
+  rule_obj = rule_cls.from_config(config_cls(**config_fields))
+  result = run(rule_obj.config, rule_obj, callbacks=callbacks)
   best = int(np.argmax(result.final_returns))
   lineage_path = os.path.join(result.run_dir, 'lineage.jsonl')
   lineage = []
-  if rule == 'pbt' and os.path.exists(lineage_path):
-    from fastpbrl.population.pbt import read_lineage  # noqa: PLC0415
+  if os.path.exists(lineage_path):  # the rule keeps a lineage (PBT)
     lineage = read_lineage(lineage_path)
   return TrainResult(run_dir=result.run_dir, best_member=best,
                      best_final_return=float(result.final_returns[best]),
@@ -106,7 +122,6 @@ def train(rule: str = 'pbt', *, callbacks: Sequence[Callback] = (),
 
 def latest_checkpoint(run_dir: str) -> str:
   """The folder of ``run_dir``'s latest complete checkpoint."""
-  from fastpbrl.checkpoint import Checkpointer  # noqa: PLC0415
   checkpointer = Checkpointer(run_dir)
   try:
     step = checkpointer.latest_step()
@@ -134,7 +149,6 @@ def best_member(run_dir: str) -> int:
   Raises:
     ConfigError: the run has no final evaluation (unfinished, or killed).
   """
-  from fastpbrl.logging import FINAL_RETURNS, read_final_returns  # noqa: PLC0415
   try:
     returns = read_final_returns(run_dir)['final_returns']
   except FileNotFoundError:
@@ -160,52 +174,44 @@ def resolve_member(run_dir: str, member: Member, population_size: int) -> int:
 
 
 def restore_run(run_dir: str):
-  """Rebuilds ``run_dir``'s agent, learner and driver from its config.json
+  """Rebuilds ``run_dir``'s agent, learner and rule from its config.json
   and restores its latest checkpoint.
 
   Returns:
-    ``(config, agent, driver, learner, state, hparams)``, the stacked
+    ``(config, agent, rule, learner, state, hparams)``, the stacked
     training state and hyperparameters as the run last saved them.
   """
-  import jax  # noqa: PLC0415
-
-  from fastpbrl import run as run_lib  # noqa: PLC0415
-  from fastpbrl.checkpoint import Checkpointer  # noqa: PLC0415
-  from fastpbrl.rules.pbt import ScheduleDriver  # noqa: PLC0415
-
   saved = _saved_config(run_dir)
-  name = saved.get('driver')
-  rules = _rules()
-  if name == 'pbt-rerun':
-    config_cls = run_lib.RunConfig
-    make_driver = lambda c: ScheduleDriver(c, [(0, {})])  # noqa: E731
-  elif name in rules:
-    config_cls, make_driver = rules[name]
-  else:
-    raise ConfigError(f'{run_dir!r}: unknown rule {name!r} in config.json')
+  ref = saved.get('rule')
+  if ref is None:
+    raise ConfigError(f'{run_dir!r}: its config.json names no rule (a run of '
+                      'an earlier fastpbrl, which kept its rules\' state '
+                      'another way)')
+  rule_cls = rule_class(ref)
+  config_cls = rule_cls.config_class
   names = {f.name for f in dataclasses.fields(config_cls)}
   values = {k: tuple(v) if isinstance(v, list) else v
             for k, v in saved.items() if k in names}
   # The folder is read, not written: no run-dir / resume checks.
   values.update(run_dir=None, resume=None, progress=False)
-  driver = make_driver(config_cls(**values))
-  config = driver.config
-  agent = run_lib.make_agent(config, run_lib.make_env_spec(config.env))
-  learner = driver.make_learner(agent, agent.config.steps_per_call)
+  rule = rule_cls.from_config(config_cls(**values))
+  config = rule.config
+  agent = build.make_agent(config, build.make_env_spec(config.env))
+  rule.prepare(agent)
+  learner = rule.make_learner(agent, agent.config.steps_per_call)
   # Templates shaped as in ``run``: the restore overwrites every value.
-  key = jax.random.PRNGKey(config.seed)
-  k_hparams, k_init, k_rule = jax.random.split(key, 3)
-  hparams = driver.initial_hparams(k_hparams, agent, config.population_size)
-  k_init, k_driver = jax.random.split(k_init)
-  state = driver.initialize(k_driver, learner.init(k_init, hparams), agent)
+  state, hparams, rule_state = build.initial_population(config, rule, agent,
+                                                        learner)
   checkpointer = Checkpointer(run_dir)
   try:
+    if checkpointer.restore_meta().get('rule_format') != RULE_FORMAT:
+      raise ConfigError(f'{run_dir!r}: its checkpoint was written by an '
+                        'earlier fastpbrl; it cannot be read by this one')
     state, extra, _ = checkpointer.restore(
-        state, {'hparams': hparams, 'rule_key': k_rule,
-                'driver': driver.checkpoint_arrays()})
+        state, {'hparams': hparams, 'rule': rule_state})
   finally:
     checkpointer.close()
-  return config, agent, driver, learner, state, extra['hparams']
+  return config, agent, rule, learner, state, extra['hparams']
 
 
 class Policy:
@@ -221,8 +227,6 @@ class Policy:
 
   def __init__(self, agent, policy_params, hparams, member: int, env_id: str,
                seed: int = 0):
-    import jax  # noqa: PLC0415
-
     self.member = member
     self.env_id = env_id
     self._agent = agent
@@ -232,11 +236,6 @@ class Policy:
     self._act = jax.jit(lambda p, obs, key, h: agent.act(p, obs, key, h, False))
 
   def __call__(self, observation) -> np.ndarray:
-    import jax  # noqa: PLC0415
-    from acme import specs  # noqa: PLC0415
-
-    from fastpbrl.types import scale_action  # noqa: PLC0415
-
     spec = self._agent.env_spec
     obs = np.asarray(observation, dtype=spec.observations.dtype)
     shape = tuple(spec.observations.shape)
@@ -261,13 +260,11 @@ def load_policy(run_dir: str, member: Member = 'best', seed: int = 0
   ``seed`` seeds the policy's own random draws (DQN's evaluation epsilon);
   TD3 and SAC act deterministically.
   """
-  import jax  # noqa: PLC0415
-
-  config, agent, driver, learner, state, hparams = restore_run(run_dir)
+  config, agent, rule, learner, state, hparams = restore_run(run_dir)
   index = resolve_member(run_dir, member, config.population_size)
   take = lambda x: jax.numpy.asarray(x)[index]  # noqa: E731
   params = jax.tree.map(take, learner.policy_params(state))
-  acting = jax.tree.map(take, driver.actor_hparams(hparams))
+  acting = jax.tree.map(take, rule.actor_hparams(hparams))
   return Policy(agent, params, acting, index, config.env, seed)
 
 
@@ -298,11 +295,6 @@ def evaluate(run_dir: str, member: Member = 'best', episodes: int = 10,
   """
   if not isinstance(episodes, int) or episodes < 1:
     raise ConfigError(f'--episodes must be an integer >= 1, got {episodes!r}')
-  import gymnasium as gym  # noqa: PLC0415
-
-  from fastpbrl.envs import make_env  # noqa: PLC0415
-  from fastpbrl.evaluation import evaluation_seeds  # noqa: PLC0415
-
   policy = load_policy(run_dir, member, seed)
   if video_dir is None:
     env = make_env(policy.env_id)

@@ -34,7 +34,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from fastpbrl.distributed import whole_value
+from fastpbrl.sharding import whole_value
 
 
 class CheckpointError(RuntimeError):

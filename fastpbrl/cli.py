@@ -19,6 +19,11 @@ from typing import Mapping, Optional, Sequence, TypeVar
 
 import tyro
 
+from fastpbrl import distributed
+from fastpbrl.config import ConfigError, StorageError
+from fastpbrl.run import run
+from fastpbrl.signals import ForcedExit, RunInterrupted
+
 C = TypeVar('C')
 
 
@@ -67,28 +72,31 @@ def _saved_config(run_dir: str, like: C) -> C:
   return dataclasses.replace(like, **values)
 
 
-def main(presets: Mapping[str, C], description: str, driver_cls,
-         argv: Optional[Sequence[str]] = None, prog: Optional[str] = None):
-  """Parses flags, builds the driver and runs; a configuration error exits
-  with a one-line message (status 2) before any process starts.
+def train_command(rule_cls, argv: Optional[Sequence[str]] = None,
+                  prog: Optional[str] = None):
+  """``fastpbrl <rule> [flags]``: parses the flags of the registered rule
+  ``rule_cls`` (its ``config_class``, ``--preset`` from its ``presets``,
+  the description from its module's docstring), builds the rule and runs;
+  a configuration error exits with a one-line message (status 2) before
+  any process starts.
 
   SIGINT / SIGTERM (``fastpbrl.signals``): the run checkpoints and this
   exits with one line (the checkpoint, the command that resumes it) and
   status 130 / 143.
   """
-  from fastpbrl.run import ConfigError, StorageError, run  # noqa: PLC0415
-  from fastpbrl.signals import ForcedExit, RunInterrupted  # noqa: PLC0415
-
-  config = parse(presets, description, argv, prog)
-  from fastpbrl import distributed  # noqa: PLC0415
+  module = sys.modules.get(rule_cls.__module__)
+  description = ((module.__doc__ if module is not None else None)
+                 or rule_cls.__doc__ or rule_cls.help)
+  config = parse(rule_cls.presets, description, argv,
+                 prog or f'fastpbrl {rule_cls.name}')
   try:  # several processes (python -m fastpbrl.launch, srun): join them
     processes = distributed.initialize_if_launched()
   except ValueError as e:
     raise SystemExit(f'error: {e}') from None
   setup_logging(None if processes is None else processes.process_id)
   try:
-    driver = driver_cls(config)
-    return run(driver.config, driver)
+    rule = rule_cls.from_config(config)
+    return run(rule.config, rule)
   except ConfigError as e:
     raise SystemExit(f'error: {e}') from None
   except StorageError as e:

@@ -14,7 +14,7 @@ its replay, its batches) and turns them into global arrays with
 ``to_global``; host-side inputs of a rule that each process measured for
 its own members (fitness) are gathered with ``allgather_members`` so every
 process calls the rule with the same values and the same key, and so takes
-the same decision (``pbt_step``).
+the same decision.
 
 The run loop uses all this through ``Processes`` (below): ``fastpbrl pbt``
 and ``fastpbrl seeds`` run over several processes unchanged. Launch:
@@ -40,7 +40,7 @@ GPU ``SLURM_LOCALID`` (one task per GPU); with one task per node set
 With none of these variables, nothing is initialised: one process.
 
 Everything here is host-side (process setup, placement of arrays, host
-gathers); nothing is jittable except what ``pbt_step`` calls.
+gathers); nothing is jittable.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
 from fastpbrl import sharding
+from fastpbrl.actors import EpisodeRecord
 
 COORDINATOR = 'FASTPBRL_COORDINATOR'
 NUM_PROCESSES = 'FASTPBRL_NUM_PROCESSES'
@@ -314,70 +315,6 @@ def allgather_members(local_values: Any, mesh: Mesh,
   return jax.tree.map(assemble, local_values)
 
 
-def replicate(tree: Any, mesh: Mesh) -> Any:
-  """Host values that are the same in every process (a rule key, the
-  gathered fitness) as replicated global arrays."""
-  target = sharding.replicated(mesh)
-  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
-      target, np.asarray(x), np.shape(x)), tree)
-
-
-def pbt_step(exploit, key, state, hparams, local_fitness, ready, mesh: Mesh):
-  """One PBT exploit-and-explore across processes; every process calls it.
-
-  The recipe: each process measured the fitness of its own members
-  (``local_fitness``, ``[local rows]``); ``allgather_members`` gives every
-  process the whole ``[N]`` fitness; every process then calls the same
-  jitted rule (``exploit``, a ``pbt.CompiledExploitExplore``) with the same
-  key on the global state, so all take the same decision and XLA moves a
-  copied member's rows between processes. Besides the rule's own
-  collectives, only two host gathers cross processes: the fitness, and
-  the decision read back for the host's records (lineage, logs).
-
-  Args:
-    exploit: ``pbt.CompiledExploitExplore`` (or any callable with its
-      signature).
-    key: the rule's key, the same in every process (host or replicated).
-    state: the global stacked training state.
-    hparams: the global stacked hyperparameters.
-    local_fitness: ``[local rows]`` fitness of this process's members.
-    ready: ``[N]`` bool, a global array (e.g. ``pbt.ready_mask`` jitted on
-      the global step counters) or host values equal in every process.
-    mesh: the global population mesh.
-
-  Returns:
-    ``(result, decision)``: the ``PBTResult`` of global arrays, and a dict
-    of host numpy values equal in every process: ``fitness`` ``[N]``,
-    ``parent`` ``[N]``, ``replaced`` ``[N]``, ``hparams`` (the new ones).
-  """
-  n = jax.tree.leaves(hparams)[0].shape[0]
-  fitness = allgather_members(np.asarray(local_fitness, np.float32), mesh, n)
-  result = exploit(_replicated(key, mesh), state, hparams,
-                   replicate(fitness, mesh),
-                   _replicated(np.asarray(ready, bool) if not isinstance(
-                       ready, jax.Array) else ready, mesh))
-  decision = jax.tree.map(whole_value, dict(
-      parent=result.parent, replaced=result.replaced, hparams=result.hparams))
-  return result, dict(fitness=fitness, **decision)
-
-
-def whole_value(x: Any) -> np.ndarray:
-  """The whole value of a global array as numpy, in every process (a
-  gather across processes when it is not all here)."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-  return np.asarray(x)
-
-
-def _replicated(x: Any, mesh: Mesh) -> Any:
-  """``x`` as a global array: kept if it already is one, else its host
-  value (the same in every process) replicated over ``mesh``."""
-  if isinstance(x, jax.Array) and (not x.is_fully_addressable
-                                   or jax.process_count() == 1):
-    return x
-  return replicate(x, mesh)
-
-
 # The episode fields ``Processes.episodes`` gathers, in this order (numbers:
 # float64 holds the integer fields exactly).
 _EPISODE_FIELDS = ('member', 'episode_return', 'episode_length', 'evaluation',
@@ -446,9 +383,27 @@ class Processes:
 
     return jax.tree.map(view, tree)
 
+  def local_indices(self, mask: np.ndarray) -> np.ndarray:
+    """This process's row numbers (from 0) of the members ``mask`` (``[N]``
+    bool) flags, for its pipeline."""
+    members = np.flatnonzero(mask)
+    mine = members[(members >= self.local.start) & (members < self.local.stop)]
+    return mine - self.local.start
+
+  def local_pairs(self, members, sources) -> tuple[np.ndarray, np.ndarray]:
+    """``(members, sources)`` as this process's row numbers; raises
+    ``ValueError`` where a pair crosses processes (a member's replay stays
+    in its own process)."""
+    members, sources = np.asarray(members), np.asarray(sources)
+    mine = (members >= self.local.start) & (members < self.local.stop)
+    theirs = (sources >= self.local.start) & (sources < self.local.stop)
+    if np.any(mine != theirs):
+      raise ValueError('replay data cannot be copied between processes')
+    return members[mine] - self.local.start, sources[mine] - self.local.start
+
   def host(self, tree: Any) -> Any:
     """The whole values of ``tree``'s leaves as numpy, in every process."""
-    return jax.tree.map(whole_value, tree)
+    return jax.tree.map(sharding.whole_value, tree)
 
   def members(self, local_values: Any) -> Any:
     """``[N, ...]`` numpy from every process's ``[local rows, ...]``."""
@@ -473,7 +428,6 @@ class Processes:
     process."""
     if not self.several:
       return list(records)
-    from fastpbrl.actors import EpisodeRecord  # noqa: PLC0415
     rows = np.asarray([[float(r[f]) for f in _EPISODE_FIELDS]
                        for r in records], np.float64).reshape(
                            len(records), len(_EPISODE_FIELDS))

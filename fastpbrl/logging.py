@@ -21,6 +21,8 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from tqdm.auto import tqdm
 
+from fastpbrl.tracking import open_trackers
+
 EPISODE_FIELDS = ('wall_time', 'env_steps', 'update_steps', 'member',
                   'episode_return', 'episode_length', 'evaluation')
 FINAL_RETURNS = 'final_returns.json'  # each member's final evaluation
@@ -110,7 +112,7 @@ class HParamsLog(CsvLog):
 
 
 class RuleLog(CsvLog):
-  """``rule.csv``: the population rule's own scalars (``driver.scalars()``:
+  """``rule.csv``: the population rule's own scalars (``rule.scalars``:
   DvD's lambda and mean pairwise action distance, CEM-RL's generation, ...)
   every 10 learner calls and at the end, in long form: one row per scalar
   (``env_steps``, ``update_steps``, ``name``, ``value``), so a scalar that
@@ -130,6 +132,24 @@ class RuleLog(CsvLog):
                       'update_steps': int(update_steps), 'name': name,
                       'value': float(value)}
                      for name, value in scalars.items() if value is not None])
+
+
+def append_rows(run_dir: str, rows) -> None:
+  """Appends a rule's ``Decision.logs`` (``(file name, row dict)`` pairs)
+  to the files in ``run_dir``: ``.jsonl`` one JSON object per line (keys
+  sorted), ``.csv`` comma-separated values, under a header of the first
+  row's keys when the file is new."""
+  for name, row in rows:
+    path = os.path.join(run_dir, name)
+    with open(path, 'a', encoding='utf-8') as f:
+      if name.endswith('.jsonl'):
+        f.write(json.dumps(row, sort_keys=True) + '\n')
+      elif name.endswith('.csv'):
+        if f.tell() == 0:
+          f.write(','.join(row) + '\n')
+        f.write(','.join(str(v) for v in row.values()) + '\n')
+      else:
+        raise ValueError(f'a rule log must be .jsonl or .csv, got {name!r}')
 
 
 def read_rule_csv(run_dir: str) -> dict[str, list[tuple[int, float]]]:
@@ -176,7 +196,6 @@ class RunLogger:
                purge_step: Optional[int] = None,
                track: str = 'tensorboard',
                config: Optional[Mapping] = None):
-    from fastpbrl.tracking import open_trackers  # noqa: PLC0415
 
     self.run_dir = run_dir
     os.makedirs(os.path.join(run_dir, 'members'), exist_ok=True)

@@ -230,24 +230,30 @@ class Pipeline:
     self.seed = int(seed)
     self._env_fn = (functools.partial(_make_gym_env, env)
                     if isinstance(env, str) else env)
-    probe = self._env_fn()
-    try:
-      self.env_spec = make_env_spec(probe)
-    finally:
-      probe.close()
-    tree = (policy_params, actor_hparams)
-    has_values = not any(isinstance(x, jax.ShapeDtypeStruct)
-                         for x in jax.tree.leaves(tree))
-    if has_values:
-      tree = jax.device_get(tree)
-    shapes = [tuple(x.shape) if hasattr(x, 'shape') else np.shape(x)
-              for x in jax.tree.leaves(tree)]
-    sizes = {shape[0] if shape else None for shape in shapes}
-    if len(sizes) != 1 or None in sizes:
-      raise ValueError('policy_params and actor_hparams need one leading '
-                       f'population axis on every leaf; got sizes {sizes}')
-    self.num_members = n = sizes.pop()
+    self.env_spec = _probe_env_spec(self._env_fn)
+    tree, has_values, n = _population_layout(policy_params, actor_hparams)
+    self.num_members = n
     config.validate(n)
+    tree = self._init_host_state(tree, has_values)
+    resumed = resume_env_steps is not None
+    if resumed:
+      resume_env_steps = np.broadcast_to(
+          np.asarray(resume_env_steps, np.int64), (n,)).copy()
+    try:
+      fields = transition_fields(self.env_spec)
+      self._start_replay_and_store(fields, tree, has_values, device, mesh,
+                                   replay_state, resumed)
+      self._start_actors(agent_fn, fields, device, resume_env_steps)
+    except BaseException:
+      self.close()
+      raise
+
+  def _init_host_state(self, tree: tuple, has_values: bool) -> tuple:
+    """Sets the restart, episode and progress bookkeeping and the replay
+    sampler's generator, registers :meth:`close` at exit and removes stale
+    shared memory; returns ``tree`` with the restart requests appended (the
+    store's layout)."""
+    n, config = self.num_members, self.config
     # Restarts (``restart_members``): requested per member, published to the
     # actors beside the parameters; the count the replay's data belongs to;
     # transitions of that restart inserted so far.
@@ -270,51 +276,57 @@ class Pipeline:
     if swept:
       logger.info('removed %d shared-memory segments left by dead runs: %s',
                   len(swept), ', '.join(swept))
+    return tree
+
+  def _start_replay_and_store(self, fields, tree: tuple, has_values: bool,
+                              device, mesh, replay_state: dict | None,
+                              resumed: bool) -> None:
+    """Makes the replay (restoring ``replay_state``), the rate limiter and
+    the param store (``tree`` published as version 1 if it holds values)."""
+    config = self.config
+    self.replay = self._make_replay(fields, device, mesh)
+    if replay_state is not None:
+      self.replay.load_state_dict(replay_state)
+      logger.info('replay restored: %s transitions per ring',
+                  self.replay.sizes().tolist())
+    self._limiter = RateLimiter(
+        self.num_members, config.update_to_data_ratio,
+        0 if replay_state is not None else config.warmup_steps,
+        config.env_steps_ahead(),
+        warmup_is_data=config.warmup_counts_as_data and not resumed)
+    self._store = ParamStore.create(tree)
+    if has_values:
+      self._store.write(tree)
+
+  def _start_actors(self, agent_fn, fields, device,
+                    resume_env_steps: np.ndarray | None) -> None:
+    """Makes the actor pool and the prefetcher, logs the setup, and starts
+    the actors, then the prefetch thread."""
+    config, n = self.config, self.num_members
     resumed = resume_env_steps is not None
-    if resumed:
-      resume_env_steps = np.broadcast_to(
-          np.asarray(resume_env_steps, np.int64), (n,)).copy()
-    try:
-      fields = transition_fields(self.env_spec)
-      self.replay = self._make_replay(fields, device, mesh)
-      if replay_state is not None:
-        self.replay.load_state_dict(replay_state)
-        logger.info('replay restored: %s transitions per ring',
-                    self.replay.sizes().tolist())
-      self._limiter = RateLimiter(
-          n, config.update_to_data_ratio,
-          0 if replay_state is not None else config.warmup_steps,
-          config.env_steps_ahead(),
-          warmup_is_data=config.warmup_counts_as_data and not resumed)
-      self._store = ParamStore.create(tree)
-      if has_values:
-        self._store.write(tree)
-      self._pool = ActorPool(
-          env_fn=self._env_fn, agent_fn=agent_fn, transition_fields=fields,
-          num_members=n, store=self._store, sink=self._insert, seed=self.seed,
-          num_processes=config.num_actor_processes,
-          chunk_steps=config.chunk_steps, queue_chunks=config.queue_chunks,
-          warmup_steps=config.warmup_steps,
-          eval_interval=config.eval_interval,
-          eval_episodes=config.eval_episodes,
-          max_restarts=config.max_actor_restarts, prng_impl=config.prng_impl,
-          shutdown_grace_s=config.shutdown_grace_s,
-          admit=self._limiter.wait_to_insert,
-          initial_env_steps=resume_env_steps if resumed else 0,
-          random_until=resume_env_steps if resumed else None,
-          hang_timeout_s=config.actor_hang_timeout_s)
-      self._prefetcher = Prefetcher(
-          self._sample, self._limiter, config.num_steps,
-          depth=config.prefetch_depth, device=device)
-      logger.info('pipeline: %d members over %d actor processes, %s '
-                  'replay, update-to-data ratio %g, warm-up %s env steps per '
-                  'member', n, self._pool.num_processes, config.layout,
-                  config.update_to_data_ratio, config.warmup_steps)
-      self._pool.start()
-      self._prefetcher.start()
-    except BaseException:
-      self.close()
-      raise
+    self._pool = ActorPool(
+        env_fn=self._env_fn, agent_fn=agent_fn, transition_fields=fields,
+        num_members=n, store=self._store, sink=self._insert, seed=self.seed,
+        num_processes=config.num_actor_processes,
+        chunk_steps=config.chunk_steps, queue_chunks=config.queue_chunks,
+        warmup_steps=config.warmup_steps,
+        eval_interval=config.eval_interval,
+        eval_episodes=config.eval_episodes,
+        max_restarts=config.max_actor_restarts, prng_impl=config.prng_impl,
+        shutdown_grace_s=config.shutdown_grace_s,
+        admit=self._limiter.wait_to_insert,
+        initial_env_steps=resume_env_steps if resumed else 0,
+        random_until=resume_env_steps if resumed else None,
+        hang_timeout_s=config.actor_hang_timeout_s)
+    self._prefetcher = Prefetcher(
+        self._sample, self._limiter, config.num_steps,
+        depth=config.prefetch_depth, device=device)
+    logger.info('pipeline: %d members over %d actor processes, %s '
+                'replay, update-to-data ratio %g, warm-up %s env steps per '
+                'member', n, self._pool.num_processes, config.layout,
+                config.update_to_data_ratio, config.warmup_steps)
+    self._pool.start()
+    self._prefetcher.start()
 
   @classmethod
   def create(cls, run_config: Any, agent: Any, *, shared_replay: bool = False,
@@ -827,6 +839,34 @@ class _AsyncPublisher:
       self._stop = True
       self._cond.notify_all()
     self._thread.join(timeout)
+
+
+def _probe_env_spec(env_fn: Callable[[], Any]) -> specs.EnvironmentSpec:
+  """The spec of one environment ``env_fn`` builds (and closes again)."""
+  probe = env_fn()
+  try:
+    return make_env_spec(probe)
+  finally:
+    probe.close()
+
+
+def _population_layout(policy_params: Any,
+                       actor_hparams: Any) -> tuple[tuple, bool, int]:
+  """``(policy_params, actor_hparams)`` (copied to the host if it holds
+  values), whether it holds values (not ``jax.ShapeDtypeStruct`` layouts),
+  and the population size ``N`` every leaf leads with."""
+  tree = (policy_params, actor_hparams)
+  has_values = not any(isinstance(x, jax.ShapeDtypeStruct)
+                       for x in jax.tree.leaves(tree))
+  if has_values:
+    tree = jax.device_get(tree)
+  shapes = [tuple(x.shape) if hasattr(x, 'shape') else np.shape(x)
+            for x in jax.tree.leaves(tree)]
+  sizes = {shape[0] if shape else None for shape in shapes}
+  if len(sizes) != 1 or None in sizes:
+    raise ValueError('policy_params and actor_hparams need one leading '
+                     f'population axis on every leaf; got sizes {sizes}')
+  return tree, has_values, sizes.pop()
 
 
 def _make_gym_env(env_id: str):

@@ -16,7 +16,9 @@ The learners (``fastpbrl.learner``) take the mesh and pin their outputs to
 these shardings (``with_sharding_constraint`` inside the jitted functions),
 so the donated state stays sharded call after call.
 
-``choose_devices`` implements the run flag ``--devices``.
+``whole_value`` reads an array back to the host whole, when the mesh spans
+several processes too (``fastpbrl.distributed``). ``choose_devices``
+implements the run flag ``--devices``.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from fastpbrl.agents.base import POPULATION_AXIS
+from fastpbrl.types import POPULATION_AXIS
 
 log = logging.getLogger('fastpbrl')
 
@@ -116,6 +119,15 @@ def constrain(tree: Any, mesh: Mesh, population_size: Optional[int] = None,
   the compiled function returns them placed that way."""
   return jax.lax.with_sharding_constraint(
       tree, shardings(tree, mesh, population_size, per_member))
+
+
+def whole_value(x: Any) -> np.ndarray:
+  """The whole value of a global array as numpy, in every process (a
+  gather across processes when it is not all here: every process must
+  call it then). Host-side."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
 
 
 def choose_devices(requested: Any, population_size: int,

@@ -25,6 +25,10 @@ PRNGKey = jax.Array
 Params = Any  # a haiku parameter pytree
 Metrics = Mapping[str, jax.Array]
 
+POPULATION_AXIS = 'population'
+"""Name of the population axis: the learner's ``vmap`` binds it and the
+population mesh (``fastpbrl.sharding``) is named after it."""
+
 
 class Transition(NamedTuple):
   """One environment step, or a batch of them (leading axes ``[..., B]``).

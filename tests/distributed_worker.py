@@ -8,7 +8,9 @@ call and the member's row), runs ``CALLS`` learner calls per generation and
 one PBT exploit per generation on fitness it measures for its own members,
 and writes ``OUT_DIR/process_<id>.json``: its rule decisions and its rows
 of the final state. ``reference()`` is the same run in one process on one
-device, unsharded, for the test to compare with.
+device, unsharded, for the test to compare with. ``pbt_step`` is the
+multi-process PBT recipe the worker runs (the run loop's own is
+``fastpbrl.distributed.Processes``).
 
 Both compute in float64 (states, hyperparameters and batches cast with
 ``numerics.as_float64``), so that the two programs, which sum in different
@@ -21,15 +23,17 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
-from fastpbrl import distributed
+from fastpbrl import distributed, sharding
+from fastpbrl import search_space as ss
 from fastpbrl.agents import td3
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.population import pbt as pbt_lib
-from fastpbrl.population import search_space as ss
 from fastpbrl.types import random_transitions
 from tests import numerics
 from tests.agents.helpers import env_spec
@@ -86,6 +90,63 @@ def decision_dict(decision) -> dict:
                       for k, v in decision['hparams']._asdict().items()}}
 
 
+def replicate(tree: Any, mesh: Mesh) -> Any:
+  """Host values that are the same in every process (a rule key, the
+  gathered fitness) as replicated global arrays."""
+  target = sharding.replicated(mesh)
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+      target, np.asarray(x), np.shape(x)), tree)
+
+
+def as_replicated(x: Any, mesh: Mesh) -> Any:
+  """``x`` as a global array: kept if it already is one, else its host
+  value (the same in every process) replicated over ``mesh``."""
+  if isinstance(x, jax.Array) and (not x.is_fully_addressable
+                                   or jax.process_count() == 1):
+    return x
+  return replicate(x, mesh)
+
+
+def pbt_step(exploit, key, state, hparams, local_fitness, ready, mesh: Mesh):
+  """One PBT exploit-and-explore across processes; every process calls it.
+
+  The recipe: each process measured the fitness of its own members
+  (``local_fitness``, ``[local rows]``); ``allgather_members`` gives every
+  process the whole ``[N]`` fitness; every process then calls the same
+  jitted rule (``exploit``, a ``pbt.CompiledExploitExplore``) with the same
+  key on the global state, so all take the same decision and XLA moves a
+  copied member's rows between processes. Besides the rule's own
+  collectives, only two host gathers cross processes: the fitness, and
+  the decision read back for the host's records (lineage, logs).
+
+  Args:
+    exploit: ``pbt.CompiledExploitExplore`` (or any callable with its
+      signature).
+    key: the rule's key, the same in every process (host or replicated).
+    state: the global stacked training state.
+    hparams: the global stacked hyperparameters.
+    local_fitness: ``[local rows]`` fitness of this process's members.
+    ready: ``[N]`` bool, a global array (e.g. ``pbt.ready_mask`` jitted on
+      the global step counters) or host values equal in every process.
+    mesh: the global population mesh.
+
+  Returns:
+    ``(result, decision)``: the ``PBTResult`` of global arrays, and a dict
+    of host numpy values equal in every process: ``fitness`` ``[N]``,
+    ``parent`` ``[N]``, ``replaced`` ``[N]``, ``hparams`` (the new ones).
+  """
+  n = jax.tree.leaves(hparams)[0].shape[0]
+  fitness = distributed.allgather_members(
+      np.asarray(local_fitness, np.float32), mesh, n)
+  result = exploit(as_replicated(key, mesh), state, hparams,
+                   replicate(fitness, mesh),
+                   as_replicated(np.asarray(ready, bool) if not isinstance(
+                       ready, jax.Array) else ready, mesh))
+  decision = jax.tree.map(sharding.whole_value, dict(
+      parent=result.parent, replaced=result.replaced, hparams=result.hparams))
+  return result, dict(fitness=fitness, **decision)
+
+
 def distributed_run(out_dir: str) -> None:
   jax.config.update('jax_enable_x64', True)
   info = distributed.initialize_from_env()
@@ -102,7 +163,7 @@ def distributed_run(out_dir: str) -> None:
   hparams = distributed.to_global(
       jax.tree.map(lambda x: np.asarray(x)[local], hparams_of(a)), mesh, N)
   state = numerics.as_float64(learner.init(
-      distributed.replicate(jax.random.PRNGKey(SEED), mesh), hparams))
+      replicate(jax.random.PRNGKey(SEED), mesh), hparams))
   last_ready = distributed.to_global(np.zeros(len(rows), np.int32), mesh, N)
   decisions = []
   for generation in range(GENERATIONS):
@@ -113,8 +174,8 @@ def distributed_run(out_dir: str) -> None:
     fitness = fitness_of(distributed.to_local(state.policy), generation, rows)
     ready = ready_of(state.step, last_ready)
     key = jax.random.fold_in(jax.random.PRNGKey(SEED + 1), generation)
-    result, decision = distributed.pbt_step(exploit, key, state, hparams,
-                                            fitness, ready, mesh)
+    result, decision = pbt_step(exploit, key, state, hparams, fitness, ready,
+                                mesh)
     state, hparams = result.state, result.hparams
     last_ready = mark_ready(ready, state.step, last_ready)
     decisions.append(decision_dict(decision))

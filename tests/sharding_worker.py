@@ -21,13 +21,13 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from fastpbrl import sharding
+from fastpbrl import search_space as ss
 from fastpbrl.agents import td3
 from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
                               population_hparams)
 from fastpbrl.population import cem as cem_lib
 from fastpbrl.population import dvd as dvd_lib
 from fastpbrl.population import pbt as pbt_lib
-from fastpbrl.population import search_space as ss
 from tests import numerics
 from tests.agents.helpers import env_spec, random_batch
 
@@ -157,8 +157,8 @@ def check_device_replay():
 
 
 def shared_critics(a):
-  """(name, SharedCritic, hparams) as the CEM-RL and DvD drivers build them
-  (``CEMRLDriver.shared_critic_update``, ``DvDDriver``'s)."""
+  """(name, SharedCritic, hparams) as the CEM-RL and DvD rules build them
+  (their ``shared_critic_update``)."""
   base = hparams_of(a)
   return [
       ('td3', a.shared_critic, base),

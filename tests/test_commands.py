@@ -10,7 +10,7 @@ import tomllib
 
 import pytest
 
-from fastpbrl import commands
+from fastpbrl import commands, rules
 from fastpbrl.commands import bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,10 +41,20 @@ def test_rule_help_is_the_scripts_help(name, capsys):
   text = capsys.readouterr().out
   assert text.startswith(f'usage: fastpbrl {name} ')
   alias = importlib.import_module(f'experiments.{name}')
-  assert alias.main is importlib.import_module(f'fastpbrl.commands.{name}').main
+  assert alias.RULE is rules.get(name)  # the same rule, the same flags
   for flag in ('--env', '--population-size', '--env-steps', '--resume',
                '--run-dir'):
     assert flag in text
+
+
+def test_a_users_rule_is_a_command(capsys):
+  """``fastpbrl module:Rule --help``: the flags of its config class."""
+  assert commands.main(['examples.halving:Halving', '--help']) == 0
+  text = capsys.readouterr().out
+  assert text.startswith('usage: fastpbrl examples.halving:Halving ')
+  assert '--rung-update-steps' in text and '--env-steps' in text
+  err = _one_line_error(['examples.nothing_here:Rule'], capsys)
+  assert "cannot import examples.nothing_here" in err
 
 
 def _one_line_error(argv, capsys):
@@ -84,15 +94,15 @@ def test_custom_env_from_a_user_module(tmp_path, monkeypatch):
       "entry_point='gymnasium.envs.classic_control:PendulumEnv', "
       'max_episode_steps=50)\n')
   monkeypatch.syspath_prepend(str(tmp_path))
-  from fastpbrl.run import make_env_spec
+  from fastpbrl.build import make_env_spec
   spec = make_env_spec('fastpbrl_test_point:FastpbrlTestPoint-v0')
   assert spec.observations.shape == (3,)
 
 
 def test_evaluate_of_an_unfinished_run_names_the_member_flag(tmp_path, capsys):
-  (tmp_path / 'config.json').write_text(json.dumps({'driver': 'seeds'}))
+  (tmp_path / 'config.json').write_text(json.dumps({'rule': 'seeds'}))
   from fastpbrl.api import resolve_member
-  from fastpbrl.run import ConfigError
+  from fastpbrl.config import ConfigError
   with pytest.raises(ConfigError, match='no final_returns.json .* pass a member'):
     resolve_member(str(tmp_path), 'best', 4)
   with pytest.raises(ConfigError, match=r'--member 4 is out of range: .* 4 members'):
@@ -132,7 +142,7 @@ def test_console_script_runs_from_another_folder(tmp_path):
 
 
 def test_default_run_dir_is_rule_agent_env_time(tmp_path):
-  from fastpbrl.run import default_run_dir
+  from fastpbrl.build import default_run_dir
   root = str(tmp_path / 'runs')
   path = default_run_dir('pbt', 'td3', 'Pendulum-v1', root)
   assert re.fullmatch(re.escape(root) + r'/pbt-td3-Pendulum-v1-\d{8}-\d{6}',
@@ -147,10 +157,10 @@ def test_default_run_dir_is_rule_agent_env_time(tmp_path):
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(
     tmp_path, monkeypatch):
-  from fastpbrl import run
-  monkeypatch.setattr(run.time, 'strftime', lambda _: '20261123-050000')
+  from fastpbrl import build
+  monkeypatch.setattr(build.time, 'strftime', lambda _: '20261123-050000')
   root = str(tmp_path / 'runs')
-  paths = [run.default_run_dir('pbt', 'td3', 'Hopper-v5', root)
+  paths = [build.default_run_dir('pbt', 'td3', 'Hopper-v5', root)
            for _ in range(3)]
   base = os.path.join(root, 'pbt-td3-Hopper-v5-20261123-050000')
   assert paths == [base, base + '-2', base + '-3']

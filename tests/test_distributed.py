@@ -192,7 +192,7 @@ def test_processes_of_a_single_process_change_nothing():
   """One process: the run loop's ``Processes`` hands every value back as
   it is (the single-process loop is unchanged), and owns every member."""
   from fastpbrl.actors import EpisodeRecord
-  from fastpbrl.run import pipeline_seed
+  from fastpbrl.resume import pipeline_seed
   p = distributed.Processes(None, 4)
   assert (p.several, p.main, p.local, p.local_count) == (False, True,
                                                          slice(0, 4), 4)
@@ -301,8 +301,8 @@ def test_single_process_round_trip_and_pbt_step():
                                            distributed_worker.SPACE)
   fitness, ready = np.array([0., 1., 2., 3.], np.float32), np.ones(4, bool)
   key = jax.random.PRNGKey(5)
-  result, decision = distributed.pbt_step(exploit, key, state, hparams,
-                                          fitness, ready, mesh)
+  result, decision = distributed_worker.pbt_step(exploit, key, state,
+                                                 hparams, fitness, ready, mesh)
   want = exploit(key, state, hparams, fitness, ready)
   np.testing.assert_array_equal(decision['parent'], want.parent)
   np.testing.assert_array_equal(decision['replaced'], want.replaced)

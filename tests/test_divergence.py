@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fastpbrl import agents
 from fastpbrl.agents import td3
-from fastpbrl.drivers import PBTDriver, PBTRunConfig
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.population import pbt
-from fastpbrl.population import search_space as ss
+from fastpbrl.rules.pbt import PBT, PBTRunConfig
 from fastpbrl.run import run
 from tests import numerics
 from tests.agents.helpers import env_spec, random_batch
@@ -121,7 +121,7 @@ def test_replace_diverged_copies_a_good_member_and_explores(agent):
   hparams = population_hparams(agent, n, critic_lr=[1e-4, 2e-4, 1e3, 4e-4])
   state = learner.init(jax.random.PRNGKey(1), hparams)
   config = pbt.PBTConfig(fraction=0.25)
-  space = ss.default_search_space('td3')
+  space = agents.get('td3').default_search_space
   fitness = jnp.asarray([10.0, 30.0, 5.0, 20.0])
   diverged = np.arange(n) == BAD
   result = pbt.replace_diverged(jax.random.PRNGKey(3), state, hparams,
@@ -144,7 +144,7 @@ def test_replace_diverged_copies_a_good_member_and_explores(agent):
       hparams.critic_lr)
 
 
-class OneBadMember(PBTDriver):
+class OneBadMember(PBT):
   """PBT whose member 2 starts with learning rates of 1e3."""
 
   def initial_hparams(self, key, agent, population_size):

@@ -8,7 +8,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from fastpbrl import envs, run
+from fastpbrl import build, envs
+from fastpbrl.config import ConfigError, RunConfig
 
 HAS_ATARI = all(importlib.util.find_spec(m) is not None
                 for m in ('ale_py', 'cv2'))
@@ -33,10 +34,10 @@ def test_pong_is_84x84x4_uint8_frames_and_dqn_takes_it():
     assert env.unwrapped._frameskip == 1  # frames are skipped in the wrapper
   finally:
     env.close()
-  spec = run.make_env_spec('ALE/Pong-v5')
+  spec = build.make_env_spec('ALE/Pong-v5')
   assert tuple(spec.observations.shape) == (84, 84, 4)
   assert spec.observations.dtype == np.uint8
-  agent = run.make_agent(run.RunConfig(agent='dqn', env='ALE/Pong-v5'), spec)
+  agent = build.make_agent(RunConfig(agent='dqn', env='ALE/Pong-v5'), spec)
   assert agent.env_spec.actions.num_values == 6
   assert float(agent.default_hparams().epsilon_decay_steps) == 1e6
 
@@ -99,16 +100,16 @@ def test_atari_without_ale_py_names_the_extra(monkeypatch):
   monkeypatch.setattr(envs, '_register_ale', lambda: False)
   with pytest.raises(gym.error.DependencyNotInstalled, match=r"\.\[atari\]"):
     envs.make_env('ALE/Pong-v5')
-  with pytest.raises(run.ConfigError, match=(
+  with pytest.raises(ConfigError, match=(
       r"--env 'ALE/Pong-v5' cannot be made: .*\.\[atari\]")):
-    run.make_env_spec('ALE/Pong-v5')
+    build.make_env_spec('ALE/Pong-v5')
 
 
 def test_preset_atari_is_nature_dqns_schedule():
   from experiments import pbt
   from fastpbrl import cli
   from fastpbrl.agents import dqn
-  from fastpbrl.drivers import PBTDriver
+  from fastpbrl.rules.pbt import PBT
   config = cli.parse(pbt.PRESETS, 'x', ['--preset', 'atari'])
   assert (config.agent, config.env) == ('dqn', 'ALE/Pong-v5')
   assert (config.update_to_data_ratio, config.warmup_steps,
@@ -116,24 +117,24 @@ def test_preset_atari_is_nature_dqns_schedule():
               0.25, 50_000, 100_000, False)
   assert {k: getattr(config, k) for k in dqn.NATURE_ATARI_RUN} == (
       dqn.NATURE_ATARI_RUN)
-  PBTDriver(config)  # passes PBT's checks (an evaluation in every span)
+  PBT(config)  # passes PBT's checks (an evaluation in every span)
 
 
 @needs_atari
 def test_dqn_on_frames_warns_when_flags_are_not_natures(monkeypatch):
   warnings = []
-  monkeypatch.setattr(run.log, 'warning',
+  monkeypatch.setattr(build.log, 'warning',
                       lambda message, *args: warnings.append(message % args))
-  spec = run.make_env_spec('ALE/Pong-v5')
+  spec = build.make_env_spec('ALE/Pong-v5')
   nature = dict(update_to_data_ratio=0.25, warmup_steps=50_000,
                 replay_capacity=100_000, warmup_counts_as_data=False)
-  run.make_agent(run.RunConfig(agent='dqn', env='ALE/Pong-v5', **nature), spec)
+  build.make_agent(RunConfig(agent='dqn', env='ALE/Pong-v5', **nature), spec)
   assert not warnings
-  run.make_agent(run.RunConfig(agent='dqn', env='ALE/Pong-v5'), spec)
+  build.make_agent(RunConfig(agent='dqn', env='ALE/Pong-v5'), spec)
   assert len(warnings) == 1
-  assert '--update-to-data-ratio 1.0 (Nature DQN: 0.25)' in warnings[0]
-  assert '--replay-capacity 1000000 (Nature DQN: 100000)' in warnings[0]
-  assert ('--warmup-counts-as-data (Nature DQN: --no-warmup-counts-as-data)'
+  assert '--update-to-data-ratio 1.0 (reference: 0.25)' in warnings[0]
+  assert '--replay-capacity 1000000 (reference: 100000)' in warnings[0]
+  assert ('--warmup-counts-as-data (reference: --no-warmup-counts-as-data)'
           in warnings[0])
 
 

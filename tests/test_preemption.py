@@ -123,14 +123,15 @@ def test_a_second_signal_exits_at_once_and_keeps_the_earlier_checkpoint(
 
 
 SCRIPT = textwrap.dedent('''
-    import fastpbrl.drivers as d
-    from fastpbrl.run import RunConfig, run
+    from fastpbrl.config import RunConfig
+    from fastpbrl.rules.seeds import Seeds
+    from fastpbrl.run import run
     config = RunConfig(env='Pendulum-v1', population_size=2, env_steps=600,
                        warmup_steps=100, hidden_sizes=(8,), batch_size=8,
                        steps_per_call=5, eval_every=300, eval_episodes=1,
                        num_actors=1, replay_capacity=1000, progress=False,
                        run_dir={run_dir!r})
-    run(config, d.SeedsDriver(config))  # no __main__ guard
+    run(config, Seeds(config))  # no __main__ guard
 ''')
 
 
@@ -144,4 +145,47 @@ def test_a_script_without_main_guard_gets_an_error_naming_the_fix(tmp_path):
   assert proc.returncode != 0
   assert ("no `if __name__ == '__main__':` guard" in last_line(err)), err
   assert err.count('Traceback') <= 1
+  assert our_segments(proc.pid) == []
+
+
+# Per rule: the flags that make a short run of it take decisions.
+RULE_FLAGS = {
+    'pbt': ['--ready-after', '100', '--eval-every', '100'],
+    'cemrl': ['--population-size', '4', '--total-env-steps', '1000000',
+              '--mean-eval-episodes', '1'],
+    'dvd': ['--bandit-every', '2', '--eval-every', '20'],
+    'hypertrick': ['--num-workers', '6', '--phase-update-steps', '100',
+                   '--eval-every', '100'],
+    'seeds': [],
+}
+
+
+@pytest.mark.parametrize('rule', sorted(RULE_FLAGS))
+def test_every_rule_stops_on_sigterm_and_resumes(tmp_path, rule):
+  """Each rule's own command: SIGTERM after a checkpoint stops it with 143
+  and the resume command of that rule; the resume, which restores the
+  rule's state pytree, runs to the end."""
+  run_dir = str(tmp_path / 'run')
+  budget = [] if rule == 'cemrl' else ['--env-steps', '100000']
+  proc = subprocess.Popen(
+      [sys.executable, '-m', f'experiments.{rule}', *FLAGS,
+       *RULE_FLAGS[rule], *budget, '--run-dir', run_dir], cwd=REPO,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  wait_for_checkpoint(proc, run_dir)
+  os.kill(proc.pid, signal.SIGTERM)
+  _, err = finish(proc)
+  assert proc.returncode == 143, err
+  line = last_line(err)
+  assert f'resume with: fastpbrl {rule} --resume {run_dir}' in line, err
+  env_steps = int(re.search(r'\((\d+) env steps per member\)', line)[1])
+  more = (['--total-env-steps', str((env_steps + 200) * 4)]
+          if rule == 'cemrl' else ['--env-steps', str(env_steps + 200)])
+  proc = subprocess.Popen(
+      [sys.executable, '-m', f'experiments.{rule}', '--resume', run_dir,
+       *more, '--no-progress'], cwd=REPO, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, start_new_session=True)
+  _, err = finish(proc, 600)
+  assert proc.returncode == 0, err
+  assert f'resumed {run_dir} at call' in err
   assert our_segments(proc.pid) == []

@@ -15,7 +15,7 @@ import types
 import pytest
 
 from fastpbrl import sharding
-from fastpbrl.run import ConfigError, RunConfig, validate
+from fastpbrl.config import ConfigError, RunConfig, validate
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
 pytestmark = pytest.mark.numeric

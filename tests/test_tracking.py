@@ -13,7 +13,7 @@ from fastpbrl import tracking
 from fastpbrl.actors import EpisodeRecord
 from fastpbrl.logging import RunLogger
 
-CONFIG = {'driver': 'pbt', 'agent': 'td3', 'population_size': 2}
+CONFIG = {'rule': 'pbt', 'agent': 'td3', 'population_size': 2}
 
 
 def _log_a_little(run_dir, track):

@@ -129,6 +129,25 @@ def eval_env_seed(eval_env: int, k: int) -> int:
   return int(seq.generate_state(1, np.uint32)[0])
 
 
+class _ChunkViews(NamedTuple):
+  """The chunk fields (``chunk_layout``) ``Actor._fill`` writes each step."""
+
+  observation: np.ndarray  # [M, T, ...]
+  action: np.ndarray  # [M, T, ...]
+  reward: np.ndarray  # [M, T]
+  next_observation: np.ndarray  # [M, T, ...]
+  terminated: np.ndarray  # [M, T]
+  truncated: np.ndarray  # [M, T]
+  episode_member: np.ndarray  # [E], one row per episode ended in the chunk
+  episode_return: np.ndarray  # [E]
+  episode_length: np.ndarray  # [E]
+  episode_evaluation: np.ndarray  # [E]
+  episode_env_steps: np.ndarray  # [E]
+  episode_policy_version: np.ndarray  # [E]
+  episode_start_version: np.ndarray  # [E]
+  episode_objective: np.ndarray  # [E]
+
+
 class ActorStopped(Exception):
   """Raised inside the loop when a stop was requested while waiting."""
 
@@ -182,6 +201,16 @@ class Actor:
     self._should_stop = should_stop
     self._env_fn = env_fn
     self._seeds = [member_seeds(seed, int(i), restart) for i in self.members]
+    self._make_envs(env_fn, agent_fn)
+    self._init_counters(env_steps, warmup_steps, random_until)
+    self._init_evaluation(eval_interval, eval_episodes)
+    self._init_policy(prng_impl)
+
+  def _make_envs(self, env_fn: Callable[[], Any],
+                 agent_fn: Callable[[specs.EnvironmentSpec], Any]) -> None:
+    """Builds the training envs and the agent, and resets each env with
+    its member's seed."""
+    m = self.members.size
     self._envs = [env_fn() for _ in range(m)]
     self.env_spec = make_env_spec(self._envs[0])
     self._agent = agent_fn(self.env_spec)
@@ -193,6 +222,12 @@ class Actor:
     self._obs = np.zeros((m, *obs_spec.shape), obs_spec.dtype)
     for j, env in enumerate(self._envs):
       self._obs[j] = env.reset(seed=self._seeds[j].env)[0]
+
+  def _init_counters(self, env_steps: Sequence[int] | None,
+                     warmup_steps: int | Sequence[int],
+                     random_until: Sequence[int] | None) -> None:
+    """Sets the per-member step, warm-up, restart and episode counters."""
+    m = self.members.size
     self._steps = np.zeros(m, np.int64) if env_steps is None else np.asarray(
         env_steps, np.int64).copy()
     warmup = np.broadcast_to(np.asarray(warmup_steps, np.int64), (m,))
@@ -207,7 +242,11 @@ class Actor:
     self._returns = [0.0] * m
     self._lengths = [0] * m
     self._start_version = [0] * m
-    # Evaluation state.
+
+  def _init_evaluation(self, eval_interval: int, eval_episodes: int) -> None:
+    """Sets the evaluation state (its envs are made at the first one)."""
+    m = self.members.size
+    obs_spec = self.env_spec.observations
     self._eval_interval = int(eval_interval)
     self._eval_episodes = int(eval_episodes)
     k = self._eval_episodes
@@ -222,17 +261,16 @@ class Actor:
     if self._eval_interval:
       self._next_eval = (self._steps // self._eval_interval + 1) * (
           self._eval_interval)
-    # Policy.
+
+  def _init_policy(self, prng_impl: str) -> None:
+    """Sets the policy state, the members' keys and the jitted policy calls."""
     self._version = 0
     self._params = None
     self._hparams = None
-
-    def key_data(seed):
-      return np.asarray(jax.random.key_data(jax.random.key(seed,
-                                                           impl=prng_impl)))
-
-    self._key_data = np.stack([key_data(s.key) for s in self._seeds])
-    self._eval_key_data = np.stack([key_data(s.eval_key) for s in self._seeds])
+    self._key_data = np.stack([_key_data(s.key, prng_impl)
+                               for s in self._seeds])
+    self._eval_key_data = np.stack([_key_data(s.eval_key, prng_impl)
+                                    for s in self._seeds])
     self._policy, self._policy_and_eval = _make_policy_fns(
         self._agent, prng_impl)
     self._freeze_rows = jax.jit(_select_rows)
@@ -366,21 +404,12 @@ class Actor:
       return False
 
   def _fill(self, out: dict[str, np.ndarray]) -> None:
-    obs_out, act_out = out['observation'], out['action']
-    rew_out, next_out = out['reward'], out['next_observation']
-    term_out, trunc_out = out['terminated'], out['truncated']
-    ep_member, ep_return = out['episode_member'], out['episode_return']
-    ep_length, ep_eval = out['episode_length'], out['episode_evaluation']
-    ep_steps = out['episode_env_steps']
-    ep_version = out['episode_policy_version']
-    ep_start, ep_objective = out['episode_start_version'], out[
-        'episode_objective']
-    m, t_steps = act_out.shape[0], act_out.shape[1]
+    """:meth:`fill`'s loop; raises ActorStopped on a stop request."""
+    views = _ChunkViews(*(out[name] for name in _ChunkViews._fields))
+    m, t_steps = views.action.shape[0], views.action.shape[1]
     if m != self.members.size:
       raise ValueError(f'chunk has {m} member rows, actor hosts '
                        f'{self.members.size}')
-    envs, members = self._envs, self.members.tolist()
-    returns, lengths = self._returns, self._lengths
     evaluating = self._eval_interval > 0
     n_ep = 0
     self._restart_at[:] = 0
@@ -391,62 +420,77 @@ class Actor:
       if evaluating:
         self._start_evaluations()
       eval_active = evaluating and bool(self._eval_running.any())
-      warm = self._steps < self._warmup
-      eval_actions = None
-      if warm.all() and not eval_active:
-        actions = np.zeros((m, *self._action_shape),
-                           np.int32 if self._discrete else np.float32)
-      else:
-        self._refresh_params()
-        self._wait_for_params()
-        step_ids = self._steps.astype(np.uint32)
-        if eval_active:
-          actions, eval_actions = self._policy_and_eval(
-              self._params, self._eval_params, self._hparams, self._obs,
-              self._eval_obs, self._key_data, self._eval_key_data, step_ids)
-          eval_actions = self._to_env(np.asarray(eval_actions))
-        else:
-          actions = self._policy(self._params, self._hparams, self._obs,
-                                 self._key_data, step_ids)
-        actions = np.array(actions)
-      if warm.any():
-        for j, a in self._random_actions(np.flatnonzero(warm)):
-          actions[j] = a
-      act_out[:, t] = actions
-      obs_out[:, t] = self._obs
-      env_actions = self._to_env(actions)
-      for j in range(m):
-        if lengths[j] == 0:
-          self._start_version[j] = self._version
-        o2, r, term, trunc, info = envs[j].step(env_actions[j])
-        next_out[j, t] = o2
-        rew_out[j, t] = r
-        term_out[j, t] = term
-        trunc_out[j, t] = trunc
-        returns[j] += float(r)
-        lengths[j] += 1
-        if term or trunc:
-          ep_member[n_ep] = members[j]
-          ep_return[n_ep] = returns[j]
-          ep_length[n_ep] = lengths[j]
-          ep_eval[n_ep] = 0
-          ep_steps[n_ep] = self._steps[j] + 1
-          ep_version[n_ep] = self._version
-          ep_start[n_ep] = self._start_version[j]
-          ep_objective[n_ep] = _true_objective(info)
-          n_ep += 1
-          returns[j], lengths[j] = 0.0, 0
-          o2 = envs[j].reset()[0]
-        self._obs[j] = o2
-        if eval_actions is not None:
-          for k in np.flatnonzero(self._eval_running[j]):
-            n_ep = self._eval_step(j, k, eval_actions[j, k], out, n_ep)
+      actions, eval_actions = self._step_actions(eval_active)
+      n_ep = self._step_envs(views, t, actions, eval_actions, out, n_ep)
       self._steps += 1
     out['env_steps'][:] = self._steps
     out['meta'][:] = (t_steps, n_ep, self._version, 0)
     out['restart_count'][:] = (0 if self._restart_count is None
                                else self._restart_count)
     out['restart_at'][:] = self._restart_at
+
+  def _step_actions(self, eval_active: bool) -> tuple[np.ndarray, Any]:
+    """This step's actions ``[M, ...]`` (random for members warming up) and
+    the evaluation envs' ``[M, K, ...]`` (None when none evaluates)."""
+    m = self.members.size
+    warm = self._steps < self._warmup
+    eval_actions = None
+    if warm.all() and not eval_active:
+      actions = np.zeros((m, *self._action_shape),
+                         np.int32 if self._discrete else np.float32)
+    else:
+      self._refresh_params()
+      self._wait_for_params()
+      step_ids = self._steps.astype(np.uint32)
+      if eval_active:
+        actions, eval_actions = self._policy_and_eval(
+            self._params, self._eval_params, self._hparams, self._obs,
+            self._eval_obs, self._key_data, self._eval_key_data, step_ids)
+        eval_actions = self._to_env(np.asarray(eval_actions))
+      else:
+        actions = self._policy(self._params, self._hparams, self._obs,
+                               self._key_data, step_ids)
+      actions = np.array(actions)
+    if warm.any():
+      for j, a in self._random_actions(np.flatnonzero(warm)):
+        actions[j] = a
+    return actions, eval_actions
+
+  def _step_envs(self, views: _ChunkViews, t: int, actions: np.ndarray,
+                 eval_actions, out: dict[str, np.ndarray], n_ep: int) -> int:
+    """Steps every member's training env (and running evaluation envs) with
+    ``actions`` into chunk step ``t``; returns the episode rows used."""
+    views.action[:, t] = actions
+    views.observation[:, t] = self._obs
+    env_actions = self._to_env(actions)
+    returns, lengths = self._returns, self._lengths
+    for j in range(self.members.size):
+      if lengths[j] == 0:
+        self._start_version[j] = self._version
+      o2, r, term, trunc, info = self._envs[j].step(env_actions[j])
+      views.next_observation[j, t] = o2
+      views.reward[j, t] = r
+      views.terminated[j, t] = term
+      views.truncated[j, t] = trunc
+      returns[j] += float(r)
+      lengths[j] += 1
+      if term or trunc:
+        views.episode_member[n_ep] = int(self.members[j])
+        views.episode_return[n_ep] = returns[j]
+        views.episode_length[n_ep] = lengths[j]
+        views.episode_evaluation[n_ep] = 0
+        views.episode_env_steps[n_ep] = self._steps[j] + 1
+        views.episode_policy_version[n_ep] = self._version
+        views.episode_start_version[n_ep] = self._start_version[j]
+        views.episode_objective[n_ep] = _true_objective(info)
+        n_ep += 1
+        returns[j], lengths[j] = 0.0, 0
+        o2 = self._envs[j].reset()[0]
+      self._obs[j] = o2
+      if eval_actions is not None:
+        for k in np.flatnonzero(self._eval_running[j]):
+          n_ep = self._eval_step(j, k, eval_actions[j, k], out, n_ep)
+    return n_ep
 
   def _eval_step(self, j: int, k: int, action, out, n_ep: int) -> int:
     """One step of member ``j``'s ``k``-th evaluation episode; each
@@ -470,6 +514,12 @@ class Actor:
       self._eval_running[j, k] = False
     self._eval_obs[j, k] = o2
     return n_ep
+
+
+def _key_data(seed: int, prng_impl: str) -> np.ndarray:
+  """The raw data of the ``prng_impl`` key seeded with ``seed``."""
+  key = jax.random.key(seed, impl=prng_impl)
+  return np.asarray(jax.random.key_data(key))
 
 
 def _select_rows(rows, new, old):

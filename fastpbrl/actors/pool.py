@@ -143,6 +143,26 @@ def check_picklable(value: Any, name: str) -> None:
         f'closure); got {value!r}: {e}') from e
 
 
+def _check_pool_args(num_members: int, chunk_steps: int, queue_chunks: int,
+                     max_restarts: int, store: ParamStore, env_fn: Any,
+                     agent_fn: Any) -> None:
+  """Raises ValueError for the first of ``ActorPool``'s arguments that is
+  out of range, and if a function would not reach the actor processes."""
+  if num_members < 1:
+    raise ValueError(f'num_members must be >= 1, got {num_members}')
+  if chunk_steps < 1:
+    raise ValueError(f'chunk_steps must be >= 1, got {chunk_steps}')
+  if queue_chunks < 1:
+    raise ValueError(f'queue_chunks must be >= 1, got {queue_chunks}')
+  if max_restarts < 0:
+    raise ValueError(f'max_restarts must be >= 0, got {max_restarts}')
+  if store.num_members != num_members:
+    raise ValueError(f'store holds {store.num_members} members, expected '
+                     f'{num_members}')
+  check_picklable(env_fn, 'env_fn')
+  check_picklable(agent_fn, 'agent_fn')
+
+
 class _Slot:
   """Bookkeeping of one actor (its current process, channel and reader)."""
 
@@ -216,30 +236,35 @@ class ActorPool:
         they wait on a full channel and while they wait for parameters.
     """
     exit_if_spawned_import('an actor pool was created')
-    if num_members < 1:
-      raise ValueError(f'num_members must be >= 1, got {num_members}')
-    if chunk_steps < 1:
-      raise ValueError(f'chunk_steps must be >= 1, got {chunk_steps}')
-    if queue_chunks < 1:
-      raise ValueError(f'queue_chunks must be >= 1, got {queue_chunks}')
-    if max_restarts < 0:
-      raise ValueError(f'max_restarts must be >= 0, got {max_restarts}')
-    if store.num_members != num_members:
-      raise ValueError(f'store holds {store.num_members} members, expected '
-                       f'{num_members}')
-    check_picklable(env_fn, 'env_fn')
-    check_picklable(agent_fn, 'agent_fn')
+    _check_pool_args(num_members, chunk_steps, queue_chunks, max_restarts,
+                     store, env_fn, agent_fn)
     num_processes = (default_num_processes(num_members)
                      if num_processes is None else int(num_processes))
     self.groups = split_members(num_members, num_processes)
+    self.num_members = num_members
+    self._set_actor_settings(
+        env_fn=env_fn, agent_fn=agent_fn, transition_fields=transition_fields,
+        seed=seed, chunk_steps=chunk_steps, queue_chunks=queue_chunks,
+        warmup_steps=warmup_steps, random_until=random_until,
+        eval_interval=eval_interval, eval_episodes=eval_episodes,
+        prng_impl=prng_impl, hang_timeout_s=hang_timeout_s)
+    self._set_supervision(
+        store=store, sink=sink, max_restarts=max_restarts, poll_s=poll_s,
+        shutdown_grace_s=shutdown_grace_s, on_failure=on_failure, admit=admit)
+    self._init_runtime_state(initial_env_steps)
+
+  def _set_actor_settings(self, *, env_fn, agent_fn, transition_fields,
+                          seed, chunk_steps, queue_chunks, warmup_steps,
+                          random_until, eval_interval, eval_episodes,
+                          prng_impl, hang_timeout_s) -> None:
+    """Keeps each actor's settings: what its ``ActorSpec`` is built from,
+    and how long it may go without a heartbeat (see __init__)."""
+    num_members = self.num_members
     warmup = np.broadcast_to(np.asarray(warmup_steps, np.int64),
                              (num_members,))
-    self.num_members = num_members
     self._env_fn = env_fn
     self._agent_fn = agent_fn
     self._fields = dict(transition_fields)
-    self._store = store
-    self._sink = sink
     self._seed = int(seed)
     self._chunk_steps = int(chunk_steps)
     self._queue_chunks = int(queue_chunks)
@@ -252,12 +277,23 @@ class ActorPool:
     self._hang_timeout_s = hang_timeout_s
     self._eval_interval = int(eval_interval)
     self._eval_episodes = int(eval_episodes)
-    self._max_restarts = int(max_restarts)
     self._prng_impl = prng_impl
+
+  def _set_supervision(self, *, store, sink, max_restarts, poll_s,
+                       shutdown_grace_s, on_failure, admit) -> None:
+    """Keeps the settings of reading, watching and restarting actors (see
+    __init__)."""
+    self._store = store
+    self._sink = sink
+    self._max_restarts = int(max_restarts)
     self._poll_s = poll_s
     self._grace = shutdown_grace_s
     self._on_failure = on_failure
     self._admit = admit
+
+  def _init_runtime_state(self, initial_env_steps) -> None:
+    """Creates the slots, counters, locks and flags (nothing started yet)."""
+    num_members = self.num_members
     self._ctx = mp.get_context('spawn')
     self._slots = [_Slot(i, g) for i, g in enumerate(self.groups)]
     self._env_steps = np.broadcast_to(

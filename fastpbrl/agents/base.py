@@ -39,7 +39,7 @@ To add an agent ``foo``, in any importable module (``mypkg/foo.py``):
            hidden_sizes_field='hidden_sizes')  # None: no such setting
 
    ``default_search_space`` is PBT's and HyperTrick's prior over fields of
-   ``FooHParams`` (``fastpbrl.population.search_space``; ``--search-space
+   ``FooHParams`` (``fastpbrl.search_space``; ``--search-space
    FILE`` replaces it). ``shared_critic`` is the capability CEM-RL and DvD
    need (a ``SharedCritic``, below); without it they refuse the agent,
    naming ``--agent``. PBT, HyperTrick and independent seeds take any agent.
@@ -84,7 +84,8 @@ import jax.numpy as jnp
 import optax
 from acme import specs
 
-from fastpbrl.types import Metrics, Params, PRNGKey, Transition
+from fastpbrl.types import (POPULATION_AXIS, Metrics, Params, PRNGKey,
+                            Transition)
 
 State = TypeVar('State')
 HParams = TypeVar('HParams')
@@ -212,10 +213,6 @@ def periodic_flag(step: jax.Array, fraction: jax.Array) -> jax.Array:
 
 
 _FLAG_BITS = 24  # fixed-point bits of periodic_flag's fraction
-
-
-POPULATION_AXIS = 'population'
-"""Name of the population axis of the learner's ``vmap``."""
 
 
 def any_member(flag: jax.Array) -> jax.Array:

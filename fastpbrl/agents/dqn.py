@@ -23,7 +23,7 @@ random-action steps before learning (``--warmup-steps 50000``), the first
 update only after them (``--no-warmup-counts-as-data``) and a replay
 of ``--replay-capacity 100000`` transitions per member. ``fastpbrl pbt
 --preset atari`` uses them, with the Atari preprocessing
-that ``fastpbrl.envs`` gives any ``ALE/...`` id; ``fastpbrl.run`` warns when
+that ``fastpbrl.envs`` gives any ``ALE/...`` id; ``fastpbrl.build`` warns when
 a DQN run on frames uses other values.
 
 Departures from the paper:
@@ -64,10 +64,10 @@ import jax.numpy as jnp
 import optax
 from acme import specs
 
+from fastpbrl import search_space as ss
 from fastpbrl.agents import networks as nets_lib
 from fastpbrl.agents.base import Agent, scalar_hparams, select_tree, td_target
 from fastpbrl.agents.registry import register
-from fastpbrl.population import search_space as ss
 from fastpbrl.types import Params, PRNGKey, Transition
 
 
@@ -99,7 +99,8 @@ class DQNHParams(NamedTuple):
 EPSILON_START = 1.0  # epsilon at a member's first env step (Nature: 1.0)
 
 # Nature DQN's run settings on Atari (Extended Data Table 1), as the flags of
-# ``fastpbrl.run.RunConfig``: ``--preset atari`` of ``fastpbrl pbt``.
+# ``fastpbrl.config.RunConfig`` (``image_run_settings`` of the registration):
+# ``--preset atari`` of ``fastpbrl pbt``.
 NATURE_ATARI_RUN = {
     # One update step (batch 32) per 4 agent steps ("update frequency").
     'update_to_data_ratio': 0.25,
@@ -243,4 +244,5 @@ SEARCH_SPACE = {
 }
 
 register('dqn', make_agent=make_agent, config=DQNConfig,
-         default_search_space=SEARCH_SPACE, hidden_sizes_field='mlp_hidden_sizes')
+         default_search_space=SEARCH_SPACE, hidden_sizes_field='mlp_hidden_sizes',
+         image_run_settings=NATURE_ATARI_RUN)

@@ -23,15 +23,13 @@ imported again there by its import path and registers itself again.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import os
-import sys
 from typing import Any, Callable, Mapping, Optional, Union
 
 from acme import specs
 
+from fastpbrl import search_space as ss
 from fastpbrl.agents.base import Agent, SharedCritic
-from fastpbrl.population import search_space as ss
+from fastpbrl.imports import find, known_names
 
 # Built-in agents: name -> the module whose import registers it.
 BUILTIN = {'td3': 'fastpbrl.agents.td3', 'sac': 'fastpbrl.agents.sac',
@@ -60,6 +58,9 @@ class AgentSpec:
     hidden_sizes_field: the config field ``--hidden-sizes`` sets (DQN:
       ``mlp_hidden_sizes``); ``None``: the agent has no such setting and the
       flag keeps its default.
+    image_run_settings: run settings (``RunConfig`` fields) the agent's
+      reference uses on image observations (DQN: Nature DQN's schedule); a
+      run on images that departs from them gets a warning naming the flags.
     module: the module that registered it.
   """
 
@@ -70,6 +71,8 @@ class AgentSpec:
   shared_critic: Optional[Callable[[specs.EnvironmentSpec, Any],
                                    SharedCritic]] = None
   hidden_sizes_field: Optional[str] = 'hidden_sizes'
+  image_run_settings: Optional[Mapping[str, Any]] = dataclasses.field(
+      default=None, hash=False)
   module: str = ''
 
 
@@ -79,7 +82,9 @@ _REGISTRY: dict[str, AgentSpec] = {}
 def register(name: str, *, make_agent: Callable[..., Agent], config: type,
              default_search_space: Union[ss.SearchSpace, Mapping[str, Any]],
              shared_critic: Optional[Callable[..., SharedCritic]] = None,
-             hidden_sizes_field: Optional[str] = 'hidden_sizes') -> AgentSpec:
+             hidden_sizes_field: Optional[str] = 'hidden_sizes',
+             image_run_settings: Optional[Mapping[str, Any]] = None
+             ) -> AgentSpec:
   """Registers an agent under ``name`` and returns its ``AgentSpec``.
 
   Call it at a module's top level (not under ``if __name__ ==
@@ -111,6 +116,8 @@ def register(name: str, *, make_agent: Callable[..., Agent], config: type,
                    default_search_space=default_search_space,
                    shared_critic=shared_critic,
                    hidden_sizes_field=hidden_sizes_field,
+                   image_run_settings=(None if image_run_settings is None
+                                       else dict(image_run_settings)),
                    module=getattr(make_agent, '__module__', ''))
   old = _REGISTRY.get(name)
   # The same code registering again (a reload, or one file imported under
@@ -133,7 +140,7 @@ def _identity(fn) -> tuple[str, str]:
 def known() -> tuple[str, ...]:
   """Names ``--agent`` accepts without a module: built-ins, then the others
   registered in this process."""
-  return tuple(BUILTIN) + tuple(n for n in _REGISTRY if n not in BUILTIN)
+  return known_names(_REGISTRY, BUILTIN)
 
 
 def get(ref: str) -> AgentSpec:
@@ -143,17 +150,11 @@ def get(ref: str) -> AgentSpec:
   Raises:
     ValueError: one line saying why ``ref`` names no agent.
   """
-  if ref in _REGISTRY:
-    return _REGISTRY[ref]
-  if ref in BUILTIN:
-    importlib.import_module(BUILTIN[ref])
-    return _REGISTRY[ref]
-  if ':' not in ref:
-    raise ValueError(f'{ref!r} is unknown; choose one of '
-                     f'{", ".join(known())}, or give module:attribute of an '
-                     'agent registered with fastpbrl.agents.register')
-  module_name, attr = ref.rsplit(':', 1)
-  module = _import(ref, module_name)
+  spec, found = find(ref, _REGISTRY, BUILTIN, 'an agent',
+                     'fastpbrl.agents.register')
+  if spec is not None:
+    return spec
+  module, attr = found
   value = getattr(module, attr, None)
   if isinstance(value, AgentSpec):
     return value
@@ -162,22 +163,6 @@ def get(ref: str) -> AgentSpec:
   raise ValueError(f'{ref!r}: module {module.__name__} has no AgentSpec '
                    f'{attr!r} (what fastpbrl.agents.register returns) and '
                    f'registers no agent of that name')
-
-
-def _import(ref: str, module_name: str):
-  if module_name.endswith('.py'):  # a file: import it from its folder
-    folder = os.path.dirname(os.path.abspath(module_name))
-    if not os.path.isfile(module_name):
-      raise ValueError(f'{ref!r}: no file {module_name}')
-    if folder not in sys.path:
-      sys.path.insert(0, folder)
-    module_name = os.path.splitext(os.path.basename(module_name))[0]
-  try:
-    return importlib.import_module(module_name)
-  except Exception as e:  # noqa: BLE001 (any failure of user code at import)
-    detail = ' '.join(f'{type(e).__name__}: {e}'.split())
-    raise ValueError(f'{ref!r}: cannot import {module_name}: {detail}'
-                     ) from None
 
 
 def make_agent(ref: str, env_spec: specs.EnvironmentSpec,

@@ -17,6 +17,7 @@ learning rates.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple, Sequence
 
 import jax
@@ -24,10 +25,10 @@ import jax.numpy as jnp
 import optax
 from acme import specs
 
+from fastpbrl import search_space as ss
 from fastpbrl.agents import networks as nets_lib
 from fastpbrl.agents.base import Agent, polyak, scalar_hparams, td_target
 from fastpbrl.agents.registry import register
-from fastpbrl.population import search_space as ss
 from fastpbrl.types import Params, PRNGKey, Transition
 
 
@@ -92,6 +93,112 @@ def sample_tanh_gaussian(mean: jax.Array, log_std: jax.Array,
   return jnp.tanh(u), gaussian_logp - log_det
 
 
+class SACNetworks(NamedTuple):
+  """SAC's networks and the shapes they are built for."""
+
+  policy: nets_lib.Network  # observation -> (mean, log_std) of u
+  critic: nets_lib.Network  # (observation, action) -> (Q1, Q2)
+  obs_shape: tuple
+  action_dim: int
+
+
+def _init(nets: SACNetworks, initial_log_alpha: float, key: PRNGKey,
+          hparams: SACHParams) -> SACState:
+  """``Agent.init``: one member's initial state."""
+  del hparams
+  k_pi, k_q, k_state = jax.random.split(key, 3)
+  obs = jnp.zeros((1, *nets.obs_shape), jnp.float32)
+  policy = nets.policy.init(k_pi, obs)
+  critic = nets.critic.init(k_q, obs,
+                            jnp.zeros((1, nets.action_dim), jnp.float32))
+  log_alpha = jnp.asarray(initial_log_alpha, jnp.float32)
+  adam = optax.adam(1.0)  # Adam's state does not depend on the step size
+  return SACState(
+      policy=policy, critic=critic, target_critic=critic,
+      log_alpha=log_alpha, policy_opt=adam.init(policy),
+      critic_opt=adam.init(critic), alpha_opt=adam.init(log_alpha),
+      key=k_state, step=jnp.zeros((), jnp.int32))
+
+
+def _act(nets: SACNetworks, policy: Params, observation: jax.Array,
+         key: PRNGKey, hparams: SACHParams, explore: bool) -> jax.Array:
+  """``Agent.act``: a sampled action (``explore``) or the mean's ``tanh``."""
+  del hparams
+  mean, log_std = nets.policy.apply(policy, observation)
+  if explore:
+    return sample_tanh_gaussian(mean, log_std, key)[0]
+  return jnp.tanh(mean)
+
+
+def critic_loss(nets: SACNetworks, critic: Params, state: SACState,
+                batch: Transition, key: PRNGKey,
+                hp: SACHParams) -> tuple[jax.Array, jax.Array]:
+  """Twin soft-Q loss against the clipped double-Q soft target (eq. 3);
+  returns (loss, mean Q1)."""
+  alpha = jnp.exp(state.log_alpha)
+  mean, log_std = nets.policy.apply(state.policy, batch.next_observation)
+  next_action, next_logp = sample_tanh_gaussian(mean, log_std, key)
+  next_q1, next_q2 = nets.critic.apply(state.target_critic,
+                                       batch.next_observation, next_action)
+  soft_value = jnp.minimum(next_q1, next_q2) - alpha * next_logp
+  target = jax.lax.stop_gradient(td_target(
+      hp.reward_scale * batch.reward, batch.terminated, hp.discount,
+      soft_value))
+  q1, q2 = nets.critic.apply(critic, batch.observation, batch.action)
+  loss = 0.5 * (jnp.mean(jnp.square(q1 - target))
+                + jnp.mean(jnp.square(q2 - target)))
+  return loss, jnp.mean(q1)
+
+
+def policy_loss(nets: SACNetworks, policy: Params, critic: Params,
+                log_alpha: jax.Array, observation: jax.Array,
+                key: PRNGKey) -> tuple[jax.Array, jax.Array]:
+  """``E[alpha log pi(a|s) - min(Q1, Q2)(s, a)]``; returns (loss, log pi)."""
+  mean, log_std = nets.policy.apply(policy, observation)
+  action, logp = sample_tanh_gaussian(mean, log_std, key)
+  q1, q2 = nets.critic.apply(critic, observation, action)
+  alpha = jax.lax.stop_gradient(jnp.exp(log_alpha))
+  return jnp.mean(alpha * logp - jnp.minimum(q1, q2)), logp
+
+
+def _update(nets: SACNetworks, state: SACState, hp: SACHParams,
+            batch: Transition):
+  """``Agent.update``: one step of the critics, the policy and alpha."""
+  key, k_critic, k_policy = jax.random.split(state.key, 3)
+  (c_loss, q1), c_grads = jax.value_and_grad(
+      functools.partial(critic_loss, nets), has_aux=True)(
+          state.critic, state, batch, k_critic, hp)
+  c_updates, critic_opt = optax.adam(hp.critic_lr).update(
+      c_grads, state.critic_opt)
+  critic = optax.apply_updates(state.critic, c_updates)
+
+  (p_loss, logp), p_grads = jax.value_and_grad(
+      functools.partial(policy_loss, nets), has_aux=True)(
+          state.policy, critic, state.log_alpha, batch.observation, k_policy)
+  p_updates, policy_opt = optax.adam(hp.policy_lr).update(
+      p_grads, state.policy_opt)
+  policy = optax.apply_updates(state.policy, p_updates)
+
+  # Temperature loss -log_alpha * (log pi + target entropy) (SAC eq. 18 on
+  # log alpha, as in the authors' code).
+  target_entropy = -hp.target_entropy_scale * nets.action_dim
+  entropy_gap = jax.lax.stop_gradient(jnp.mean(logp) + target_entropy)
+  a_loss, a_grad = jax.value_and_grad(lambda la: -la * entropy_gap)(
+      state.log_alpha)
+  a_update, alpha_opt = optax.adam(hp.alpha_lr).update(a_grad, state.alpha_opt)
+  log_alpha = optax.apply_updates(state.log_alpha, a_update)
+
+  new_state = SACState(
+      policy=policy, critic=critic,
+      target_critic=polyak(state.target_critic, critic, hp.tau),
+      log_alpha=log_alpha, policy_opt=policy_opt, critic_opt=critic_opt,
+      alpha_opt=alpha_opt, key=key, step=state.step + 1)
+  metrics = {'critic_loss': c_loss, 'policy_loss': p_loss, 'q1': q1,
+             'alpha': jnp.exp(log_alpha), 'alpha_loss': a_loss,
+             'entropy': -jnp.mean(logp)}
+  return new_state, metrics
+
+
 def make_agent(env_spec: specs.EnvironmentSpec,
                config: SACConfig = SACConfig()) -> Agent:
   """Builds the SAC agent's pure functions for ``env_spec``."""
@@ -101,95 +208,22 @@ def make_agent(env_spec: specs.EnvironmentSpec,
                      'discrete actions')
   action_dim = int(env_spec.actions.shape[0])
   obs_shape = tuple(env_spec.observations.shape)
-  policy_net = nets_lib.gaussian_policy(action_dim, config.hidden_sizes,
-                                       config.network_init)
-  critic_net = nets_lib.twin_critic(config.hidden_sizes, config.network_init)
-
-  def init(key: PRNGKey, hparams: SACHParams) -> SACState:
-    del hparams
-    k_pi, k_q, k_state = jax.random.split(key, 3)
-    obs = jnp.zeros((1, *obs_shape), jnp.float32)
-    policy = policy_net.init(k_pi, obs)
-    critic = critic_net.init(k_q, obs, jnp.zeros((1, action_dim), jnp.float32))
-    log_alpha = jnp.asarray(config.initial_log_alpha, jnp.float32)
-    adam = optax.adam(1.0)  # Adam's state does not depend on the step size
-    return SACState(
-        policy=policy, critic=critic, target_critic=critic,
-        log_alpha=log_alpha, policy_opt=adam.init(policy),
-        critic_opt=adam.init(critic), alpha_opt=adam.init(log_alpha),
-        key=k_state, step=jnp.zeros((), jnp.int32))
-
-  def act(policy: Params, observation: jax.Array, key: PRNGKey,
-          hparams: SACHParams, explore: bool) -> jax.Array:
-    del hparams
-    mean, log_std = policy_net.apply(policy, observation)
-    if explore:
-      return sample_tanh_gaussian(mean, log_std, key)[0]
-    return jnp.tanh(mean)
-
-  def critic_loss(critic, state: SACState, batch: Transition, key, hp):
-    alpha = jnp.exp(state.log_alpha)
-    mean, log_std = policy_net.apply(state.policy, batch.next_observation)
-    next_action, next_logp = sample_tanh_gaussian(mean, log_std, key)
-    next_q1, next_q2 = critic_net.apply(state.target_critic,
-                                        batch.next_observation, next_action)
-    soft_value = jnp.minimum(next_q1, next_q2) - alpha * next_logp
-    target = jax.lax.stop_gradient(td_target(
-        hp.reward_scale * batch.reward, batch.terminated, hp.discount,
-        soft_value))
-    q1, q2 = critic_net.apply(critic, batch.observation, batch.action)
-    loss = 0.5 * (jnp.mean(jnp.square(q1 - target))
-                  + jnp.mean(jnp.square(q2 - target)))
-    return loss, jnp.mean(q1)
-
-  def policy_loss(policy, critic, log_alpha, observation, key):
-    mean, log_std = policy_net.apply(policy, observation)
-    action, logp = sample_tanh_gaussian(mean, log_std, key)
-    q1, q2 = critic_net.apply(critic, observation, action)
-    alpha = jax.lax.stop_gradient(jnp.exp(log_alpha))
-    return jnp.mean(alpha * logp - jnp.minimum(q1, q2)), logp
-
-  def update(state: SACState, hp: SACHParams, batch: Transition):
-    key, k_critic, k_policy = jax.random.split(state.key, 3)
-    (c_loss, q1), c_grads = jax.value_and_grad(
-        critic_loss, has_aux=True)(state.critic, state, batch, k_critic, hp)
-    c_updates, critic_opt = optax.adam(hp.critic_lr).update(
-        c_grads, state.critic_opt)
-    critic = optax.apply_updates(state.critic, c_updates)
-
-    (p_loss, logp), p_grads = jax.value_and_grad(policy_loss, has_aux=True)(
-        state.policy, critic, state.log_alpha, batch.observation, k_policy)
-    p_updates, policy_opt = optax.adam(hp.policy_lr).update(
-        p_grads, state.policy_opt)
-    policy = optax.apply_updates(state.policy, p_updates)
-
-    # Temperature loss -log_alpha * (log pi + target entropy) (SAC eq. 18 on
-    # log alpha, as in the authors' code).
-    target_entropy = -hp.target_entropy_scale * action_dim
-    entropy_gap = jax.lax.stop_gradient(jnp.mean(logp) + target_entropy)
-    a_loss, a_grad = jax.value_and_grad(lambda la: -la * entropy_gap)(
-        state.log_alpha)
-    a_update, alpha_opt = optax.adam(hp.alpha_lr).update(a_grad, state.alpha_opt)
-    log_alpha = optax.apply_updates(state.log_alpha, a_update)
-
-    new_state = SACState(
-        policy=policy, critic=critic,
-        target_critic=polyak(state.target_critic, critic, hp.tau),
-        log_alpha=log_alpha, policy_opt=policy_opt, critic_opt=critic_opt,
-        alpha_opt=alpha_opt, key=key, step=state.step + 1)
-    metrics = {'critic_loss': c_loss, 'policy_loss': p_loss, 'q1': q1,
-               'alpha': jnp.exp(log_alpha), 'alpha_loss': a_loss,
-               'entropy': -jnp.mean(logp)}
-    return new_state, metrics
-
+  nets = SACNetworks(
+      policy=nets_lib.gaussian_policy(action_dim, config.hidden_sizes,
+                                      config.network_init),
+      critic=nets_lib.twin_critic(config.hidden_sizes, config.network_init),
+      obs_shape=obs_shape, action_dim=action_dim)
   return Agent(
       name='sac', env_spec=env_spec, config=config,
-      default_hparams=default_hparams, init=init, act=act, update=update,
+      default_hparams=default_hparams,
+      init=functools.partial(_init, nets, config.initial_log_alpha),
+      act=functools.partial(_act, nets),
+      update=functools.partial(_update, nets),
       policy_params=lambda state: state.policy)
 
 
 # The 2022 paper's PBT search space (Flajolet et al., appendix B.1), with the
-# discount in horizon space (see fastpbrl.population.search_space).
+# discount in horizon space (see fastpbrl.search_space).
 SEARCH_SPACE = {
     'policy_lr': ss.PAPER_LR,
     'critic_lr': ss.PAPER_LR,

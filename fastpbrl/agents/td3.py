@@ -21,6 +21,7 @@ Also here: the shared-critic population update of CEM-RL and DvD
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
@@ -28,13 +29,13 @@ import jax.numpy as jnp
 import optax
 from acme import specs
 
+from fastpbrl import search_space as ss
 from fastpbrl.agents import deterministic as det
 from fastpbrl.agents import networks as nets_lib
 from fastpbrl.agents.base import (Agent, SharedCritic, any_member,
                                   periodic_flag, polyak, scalar_hparams,
                                   select_tree, td_target)
 from fastpbrl.agents.registry import register
-from fastpbrl.population import search_space as ss
 from fastpbrl.types import Params, PRNGKey, Transition
 
 
@@ -216,80 +217,110 @@ def make_shared_critic(nets: TD3Networks,
   that act on the single critic (``critic_lr``, ``tau``, and the rate of
   target-critic refreshes ``policy_delay``) are the population mean.
   """
-
-  def init(key: PRNGKey, hparams: TD3HParams) -> SharedTD3State:
-    n = hparams.policy_lr.shape[0]
-    k_pi, k_q, k_state = jax.random.split(key, 3)
-    policies = jax.vmap(lambda k: _init_params(nets, k)[0])(
-        jax.random.split(k_pi, n))
-    critic = _init_params(nets, k_q)[1]
-    return SharedTD3State(
-        policy=policies, target_policy=policies,
-        policy_opt=jax.vmap(det.adam_init)(policies), critic=critic,
-        target_critic=critic, critic_opt=det.adam_init(critic),
-        key=jax.random.split(k_state, n), step=jnp.zeros((), jnp.int32))
-
-  def update(state: SharedTD3State, hp: TD3HParams, batch: Transition):
-    keys = jax.vmap(jax.random.split)(state.key)  # [N, 2]
-    new_keys, noise_keys = keys[:, 0], keys[:, 1]
-
-    def population_critic_loss(critic):
-      losses, q1 = jax.vmap(
-          lambda tp, b, k, h: critic_loss(nets, critic, state.target_critic,
-                                          tp, b, k, h))(
-              state.target_policy, batch, noise_keys, hp)
-      return jnp.mean(losses), (losses, q1)
-
-    (_, (c_losses, q1)), c_grads = jax.value_and_grad(
-        population_critic_loss, has_aux=True)(state.critic)
-    critic, critic_opt = det.adam_step(state.critic, state.critic_opt,
-                                       c_grads, jnp.mean(hp.critic_lr))
-
-    do_policy = jax.vmap(periodic_flag, in_axes=(None, 0))(
-        state.step, hp.policy_delay)  # [N]
-    # The skipped step's losses take the critic losses' dtype, so that the
-    # update also runs in float64 (the suite's exact comparisons).
-    current = (state.policy, state.policy_opt, state.target_policy,
-               jnp.zeros(do_policy.shape, c_losses.dtype))
-
-    def total_policy_loss(policies):
-      losses = jax.vmap(lambda p, o: policy_loss(nets, p, critic, o))(
-          policies, batch.observation)
-      total = jnp.sum(losses)
-      if extra_policy_loss is not None:
-        total = total + extra_policy_loss(policies, batch.observation)
-      return total, losses
-
-    def policy_step(_):
-      (_, p_losses), p_grads = jax.value_and_grad(
-          total_policy_loss, has_aux=True)(state.policy)
-      stepped, stepped_opt = jax.vmap(det.adam_step)(
-          state.policy, state.policy_opt, p_grads, hp.policy_lr)
-      stepped = (stepped, stepped_opt,
-                 jax.vmap(polyak)(state.target_policy, stepped, hp.tau),
-                 p_losses)
-      return jax.vmap(select_tree)(do_policy, stepped, current)
-
-    # Steps on which no member updates its policy skip the policy work.
-    policy, policy_opt, target_policy, p_losses = jax.lax.cond(
-        jnp.any(do_policy), policy_step, lambda _: current, None)
-    tau = jnp.mean(hp.tau)
-    do_critic_target = periodic_flag(state.step, jnp.mean(hp.policy_delay))
-    target_critic = select_tree(do_critic_target,
-                                polyak(state.target_critic, critic, tau),
-                                state.target_critic)
-    new_state = SharedTD3State(
-        policy=policy, target_policy=target_policy, policy_opt=policy_opt,
-        critic=critic, target_critic=target_critic, critic_opt=critic_opt,
-        key=new_keys, step=state.step + 1)
-    metrics = {'critic_loss': c_losses, 'policy_loss': p_losses, 'q1': q1,
-               'policy_updated': do_policy.astype(jnp.float32)}
-    return new_state, metrics
-
   return SharedCritic(
-      init=init, update=update, policy_params=lambda state: state.policy,
+      init=functools.partial(_shared_init, nets),
+      update=functools.partial(_shared_update, nets, extra_policy_loss),
+      policy_params=lambda state: state.policy,
       with_policy_loss=lambda extra: make_shared_critic(nets, extra),
       policy_apply=nets.policy.apply)
+
+
+def _shared_init(nets: TD3Networks, key: PRNGKey,
+                 hparams: TD3HParams) -> SharedTD3State:
+  """``SharedCritic.init``: ``N`` policies and one critic."""
+  n = hparams.policy_lr.shape[0]
+  k_pi, k_q, k_state = jax.random.split(key, 3)
+  policies = jax.vmap(lambda k: _init_params(nets, k)[0])(
+      jax.random.split(k_pi, n))
+  critic = _init_params(nets, k_q)[1]
+  return SharedTD3State(
+      policy=policies, target_policy=policies,
+      policy_opt=jax.vmap(det.adam_init)(policies), critic=critic,
+      target_critic=critic, critic_opt=det.adam_init(critic),
+      key=jax.random.split(k_state, n), step=jnp.zeros((), jnp.int32))
+
+
+def _shared_critic_step(nets: TD3Networks, state: SharedTD3State,
+                        hp: TD3HParams, batch: Transition,
+                        noise_keys: PRNGKey):
+  """The shared critic's Adam step on the population mean of the members'
+  critic losses; returns (critic, critic_opt, losses[N], q1[N])."""
+
+  def population_critic_loss(critic):
+    losses, q1 = jax.vmap(
+        lambda tp, b, k, h: critic_loss(nets, critic, state.target_critic,
+                                        tp, b, k, h))(
+            state.target_policy, batch, noise_keys, hp)
+    return jnp.mean(losses), (losses, q1)
+
+  (_, (c_losses, q1)), c_grads = jax.value_and_grad(
+      population_critic_loss, has_aux=True)(state.critic)
+  critic, critic_opt = det.adam_step(state.critic, state.critic_opt,
+                                     c_grads, jnp.mean(hp.critic_lr))
+  return critic, critic_opt, c_losses, q1
+
+
+def _shared_policy_step(nets: TD3Networks,
+                        extra_policy_loss: Optional[PolicyTerm],
+                        state: SharedTD3State, hp: TD3HParams,
+                        batch: Transition, critic: Params,
+                        do_policy: jax.Array, current: tuple) -> tuple:
+  """Each flagged member's policy step against ``critic`` (``current``,
+  the kept values, for the others); returns (policy, policy_opt,
+  target_policy, losses[N])."""
+
+  def total_policy_loss(policies):
+    losses = jax.vmap(lambda p, o: policy_loss(nets, p, critic, o))(
+        policies, batch.observation)
+    total = jnp.sum(losses)
+    if extra_policy_loss is not None:
+      total = total + extra_policy_loss(policies, batch.observation)
+    return total, losses
+
+  def policy_step(_):
+    (_, p_losses), p_grads = jax.value_and_grad(
+        total_policy_loss, has_aux=True)(state.policy)
+    stepped, stepped_opt = jax.vmap(det.adam_step)(
+        state.policy, state.policy_opt, p_grads, hp.policy_lr)
+    stepped = (stepped, stepped_opt,
+               jax.vmap(polyak)(state.target_policy, stepped, hp.tau),
+               p_losses)
+    return jax.vmap(select_tree)(do_policy, stepped, current)
+
+  # Steps on which no member updates its policy skip the policy work.
+  return jax.lax.cond(jnp.any(do_policy), policy_step, lambda _: current,
+                      None)
+
+
+def _shared_update(nets: TD3Networks, extra_policy_loss: Optional[PolicyTerm],
+                   state: SharedTD3State, hp: TD3HParams, batch: Transition):
+  """``SharedCritic.update``: one step of the shared critic, then of each
+  member's policy, then the target critic."""
+  keys = jax.vmap(jax.random.split)(state.key)  # [N, 2]
+  new_keys, noise_keys = keys[:, 0], keys[:, 1]
+  critic, critic_opt, c_losses, q1 = _shared_critic_step(
+      nets, state, hp, batch, noise_keys)
+
+  do_policy = jax.vmap(periodic_flag, in_axes=(None, 0))(
+      state.step, hp.policy_delay)  # [N]
+  # The skipped step's losses take the critic losses' dtype, so that the
+  # update also runs in float64 (the suite's exact comparisons).
+  current = (state.policy, state.policy_opt, state.target_policy,
+             jnp.zeros(do_policy.shape, c_losses.dtype))
+  policy, policy_opt, target_policy, p_losses = _shared_policy_step(
+      nets, extra_policy_loss, state, hp, batch, critic, do_policy, current)
+  tau = jnp.mean(hp.tau)
+  do_critic_target = periodic_flag(state.step, jnp.mean(hp.policy_delay))
+  target_critic = select_tree(do_critic_target,
+                              polyak(state.target_critic, critic, tau),
+                              state.target_critic)
+  new_state = SharedTD3State(
+      policy=policy, target_policy=target_policy, policy_opt=policy_opt,
+      critic=critic, target_critic=target_critic, critic_opt=critic_opt,
+      key=new_keys, step=state.step + 1)
+  metrics = {'critic_loss': c_losses, 'policy_loss': p_losses, 'q1': q1,
+             'policy_updated': do_policy.astype(jnp.float32)}
+  return new_state, metrics
 
 
 def shared_critic(env_spec: specs.EnvironmentSpec,
@@ -300,7 +331,7 @@ def shared_critic(env_spec: specs.EnvironmentSpec,
 
 
 # The 2022 paper's PBT search space (Flajolet et al., appendix B.1), with the
-# discount in horizon space (see fastpbrl.population.search_space).
+# discount in horizon space (see fastpbrl.search_space).
 SEARCH_SPACE = {
     'policy_lr': ss.PAPER_LR,
     'critic_lr': ss.PAPER_LR,

@@ -1,8 +1,11 @@
 """The installed ``fastpbrl`` command (host-side): ``fastpbrl <command> ...``.
 
-Each sub-command is a module of this package with a ``main(argv)``:
+A rule of the registry (``fastpbrl.rules``) is a command of its own, its
+flags generated from its config class; the other commands are modules of
+this package with a ``main(argv)``:
 
     fastpbrl pbt|cemrl|dvd|hypertrick|seeds [flags]   train (``--help`` lists the flags)
+    fastpbrl mymod:MyRule [flags]                      train with a rule of your own
     fastpbrl evaluate RUN_DIR [--member best|INDEX] [--episodes K] [--video-dir DIR]
     fastpbrl bench [flags]                             the learner update-speed benchmark
 
@@ -17,18 +20,11 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
-# name -> (module, one line for ``fastpbrl --help``)
+from fastpbrl import __version__, cli
+from fastpbrl.rules import registry
+
+# Commands that are not rules: name -> (module, one line for --help).
 COMMANDS = {
-    'pbt': ('fastpbrl.commands.pbt',
-            'Population Based Training of TD3 / SAC / DQN members'),
-    'cemrl': ('fastpbrl.commands.cemrl',
-              'CEM-RL: CEM over TD3 policies with a shared critic'),
-    'dvd': ('fastpbrl.commands.dvd',
-            'DvD-TD3: shared critic, diversity term, bandit over lambda'),
-    'hypertrick': ('fastpbrl.commands.hypertrick',
-                   'HyperTrick: phased search with early termination'),
-    'seeds': ('fastpbrl.commands.seeds',
-              'N independent members at the agent\'s published defaults'),
     'evaluate': ('fastpbrl.commands.evaluate',
                  'mean and std of return of a trained member (and a video)'),
     'bench': ('fastpbrl.commands.bench',
@@ -37,10 +33,17 @@ COMMANDS = {
 
 
 def usage() -> str:
-  width = max(map(len, COMMANDS))
+  """``fastpbrl --help``: the registered rules, then the other commands."""
+  rules = [(rule.name, rule.help) for rule in registry.builtins()]
+  others = [(name, text) for name, (_, text) in COMMANDS.items()]
+  width = max(len(name) for name, _ in rules + others + [('module:Rule', '')])
   lines = ['usage: fastpbrl <command> [flags]   (fastpbrl <command> --help)',
-           '', 'commands:']
-  lines += [f'  {name:<{width}}  {text}' for name, (_, text) in COMMANDS.items()]
+           '', 'train a population with a rule:']
+  lines += [f'  {name:<{width}}  {text}' for name, text in rules]
+  lines += [f'  {"module:Rule":<{width}}  a rule of your own '
+            '(fastpbrl.rules.register; examples/halving.py)', '',
+            'other commands:']
+  lines += [f'  {name:<{width}}  {text}' for name, text in others]
   return '\n'.join(lines)
 
 
@@ -51,23 +54,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(usage(), file=sys.stdout if argv else sys.stderr)
     return 0 if argv else 2
   if argv[0] == '--version':
-    from fastpbrl import __version__  # noqa: PLC0415
     print(f'fastpbrl {__version__}')
     return 0
   name, rest = argv[0], argv[1:]
-  if name not in COMMANDS:
-    print(f'error: unknown command {name!r}; choose one of '
-          f'{", ".join(COMMANDS)}', file=sys.stderr)
-    return 2
-  module = importlib.import_module(COMMANDS[name][0])
   try:
-    module.main(rest)
+    if name in COMMANDS:
+      importlib.import_module(COMMANDS[name][0]).main(rest)
+    else:
+      cli.train_command(_rule(name), rest, prog=f'fastpbrl {name}')
   except SystemExit as e:
     if isinstance(e.code, str):  # a one-line 'error: ...' from a flag check
       print(e.code, file=sys.stderr)
       return 2
     return 0 if e.code is None else e.code
   return 0
+
+
+def _rule(name: str):
+  """The rule ``fastpbrl NAME`` names; ``SystemExit`` with one line if none."""
+  try:
+    return registry.get(name)
+  except ValueError as e:
+    if ':' in name:
+      raise SystemExit(f'error: {e}') from None
+    raise SystemExit(
+        f'error: unknown command {name!r}; choose one of '
+        f'{", ".join((*registry.known(), *COMMANDS))}, or give '
+        'module:Rule for a rule of your own') from None
 
 
 def console_script() -> None:

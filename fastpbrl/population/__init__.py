@@ -1,8 +1,6 @@
 """Population rules acting between learner calls, as pure array functions on
 the stacked training state and hyperparameters (population axis first).
 
-* ``search_space``: declarative hyperparameter priors; ``sample`` and
-  ``perturb`` (PBT's explore).
 * ``pbt``: Population Based Training's exploit-and-explore (Jaderberg et al.
   2017), plus host-side fitness tracking and lineage logging.
 * ``cem``: the diagonal cross-entropy method of CEM-RL (Pourchot & Sigaud
@@ -15,8 +13,10 @@ the stacked training state and hyperparameters (population axis first).
 
 Host-side pieces (files, numpy bookkeeping) say so in their docstrings; all
 others are jittable and never trigger a recompilation when values change.
+The search spaces they sample from (``fastpbrl.search_space``) sit below
+them and below the agents, which declare their default spaces.
 """
 
-from fastpbrl.population import cem, dvd, hypertrick, pbt, search_space
+from fastpbrl.population import cem, dvd, hypertrick, pbt
 
-__all__ = ['cem', 'dvd', 'hypertrick', 'pbt', 'search_space']
+__all__ = ['cem', 'dvd', 'hypertrick', 'pbt']

@@ -103,15 +103,17 @@ previous round exists (theirs waits for 5). ``relative_gain_reward``
 measured, not the default: it did not learn better
 (``docs/learning-benchmark.md``).
 ``PiecewiseLinear`` is the alternative of Flajolet et al. 2022: a schedule
-instead of the bandit.
+instead of the bandit. The bandit's state (windowed rewards, its numpy
+``PCG64`` generator) and a round's returns are fixed-shape arrays
+(``BanditState``, ``RoundReturns``) taken and returned by pure functions,
+so a rule's state holds them and a checkpoint stores them.
 
 Also here: ``mean_pairwise_action_distance``, the diversity figure that the
-DvD driver logs (and that a lambda-0 baseline can be compared on).
+DvD rule logs (and that a lambda-0 baseline can be compared on).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -120,6 +122,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpbrl.agents.base import SharedCritic
+from fastpbrl.rng import Pcg64State, pcg64_generator, pcg64_state
 from fastpbrl.types import Params
 
 # ---------------------------------------------------------------------------
@@ -179,7 +182,7 @@ def diversity_loss(actions: jax.Array, sigma: float | jax.Array, *,
 def mean_pairwise_action_distance(actions: jax.Array) -> jax.Array:
   """Mean over member pairs ``i < j`` and states ``b`` of ``||a_i(s_b) -
   a_j(s_b)||_2``, from ``actions[N, B, A]``: how far apart the members act,
-  in action units. Not part of the objective; the DvD driver logs it.
+  in action units. Not part of the objective; the DvD rule logs it.
   """
   n = actions.shape[0]
   if n < 2:
@@ -314,8 +317,28 @@ class PiecewiseLinear:
     return float(np.interp(step, steps, values))
 
 
+class BanditState(NamedTuple):
+  """``ThompsonBandit``'s state: fixed-shape numpy arrays (``A`` arms,
+  ``W = max(window, 1)``)."""
+
+  rng: Pcg64State  # the draws' generator
+  selections: np.ndarray  # () int64: ``select`` calls so far
+  # [A] float64: each arm's Beta parameters before the windowed rewards:
+  # the prior, plus every reward when the bandit has no window.
+  alpha: np.ndarray
+  beta: np.ndarray
+  # [W]: the last ``window`` rewards, oldest first: the arm (-1: empty
+  # slot) and the reward (NaN). Unwindowed, the one slot stays empty
+  # (orbax stores no empty arrays).
+  recent_arms: np.ndarray
+  recent_rewards: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
 class ThompsonBandit:
-  """Host-side Beta-Bernoulli Thompson sampling over lambda values.
+  """Host-side Beta-Bernoulli Thompson sampling over lambda values: the
+  settings; the state is a ``BanditState`` of arrays, which ``select``
+  and ``update`` take and return (they change nothing they are given).
 
   DvD's adaptive lambda (Parker-Holder et al. 2020), with the details of the
   authors' implementation: each arm's posterior is ``Beta(prior + rewards,
@@ -323,109 +346,172 @@ class ThompsonBandit:
   lambda drifts during training, so old evidence is forgotten); the first
   ``burn_in`` choices are uniform, later ones take the arm with the largest
   draw from its posterior. Arms default to DvD-TD3's ``{0, 0.5}``.
+
+  Attributes:
+    arms: the lambda values to choose from.
+    prior: Beta prior ``(alpha, beta)`` of every arm.
+    window: the posteriors count the last this-many rewards (over all
+      arms); ``None`` counts every reward.
+    burn_in: choices made uniformly at random before Thompson sampling.
   """
 
-  def __init__(self, rng: np.random.Generator,
-               arms: Sequence[float] = (0.0, 0.5),
-               prior: tuple[float, float] = (1.0, 1.0), *,
-               window: Optional[int] = 50, burn_in: int = 5):
-    """
-    Args:
-      rng: the host-side generator (seeded from the run's seed).
-      arms: the lambda values to choose from.
-      prior: Beta prior ``(alpha, beta)`` of every arm.
-      window: the posteriors count the last this-many rewards (over all
-        arms); ``None`` counts every reward.
-      burn_in: choices made uniformly at random before Thompson sampling.
-    """
-    if len(arms) < 1:
+  arms: tuple = (0.0, 0.5)
+  prior: tuple = (1.0, 1.0)
+  window: Optional[int] = 50
+  burn_in: int = 5
+
+  def __post_init__(self):
+    if len(self.arms) < 1:
       raise ValueError('ThompsonBandit needs at least one arm')
-    if not (prior[0] > 0 and prior[1] > 0):
-      raise ValueError(f'Beta prior parameters must be > 0, got {prior}')
-    if window is not None and window < 1:
-      raise ValueError(f'window must be >= 1 or None, got {window}')
-    if burn_in < 0:
-      raise ValueError(f'burn_in must be >= 0, got {burn_in}')
-    self.rng = rng
-    self.arms = tuple(float(a) for a in arms)
-    self.prior = (float(prior[0]), float(prior[1]))
-    self.burn_in = int(burn_in)
-    self.history = collections.deque(maxlen=window)  # (arm, reward) pairs
-    self.selections = 0  # select() calls so far
+    if not (self.prior[0] > 0 and self.prior[1] > 0):
+      raise ValueError(f'Beta prior parameters must be > 0, got {self.prior}')
+    if self.window is not None and self.window < 1:
+      raise ValueError(f'window must be >= 1 or None, got {self.window}')
+    if self.burn_in < 0:
+      raise ValueError(f'burn_in must be >= 0, got {self.burn_in}')
+    object.__setattr__(self, 'arms', tuple(float(a) for a in self.arms))
+    object.__setattr__(self, 'prior', (float(self.prior[0]),
+                                       float(self.prior[1])))
+    object.__setattr__(self, 'burn_in', int(self.burn_in))
 
-  @property
-  def alpha(self) -> np.ndarray:
-    """Posterior Beta ``alpha`` of each arm (prior + windowed rewards)."""
-    a = np.full((len(self.arms),), self.prior[0])
-    for arm, reward in self.history:
-      a[arm] += reward
-    return a
+  def init(self, rng: np.random.Generator) -> BanditState:
+    """The state of a bandit with no rewards yet, drawing from ``rng``'s
+    stream (a ``PCG64`` generator seeded from the run's seed; ``rng``
+    itself is not advanced)."""
+    num_arms, slots = len(self.arms), self.window or 1
+    return BanditState(
+        rng=pcg64_state(rng), selections=np.asarray(0, np.int64),
+        alpha=np.full((num_arms,), self.prior[0]),
+        beta=np.full((num_arms,), self.prior[1]),
+        recent_arms=np.full((slots,), -1, np.int64),
+        recent_rewards=np.full((slots,), np.nan))
 
-  @property
-  def beta(self) -> np.ndarray:
-    """Posterior Beta ``beta`` of each arm (prior + windowed 1 - rewards)."""
-    b = np.full((len(self.arms),), self.prior[1])
-    for arm, reward in self.history:
-      b[arm] += 1.0 - reward
-    return b
+  def posterior(self, state: BanditState) -> tuple[np.ndarray, np.ndarray]:
+    """``(alpha, beta)``, ``[A]`` float64: each arm's Beta posterior over
+    the windowed rewards (added oldest first)."""
+    alpha, beta = state.alpha.copy(), state.beta.copy()
+    for arm, reward in zip(state.recent_arms, state.recent_rewards):
+      if arm >= 0:
+        alpha[arm] += reward
+        beta[arm] += 1.0 - reward
+    return alpha, beta
 
-  def select(self) -> tuple[int, float]:
-    """``(arm index, lambda)``: uniform during burn-in, else one posterior
-    draw per arm and the largest wins."""
-    if self.selections < self.burn_in:
-      arm = int(self.rng.integers(len(self.arms)))
+  def select(self, state: BanditState) -> tuple[BanditState, int, float]:
+    """``(state, arm index, lambda)``: uniform during burn-in, else one
+    posterior draw per arm and the largest wins."""
+    rng = pcg64_generator(state.rng)
+    if state.selections < self.burn_in:
+      arm = int(rng.integers(len(self.arms)))
     else:
-      arm = int(np.argmax(self.rng.beta(self.alpha, self.beta)))
-    self.selections += 1
-    return arm, self.arms[arm]
+      arm = int(np.argmax(rng.beta(*self.posterior(state))))
+    selections = np.asarray(state.selections + 1, np.int64)
+    return state._replace(rng=pcg64_state(rng),
+                          selections=selections), arm, self.arms[arm]
 
-  def update(self, arm: int, reward: float) -> None:
-    """Records ``reward`` in ``[0, 1]`` (1/2 for a tie) for ``arm``."""
+  def update(self, state: BanditState, arm: int,
+             reward: float) -> BanditState:
+    """``state`` with ``reward`` in ``[0, 1]`` (1/2 for a tie) recorded for
+    ``arm``; beyond the window the oldest reward is forgotten."""
     if not 0 <= arm < len(self.arms):
       raise ValueError(f'arm must be in [0, {len(self.arms)}), got {arm}')
     if not 0.0 <= reward <= 1.0:
       raise ValueError(f'reward must be in [0, 1], got {reward}')
-    self.history.append((int(arm), float(reward)))
+    if self.window is None:
+      alpha, beta = state.alpha.copy(), state.beta.copy()
+      alpha[arm] += float(reward)
+      beta[arm] += 1.0 - float(reward)
+      return state._replace(alpha=alpha, beta=beta)
+    return state._replace(
+        recent_arms=np.append(state.recent_arms[1:], int(arm)),
+        recent_rewards=np.append(state.recent_rewards[1:], float(reward)))
 
-  def means(self) -> np.ndarray:
+  def history(self, state: BanditState) -> list[tuple[int, float]]:
+    """The windowed ``(arm, reward)`` pairs, oldest first (none when the
+    bandit has no window: their sums are in ``state.alpha``)."""
+    return [(int(a), float(r)) for a, r in zip(state.recent_arms,
+                                               state.recent_rewards) if a >= 0]
+
+  def means(self, state: BanditState) -> np.ndarray:
     """Posterior mean reward of each arm."""
-    a, b = self.alpha, self.beta
+    a, b = self.posterior(state)
     return a / (a + b)
 
-  def state(self) -> dict:
-    """JSON-serialisable state, for checkpoints (``load_state``)."""
-    return {'history': [list(h) for h in self.history],
-            'selections': self.selections,
-            'rng': self.rng.bit_generator.state}
 
-  def load_state(self, state: dict) -> None:
-    self.history.clear()
-    self.history.extend((int(a), float(r)) for a, r in state['history'])
-    self.selections = int(state['selections'])
-    self.rng.bit_generator.state = state['rng']
+class RoundReturns(NamedTuple):
+  """The evaluation returns of one bandit round, by member, as fixed-shape
+  numpy arrays (``N`` members, at most ``K`` returns kept per member):
+  what ``round_score`` needs (``round_returns``, ``record_return``)."""
+
+  # [N, K] float64: each member's returns in the order they came, NaN past
+  # its count (and past K: the sums stand in for the mean then).
+  returns: np.ndarray
+  counts: np.ndarray  # [N] int64: returns recorded per member
+  sums: np.ndarray  # [N] float64: their sums, in the order they came
+  best: np.ndarray  # [N] float64: the largest (-inf: none)
+  # [N] int64: the order in which members first evaluated in the round
+  # (0 first; -1: not yet), the order of ``round_score``'s mean.
+  first: np.ndarray
 
 
-def round_score(returns_by_member: dict, score: str = 'mean') -> Optional[float]:
+def round_returns(population_size: int, capacity: int) -> RoundReturns:
+  """An empty round of ``population_size`` members, keeping ``capacity``
+  returns per member (``round_score``'s mean is exact up to there)."""
+  n = population_size
+  return RoundReturns(returns=np.full((n, capacity), np.nan),
+                      counts=np.zeros((n,), np.int64),
+                      sums=np.zeros((n,), np.float64),
+                      best=np.full((n,), -np.inf),
+                      first=np.full((n,), -1, np.int64))
+
+
+def record_return(round_: RoundReturns, member: int,
+                  value: float) -> RoundReturns:
+  """``round_`` with ``member``'s evaluation return ``value`` added."""
+  count = int(round_.counts[member])
+  returns, counts = round_.returns, round_.counts.copy()
+  sums, best, first = round_.sums.copy(), round_.best.copy(), round_.first
+  if count < returns.shape[1]:
+    returns = returns.copy()
+    returns[member, count] = value
+  if count == 0:
+    first = first.copy()
+    first[member] = int((first >= 0).sum())
+  counts[member] += 1
+  sums[member] += value
+  best[member] = np.maximum(best[member], value)  # NaN wins, as .max()
+  return RoundReturns(returns, counts, sums, best, first)
+
+
+def round_score(round_: RoundReturns, score: str = 'mean') -> Optional[float]:
   """A bandit round's return, from the evaluation returns that ended in it.
 
   Args:
-    returns_by_member: ``{member: [evaluation episode returns]}``.
+    round_: the round's returns by member (``record_return``).
     score: ``'mean'``: the mean over members of each member's mean return
       (a member that evaluated more often does not weigh more); ``'best'``:
       the best single episode.
 
   Returns:
     The round's return; ``None`` when no evaluation ended in the round.
+    The means are numpy's of the returns as they came, members in the
+    order they first evaluated (the same bits as the means of those
+    lists); a member with more than ``K`` returns in the round (see
+    ``round_returns``) is averaged from its sum instead, which may differ
+    in the last bits (numpy sums 8 or more values pairwise).
   """
-  groups = [np.asarray(r, np.float64) for r in returns_by_member.values()
-            if len(r)]
-  if not groups:
+  if score not in ('mean', 'best'):
+    raise ValueError(f"score must be 'mean' or 'best', got {score!r}")
+  members = [int(m) for m in np.argsort(round_.first, kind='stable')
+             if round_.first[m] >= 0]
+  if not members:
     return None
-  if score == 'mean':
-    return float(np.mean([g.mean() for g in groups]))
   if score == 'best':
-    return float(max(g.max() for g in groups))
-  raise ValueError(f"score must be 'mean' or 'best', got {score!r}")
+    return float(max(round_.best[m] for m in members))
+  capacity = round_.returns.shape[1]
+  means = [round_.returns[m, :round_.counts[m]].mean()
+           if round_.counts[m] <= capacity
+           else round_.sums[m] / round_.counts[m] for m in members]
+  return float(np.mean(means))
 
 
 def improvement_reward(previous_returns: Sequence[float],
@@ -433,7 +519,7 @@ def improvement_reward(previous_returns: Sequence[float],
   """A bandit round's reward: did the population's return improve?
 
   Args:
-    previous_returns: the returns of the rounds just before (the driver keeps
+    previous_returns: the returns of the rounds just before (the rule keeps
       the last 5, as in the authors' code).
     current_return: this round's return.
 

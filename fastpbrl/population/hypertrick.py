@@ -25,24 +25,30 @@ launched. A worker reporting its last phase completes (there is nothing left
 to stop). The search ends with the best configuration observed (Algorithm 1,
 line 11).
 
-``HyperTrick`` is **host-side** bookkeeping (Python and numpy, not
-jittable), driven by the run loop; ``reset_members`` is the pure JAX
-function that gives restarted slots of the stacked state fresh weights and
-newly sampled hyperparameters.
+The scheduler is **host-side** (numpy, not jittable) but pure: its
+bookkeeping is a ``SchedulerState`` of fixed-shape arrays (a rule's state
+checkpoints it as it is), and ``start``, ``report``, ``set_hparams`` and
+``best`` return new values rather than change their arguments, so the same
+reports in the same order give the same decisions. ``reset_members`` is the
+pure JAX function that gives restarted slots of the stacked state fresh
+weights and newly sampled hyperparameters.
+
+Departure: a phase in which ``M_p = 0`` (a small ``W``, a late phase)
+starts in Worker Selection Mode with no metric to compare the first
+reporter with; it continues (the quantile of no metric is undefined).
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import math
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.population import search_space as ss
+from fastpbrl import search_space as ss
 from fastpbrl.types import PRNGKey
 
 CONTINUE = 'continue'
@@ -104,14 +110,14 @@ def min_completion_rate(config: HyperTrickConfig) -> float:
                  config.num_workers * config.num_phases)
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
-  # numpy's default ('linear') quantile of an already sorted list.
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+  # numpy's default ('linear') quantile of already sorted values.
   # A -inf (diverged) value below the quantile position makes it -inf
   # rather than NaN.
   pos = q * (len(sorted_values) - 1)
   lo = int(math.floor(pos))
   hi = min(lo + 1, len(sorted_values) - 1)
-  low, high = sorted_values[lo], sorted_values[hi]
+  low, high = float(sorted_values[lo]), float(sorted_values[hi])
   if pos == lo or low == high or math.isinf(low):
     return low
   return low + (pos - lo) * (high - low)
@@ -130,139 +136,177 @@ class Best(NamedTuple):
   worker: int
   metric: float
   phase: int  # the phase at whose end the metric was reported
-  hparams: Optional[dict]
+  hparams: Optional[np.ndarray]  # [H] its ``set_hparams`` values, or None
 
 
-class HyperTrick:
-  """Host-side HyperTrick scheduler over ``num_slots`` population slots.
+class SchedulerState(NamedTuple):
+  """HyperTrick's bookkeeping over ``S`` slots, ``W`` workers, ``P`` phases
+  and ``H`` hyperparameters per configuration (host numpy, fixed shapes).
+
+  Workers are numbered in launch order. Slots run asynchronously:
+  different slots may be in different phases, as in the paper.
+  """
+
+  slot_worker: np.ndarray  # [S] int64: the worker each slot runs, -1: idle
+  slot_phase: np.ndarray  # [S] int64: the phase it runs (1-based), 0: idle
+  # [P + 1, W] float64: row p holds the metrics reported at the end of phase
+  # p, ascending, NaN after the first ``reported[p]`` (row 0 is unused).
+  metrics: np.ndarray
+  reported: np.ndarray  # [P + 1] int64: reports per phase (index 0 unused)
+  terminated: np.ndarray  # [P + 1] int64: of those, terminated
+  launched: np.ndarray  # () int64: workers launched so far
+  # [W, H] float64: each worker's hyperparameters (``set_hparams``), NaN
+  # until set.
+  hparams: np.ndarray
+  best_worker: np.ndarray  # () int64: the best reporter so far, -1: none
+  best_metric: np.ndarray  # () float64: its metric (-inf: none)
+  best_phase: np.ndarray  # () int64: the phase at whose end it reported
+
+
+def start(config: HyperTrickConfig, num_slots: int,
+          num_hparams: int = 0) -> SchedulerState:
+  """Launches ``min(W, num_slots)`` workers (Algorithm 1, lines 2-3):
+  slot ``s`` runs worker ``s``, the others are idle.
 
   Usage::
 
-    sched = HyperTrick(config, num_slots)
-    sched.start()                       # slots 0..S-1 get workers 0..S-1
-    ...                                 # train; at the end of a slot's phase:
-    report = sched.report(slot, metric)
-    if report.new_worker is not None:   # restart the slot from phase one:
-      ...                               # reset_members(...), set_hparams(...)
+    sched = start(config, num_slots, num_hparams)
+    sched = set_hparams(sched, worker, values)  # for each launched worker
+    ...                                         # train; at a phase's end:
+    sched, report = hypertrick.report(config, sched, slot, metric)
+    if report.new_worker is not None:           # restart the slot from phase
+      ...                                       # one: reset_members(...)
     ...
-    sched.best()                        # once sched.done
-
-  Workers are numbered in launch order. Slots run asynchronously: different
-  slots may be in different phases, as in the paper.
+    best(sched)                                 # once done(config, sched)
   """
+  if num_slots < 1:
+    raise ValueError(f'num_slots must be >= 1, got {num_slots}')
+  w, p = config.num_workers, config.num_phases
+  launched = min(w, num_slots)
+  slot_worker = np.full((num_slots,), -1, np.int64)
+  slot_worker[:launched] = np.arange(launched)
+  return SchedulerState(
+      slot_worker=slot_worker,
+      slot_phase=np.where(slot_worker >= 0, 1, 0).astype(np.int64),
+      metrics=np.full((p + 1, w), np.nan),
+      reported=np.zeros((p + 1,), np.int64),
+      terminated=np.zeros((p + 1,), np.int64),
+      launched=np.asarray(launched, np.int64),
+      hparams=np.full((w, num_hparams), np.nan),
+      best_worker=np.asarray(-1, np.int64),
+      best_metric=np.asarray(-np.inf),
+      best_phase=np.asarray(0, np.int64))
 
-  def __init__(self, config: HyperTrickConfig, num_slots: int):
-    if num_slots < 1:
-      raise ValueError(f'num_slots must be >= 1, got {num_slots}')
-    self.config = config
-    self.num_slots = num_slots
-    self.slot_worker: list[Optional[int]] = [None] * num_slots
-    self.worker_phase: dict[int, int] = {}  # phase the worker is running
-    self.hparams: dict[int, dict] = {}
-    self.history: list[tuple[int, int, float, str]] = []  # (worker, phase, metric, decision)
-    self._sorted = [[] for _ in range(config.num_phases + 1)]  # per phase
-    self.reported = np.zeros((config.num_phases + 1,), np.int64)
-    self.terminated = np.zeros((config.num_phases + 1,), np.int64)
-    self.launched = 0
-    self._best: Optional[Best] = None
-    self._started = False
 
-  def _launch(self, slot: int) -> Optional[int]:
-    if self.launched >= self.config.num_workers:
-      self.slot_worker[slot] = None
-      return None
-    worker = self.launched
-    self.launched += 1
-    self.slot_worker[slot] = worker
-    self.worker_phase[worker] = 1
-    return worker
+def set_hparams(state: SchedulerState, worker: int,
+                values) -> SchedulerState:
+  """Records the hyperparameters (``[H]``) a worker runs with (for
+  ``best``)."""
+  hparams = state.hparams.copy()
+  hparams[int(worker)] = np.asarray(values, np.float64)
+  return state._replace(hparams=hparams)
 
-  def start(self) -> list[Optional[int]]:
-    """Launches ``min(W, num_slots)`` workers (Algorithm 1, lines 2-3);
-    returns the worker of each slot (``None`` for an idle slot)."""
-    if self._started:
-      raise RuntimeError('HyperTrick.start was already called')
-    self._started = True
-    for slot in range(self.num_slots):
-      self._launch(slot)
-    return list(self.slot_worker)
 
-  def set_hparams(self, worker: int, hparams: dict) -> None:
-    """Records the hyperparameters a worker runs with (for ``best``)."""
-    self.hparams[int(worker)] = dict(hparams)
+def done(config: HyperTrickConfig, state: SchedulerState) -> bool:
+  """All ``W`` workers launched and none running."""
+  return bool(int(state.launched) >= config.num_workers
+              and np.all(state.slot_worker < 0))
 
-  @property
-  def done(self) -> bool:
-    """All ``W`` workers launched and none running."""
-    return (self._started and self.launched >= self.config.num_workers
-            and all(w is None for w in self.slot_worker))
 
-  def report(self, slot: int, metric: float, launch: bool = True) -> Report:
-    """The worker in ``slot`` finished its current phase with ``metric``.
+def phase_metrics(state: SchedulerState, phase: int) -> np.ndarray:
+  """The metrics reported at the end of ``phase`` (1-based), ascending."""
+  return state.metrics[phase, :int(state.reported[phase])]
 
-    ``launch=False``: a stopped worker is not replaced (the slot goes idle),
-    for a caller whose budget could not train a new worker any more.
 
-    Returns:
-      The decision; when the worker stops (terminated or complete) and fewer
-      than ``W`` workers were launched, ``new_worker`` is the worker now in
-      ``slot``, to be restarted from phase one with fresh parameters and
-      newly sampled hyperparameters.
-    """
-    worker = self.slot_worker[slot]
-    if worker is None:
-      raise ValueError(f'slot {slot} has no running worker')
-    metric = float(metric)
-    if not math.isfinite(metric):
-      metric = -math.inf  # a diverged worker ranks last
-    phase = self.worker_phase[worker]
-    seen = self._sorted[phase]
-    if len(seen) < min_continuing(self.config, phase):
-      keep = True  # Data Collection Mode
-    else:  # Worker Selection Mode
-      keep = metric > -math.inf and not metric < _quantile(
-          seen, self.config.quantile)
-    bisect.insort(seen, metric)
-    self.reported[phase] += 1
+def report(config: HyperTrickConfig, state: SchedulerState, slot: int,
+           metric: float, launch: bool = True
+           ) -> tuple[SchedulerState, Report]:
+  """The worker in ``slot`` finished its current phase with ``metric``.
 
-    if self._best is None or metric > self._best.metric:
-      self._best = Best(worker, metric, phase, self.hparams.get(worker))
+  ``launch=False``: a stopped worker is not replaced (the slot goes idle),
+  for a caller whose budget could not train a new worker any more.
 
-    if phase == self.config.num_phases:
-      decision = COMPLETE
-    elif keep:
-      decision = CONTINUE
-    else:
-      decision = TERMINATE
-      self.terminated[phase] += 1
-    self.history.append((worker, phase, metric, decision))
+  Returns:
+    ``(state, report)``: the new state, and the decision; when the worker
+    stops (terminated or complete) and fewer than ``W`` workers were
+    launched, ``report.new_worker`` is the worker now in ``slot``, to be
+    restarted from phase one with fresh parameters and newly sampled
+    hyperparameters.
+  """
+  worker = int(state.slot_worker[slot])
+  if worker < 0:
+    raise ValueError(f'slot {slot} has no running worker')
+  metric = float(metric)
+  if not math.isfinite(metric):
+    metric = -math.inf  # a diverged worker ranks last
+  phase = int(state.slot_phase[slot])
+  seen = phase_metrics(state, phase)
+  count = seen.shape[0]
+  if count < min_continuing(config, phase) or count == 0:
+    keep = True  # Data Collection Mode (or nothing to compare with yet)
+  else:  # Worker Selection Mode
+    keep = metric > -math.inf and not metric < _quantile(seen,
+                                                         config.quantile)
+  metrics = state.metrics.copy()
+  at = int(np.searchsorted(seen, metric, side='right'))  # bisect.insort
+  metrics[phase, at + 1:count + 1] = seen[at:]
+  metrics[phase, at] = metric
+  reported = state.reported.copy()
+  reported[phase] += 1
+  state = state._replace(metrics=metrics, reported=reported)
 
-    new_worker = None
-    if decision == CONTINUE:
-      self.worker_phase[worker] = phase + 1
-    else:
-      del self.worker_phase[worker]
-      if launch:
-        new_worker = self._launch(slot)
-      else:
-        self.slot_worker[slot] = None
-    return Report(worker, phase, decision, new_worker)
+  if int(state.best_worker) < 0 or metric > float(state.best_metric):
+    state = state._replace(best_worker=np.asarray(worker, np.int64),
+                           best_metric=np.asarray(metric),
+                           best_phase=np.asarray(phase, np.int64))
 
-  def eviction_rates(self) -> np.ndarray:
-    """``[P - 1]`` observed fraction of phase-``p`` reporters terminated,
-    ``p = 1..P-1`` (NaN for a phase nobody reported)."""
-    rep = self.reported[1:self.config.num_phases].astype(np.float64)
-    term = self.terminated[1:self.config.num_phases].astype(np.float64)
-    with np.errstate(invalid='ignore', divide='ignore'):
-      return np.where(rep > 0, term / np.maximum(rep, 1), np.nan)
+  if phase == config.num_phases:
+    decision = COMPLETE
+  elif keep:
+    decision = CONTINUE
+  else:
+    decision = TERMINATE
+    terminated = state.terminated.copy()
+    terminated[phase] += 1
+    state = state._replace(terminated=terminated)
 
-  def best(self) -> Best:
-    """The best metric reported so far, its worker and hyperparameters
-    (hyperparameters are looked up now, so ``set_hparams`` may come after
-    the worker's reports)."""
-    if self._best is None:
-      raise ValueError('no worker has reported yet')
-    return self._best._replace(hparams=self.hparams.get(self._best.worker))
+  slot_worker, slot_phase = state.slot_worker.copy(), state.slot_phase.copy()
+  launched = int(state.launched)
+  new_worker = None
+  if decision == CONTINUE:
+    slot_phase[slot] = phase + 1
+  elif launch and launched < config.num_workers:
+    new_worker = launched
+    launched += 1
+    slot_worker[slot], slot_phase[slot] = new_worker, 1
+  else:
+    slot_worker[slot], slot_phase[slot] = -1, 0
+  state = state._replace(slot_worker=slot_worker, slot_phase=slot_phase,
+                         launched=np.asarray(launched, np.int64))
+  return state, Report(worker, phase, decision, new_worker)
+
+
+def eviction_rates(config: HyperTrickConfig,
+                   state: SchedulerState) -> np.ndarray:
+  """``[P - 1]`` observed fraction of phase-``p`` reporters terminated,
+  ``p = 1..P-1`` (NaN for a phase nobody reported)."""
+  rep = state.reported[1:config.num_phases].astype(np.float64)
+  term = state.terminated[1:config.num_phases].astype(np.float64)
+  with np.errstate(invalid='ignore', divide='ignore'):
+    return np.where(rep > 0, term / np.maximum(rep, 1), np.nan)
+
+
+def best(state: SchedulerState) -> Best:
+  """The best metric reported so far, its worker and hyperparameters
+  (looked up now, so ``set_hparams`` may come after the worker's reports;
+  None if they were never set)."""
+  worker = int(state.best_worker)
+  if worker < 0:
+    raise ValueError('no worker has reported yet')
+  hparams = state.hparams[worker]
+  return Best(worker, float(state.best_metric), int(state.best_phase),
+              None if hparams.size and np.isnan(hparams).all() else
+              hparams.copy())
 
 
 def reset_members(key: PRNGKey, state: Any, hparams: Any, reset: jax.Array,

@@ -64,7 +64,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.population import search_space as ss
+from fastpbrl import search_space as ss
+from fastpbrl.sharding import whole_value
 from fastpbrl.types import PRNGKey
 
 State = Any  # a NamedTuple training state with [N] leaves
@@ -474,7 +475,6 @@ class FitnessTracker:
 
 
 def _hparams_dicts(hparams: HParams) -> list[dict]:
-  from fastpbrl.distributed import whole_value  # noqa: PLC0415 (a cycle)
   arrays = {name: whole_value(value)
             for name, value in hparams._asdict().items()}
   n = len(next(iter(arrays.values())))
@@ -520,11 +520,7 @@ class Lineage:
                   members: Optional[Iterable[int]] = None,
                   event: str = 'init', env_steps: Optional[int] = None
                   ) -> None:
-    rows = _hparams_dicts(hparams)
-    members = range(len(rows)) if members is None else members
-    extra = {} if env_steps is None else {'env_steps': int(env_steps)}
-    self._write([{'event': event, 'step': int(step), 'member': int(i),
-                  'hparams': rows[int(i)], **extra} for i in members])
+    self._write(init_events(step, hparams, members, event, env_steps))
 
   def record_reset(self, step: int, hparams: HParams,
                    members: Iterable[int]) -> None:
@@ -548,11 +544,23 @@ class Lineage:
     self._write(events)
 
 
+def init_events(step: int, hparams: HParams,
+                members: Optional[Iterable[int]] = None, event: str = 'init',
+                env_steps: Optional[int] = None) -> list[dict]:
+  """Host-side. The lineage events that start ``members``' lines of weights
+  (all members by default): ``init``, or ``reset`` for slots restarted
+  from scratch."""
+  rows = _hparams_dicts(hparams)
+  members = range(len(rows)) if members is None else members
+  extra = {} if env_steps is None else {'env_steps': int(env_steps)}
+  return [{'event': event, 'step': int(step), 'member': int(i),
+           'hparams': rows[int(i)], **extra} for i in members]
+
+
 def exploit_events(step: int, result: PBTResult, old_hparams: HParams,
                    fitness: Optional[Sequence[float]] = None,
                    env_steps: Optional[int] = None) -> list[dict]:
   """Host-side. The lineage events of ``result``: one per replaced member."""
-  from fastpbrl.distributed import whole_value  # noqa: PLC0415 (a cycle)
   replaced = whole_value(result.replaced)  # gathered over processes
   parent = whole_value(result.parent)
   old_rows = _hparams_dicts(old_hparams)

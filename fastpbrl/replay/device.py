@@ -361,15 +361,7 @@ class DeviceReplay(Replay):
     self._device = device
     self._rows_total = (self.num_members * self.capacity if self._per_member
                         else self.capacity)
-    row_bytes = max(bytes_per_transition(self.fields), 1)
-    buckets = [min_bucket]
-    while buckets[-1] * 4 * row_bytes <= max_bucket_bytes:
-      buckets.append(buckets[-1] * 4)
-    self._buckets = buckets
-    default_staging = max(buckets[-1], max_bucket_bytes // row_bytes)
-    self.staging_rows = int(staging_rows or default_staging)
-    if self.staging_rows < 1:
-      raise ValueError(f'staging_rows must be >= 1, got {staging_rows}')
+    self._init_staging(staging_rows, min_bucket, max_bucket_bytes)
     self.insert_timeout_s = insert_timeout_s
     ring = (self.num_members,) if self._per_member else ()
     self._pos = np.zeros(ring, np.int64)  # host mirrors, staged inserts included
@@ -380,12 +372,32 @@ class DeviceReplay(Replay):
     self._drained = threading.Condition(self._lock)
     self._device_lock = threading.RLock()  # serialises device work
     self.compilations = 0  # traces of the flush write (all buckets)
+    self.mesh = mesh
+    self._make_device_fns(mesh)
+    self._state = self._allocate_state(device, mesh)
+    self._log_size()
+
+  def _init_staging(self, staging_rows: int | None, min_bucket: int,
+                    max_bucket_bytes: int) -> None:
+    """Sets the flush's bucket sizes and the staging area's bound."""
+    row_bytes = max(bytes_per_transition(self.fields), 1)
+    buckets = [min_bucket]
+    while buckets[-1] * 4 * row_bytes <= max_bucket_bytes:
+      buckets.append(buckets[-1] * 4)
+    self._buckets = buckets
+    default_staging = max(buckets[-1], max_bucket_bytes // row_bytes)
+    self.staging_rows = int(staging_rows or default_staging)
+    if self.staging_rows < 1:
+      raise ValueError(f'staging_rows must be >= 1, got {staging_rows}')
+
+  def _make_device_fns(self, mesh) -> None:
+    """Jits the flush write, the member copy and the sampler (each output
+    kept on ``mesh``'s layout when there is one)."""
 
     def traced_write(state, rows, values, pos, size):
       self.compilations += 1  # runs once per trace, never at run time
       return write_rows(state, rows, values, pos, size)
 
-    self.mesh = mesh
     abstract = jax.eval_shape(lambda: init_state(
         self.layout, self.fields, self.num_members, self.capacity))
     if mesh is None:
@@ -401,16 +413,17 @@ class DeviceReplay(Replay):
                          donate_argnums=0)
     self._sample = jax.jit(sample, static_argnums=(2, 3),
                            static_argnames=('num_members',))
+
+  def _allocate_state(self, device, mesh) -> DeviceReplayState:
+    """Empty rings on ``mesh`` (each device its part), else on ``device``."""
     if mesh is not None:  # allocated in place, each device its part
-      self._state = jax.jit(lambda: init_state(
+      return jax.jit(lambda: init_state(
           self.layout, self.fields, self.num_members, self.capacity),
-                            out_shardings=self._shardings)()
-    else:
-      with (jax.default_device(device) if device is not None
-            else contextlib.nullcontext()):
-        self._state = init_state(self.layout, self.fields, self.num_members,
-                                 self.capacity)
-    self._log_size()
+                     out_shardings=self._shardings)()
+    with (jax.default_device(device) if device is not None
+          else contextlib.nullcontext()):
+      return init_state(self.layout, self.fields, self.num_members,
+                        self.capacity)
 
   # ------------------------------------------------------------- reporting
 

@@ -1,33 +1,23 @@
-"""Drivers: the host-side half of each population rule (not jittable).
+"""Population rules: the contract (``base``), the registry, and one module
+per rule (host-side; the array work inside a rule may be jitted).
 
-A driver tells ``fastpbrl.run.run`` which learner mode to use and what to do
-between learner calls; the arithmetic of each rule is a pure function in
-``fastpbrl.population`` that the driver calls on the stacked state. Drivers
-keep only bookkeeping (fitness histories, counters, lineage files) and hand
-all of it to the checkpoint, so that ``--resume`` continues a rule exactly
-where it was.
+* ``base``: ``Rule``, ``Observation``, ``Decision``, ``Population``: what a
+  rule is and may do (read it first);
+* ``registry``: ``register`` (a class decorator), ``get(ref)``;
+* ``seeds``, ``pbt``, ``cemrl``, ``dvd``, ``hypertrick``: the built-in
+  rules, each all in its module (settings, presets, bookkeeping, decisions),
+  the pure array functions it calls in ``fastpbrl.population``;
+* ``common``: what several rules share (search spaces, config checks).
 
-One module per rule, each holding that rule's run settings (the
-``RunConfig`` subclass its command parses) and its driver:
-
-* ``seeds``: ``SeedsDriver``, N independent seeds (no rule);
-* ``pbt``: ``PBTRunConfig``, ``PBTDriver``, ``ScheduleDriver``;
-* ``dvd``: ``DvDRunConfig``, ``DvDDriver``;
-* ``hypertrick``: ``HyperTrickRunConfig``, ``HyperTrickDriver``;
-* ``cemrl``: ``CEMRLRunConfig``, ``CEMRLDriver``;
-* ``common``: what several drivers share (search space loading,
-  ``FreshEpisodes``, config checks).
-
-Why a package of its own rather than the bottom of each
-``fastpbrl/population/<rule>.py``: a driver subclasses ``fastpbrl.run.Driver``
-and reads the run loop's state, so it imports ``fastpbrl.run`` (and through
-it the learner, actors, replay and checkpointing); ``fastpbrl.population``
-stays pure array functions, importable and testable without the run loop,
-as the style guide keeps jitted code apart from host-side code.
-``rules/pbt.py`` sits by name beside ``population/pbt.py``: the two halves
-of one rule. ``fastpbrl.drivers`` re-exports every name for older imports.
+The rules sit below the run loop: they import the settings
+(``fastpbrl.config``), the learner and the pure rules, never
+``fastpbrl.run`` or ``fastpbrl.loop``, which import them. A rule of your
+own is one file: ``examples/halving.py``.
 """
 
-from fastpbrl.rules import cemrl, common, dvd, hypertrick, pbt, seeds
+from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
+                                 RuleState, hparam_rows, mask, split_key)
+from fastpbrl.rules.registry import get, known, register
 
-__all__ = ['cemrl', 'common', 'dvd', 'hypertrick', 'pbt', 'seeds']
+__all__ = ['Decision', 'Observation', 'Population', 'Rule', 'RuleState',
+           'get', 'hparam_rows', 'known', 'mask', 'register', 'split_key']

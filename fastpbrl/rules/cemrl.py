@@ -1,27 +1,41 @@
-"""CEM-RL's host-side half: its run settings and driver (not jittable).
+"""CEM-RL (Pourchot & Sigaud 2019) with a shared TD3 critic, vectorized over
+the population as in the 2022 paper (section 4.2): settings, presets and
+Algorithm 1's generations (host-side; the CEM arithmetic and the RL half's
+update are jitted or pure JAX).
+
+    fastpbrl cemrl                    # small default: Pendulum-v1, 6 members
+    fastpbrl cemrl --preset paper     # HalfCheetah-v5, 10 members, 1M env steps
+
+The budget, --total-env-steps, counts the env steps of the whole population
+together, as CEM-RL states budgets (the paper: 1M on HalfCheetah, i.e.
+100,000 per member with 10 members). --warmup-steps stays per member.
 
 The pure half, the diagonal cross-entropy method and the RL half's schedule
 in the shared-critic update, is ``fastpbrl.population.cem``. Here:
-``CEMRLRunConfig`` (the ``fastpbrl cemrl`` flags, with the budget of the
-whole population) and ``CEMRLDriver`` (Algorithm 1's generations; its
-docstring lists the departures the asynchronous pipeline forces).
+``CEMRLRunConfig`` (the flags, with the budget of the whole population) and
+``CEMRL`` (Algorithm 1's generations; its docstring lists the departures
+the asynchronous pipeline forces).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fastpbrl.config import RunConfig, check
 from fastpbrl.evaluation import evaluate_policy
 from fastpbrl.learner import population_hparams
 from fastpbrl.population import cem as cem_lib
-from fastpbrl.rules.common import FreshEpisodes, _check_shared_critic
-from fastpbrl.run import Driver, Loop, RunConfig, _check, hparam_rows
+from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
+                                 hparam_rows, split_key)
+from fastpbrl.rules.common import check_shared_critic
+from fastpbrl.rules.registry import register
+
+MEAN_POLICY = 'mean_policy.csv'
 
 
 @dataclasses.dataclass
@@ -69,7 +83,45 @@ class CEMRLRunConfig(RunConfig):
   """Episodes of the distribution's mean policy after each generation."""
 
 
-class CEMRLDriver(Driver):
+PRESETS = {
+    'small': CEMRLRunConfig(),
+    # The paper's HalfCheetah run: 10 members, 1M env steps in all, and
+    # 10,000 warm-up steps in all (its start_steps).
+    'paper': CEMRLRunConfig(env='HalfCheetah-v5', population_size=10,
+                            total_env_steps=1_000_000, warmup_steps=1_000,
+                            checkpoint_every=500),
+}
+
+
+class CEMRLState(NamedTuple):
+  """CEM-RL's bookkeeping (host numpy, but the key, the distribution and the
+  fresh policy optimizer state)."""
+
+  key: jax.Array
+  # The search distribution: mean and var [D] float32, extra_noise ()
+  # float32 (D: the parameters of one policy).
+  cem: cem_lib.CEMState
+  # The freshly initialised policy optimizer states, [N, ...] leaves: what a
+  # newly sampled generation starts from (Adam's depends only on the
+  # parameters' shapes, so it is the fresh state of any sampled policy).
+  initial_policy_opt: Any
+  evaluating: np.ndarray  # () bool: the eval phase (else: train)
+  generation: np.ndarray  # () int64: CEM updates done
+  actor_steps: np.ndarray  # () int64: Algorithm 1's actor_steps (this one's)
+  critic_steps: np.ndarray  # () int64: shared critic steps so far (state.step)
+  update_steps: np.ndarray  # () int64: Observation.update_steps, last call
+  # [N] float64: each member's fitness in this eval phase, NaN until its
+  # fitness episode ends.
+  fitness: np.ndarray
+  lengths: np.ndarray  # [N] int64: the lengths of those episodes (0: none)
+  last_return: np.ndarray  # () float64: the last mean-policy return (NaN: none)
+  best_return: np.ndarray  # () float64: the best mean-policy return (NaN: none)
+  # () bool: a resumed eval phase, whose first call scores nobody.
+  resumed: np.ndarray
+
+
+@register
+class CEMRL(Rule):
   """CEM-RL's generations (Algorithm 1 of Pourchot & Sigaud 2019).
 
   Generation ``g``, in two phases:
@@ -128,68 +180,71 @@ class CEMRLDriver(Driver):
   """
 
   name = 'cemrl'
+  help = 'CEM-RL: CEM over TD3 policies with a shared critic'
+  config_class = CEMRLRunConfig
+  presets = PRESETS
   shared_critic = True
   shared_replay = True
   min_population = 2
+  multi_process = False
+  log_files = (MEAN_POLICY,)
 
   def __init__(self, config: CEMRLRunConfig):
+    """Checks ``config``, resolved (``resolve``) if it is not yet."""
     config = self.resolve(config)
     super().__init__(config)
-    _check_shared_critic('CEM-RL', config)
-    _check(config.population_size % 2 == 0, f'--population-size must be even '
-           f'(mirrored sampling), got {config.population_size}')
-    _check(0 < config.rl_fraction <= 1,
-           f'--rl-fraction must be in (0, 1], got {config.rl_fraction}')
-    _check(0 < config.elite_fraction <= 1,
-           f'--elite-fraction must be in (0, 1], got {config.elite_fraction}')
-    _check(config.initial_variance > 0, '--initial-variance must be > 0')
-    _check(config.initial_extra_noise >= 0, '--initial-extra-noise must be >= 0')
-    _check(0 < config.noise_decay < 1, '--noise-decay must be in (0, 1)')
-    _check(config.noise_limit >= 0, '--noise-limit must be >= 0')
-    _check(config.action_noise >= 0, '--action-noise must be >= 0')
-    _check(config.mean_eval_episodes >= 1, '--mean-eval-episodes must be >= 1')
-    n = config.population_size
-    self.num_rl = max(1, round(config.rl_fraction * n))
-    self.phase = 'train'
-    self.generation = 0  # CEM updates done
-    self.actor_steps = 0  # Algorithm 1's actor_steps for this generation
-    self.critic_steps = 0  # shared critic steps so far (state.step)
-    self.fresh = FreshEpisodes(n)  # the eval phase scores fresh episodes
-    self.resumed = False
-    self.fitness = np.full((n,), np.nan)
-    self.lengths = np.zeros((n,), np.int64)  # of the fitness episodes
-    # (generation, total env steps, actor steps, mean-policy return)
-    self.mean_returns: list[tuple[int, int, int, float]] = []
-    self.cem_state = None
-    self.unravel = None
-    self.initial_policy_opt = None
-    self.agent = None
+    check_shared_critic('CEM-RL', config)
+    check(config.population_size % 2 == 0, f'--population-size must be even '
+          f'(mirrored sampling), got {config.population_size}')
+    check(0 < config.rl_fraction <= 1,
+          f'--rl-fraction must be in (0, 1], got {config.rl_fraction}')
+    check(0 < config.elite_fraction <= 1,
+          f'--elite-fraction must be in (0, 1], got {config.elite_fraction}')
+    check(config.initial_variance > 0, '--initial-variance must be > 0')
+    check(config.initial_extra_noise >= 0, '--initial-extra-noise must be >= 0')
+    check(0 < config.noise_decay < 1, '--noise-decay must be in (0, 1)')
+    check(config.noise_limit >= 0, '--noise-limit must be >= 0')
+    check(config.action_noise >= 0, '--action-noise must be >= 0')
+    check(config.mean_eval_episodes >= 1, '--mean-eval-episodes must be >= 1')
+
+  @classmethod
+  def from_config(cls, config: CEMRLRunConfig) -> Rule:
+    return cls(cls.resolve(config))
 
   @staticmethod
   def resolve(config: CEMRLRunConfig) -> CEMRLRunConfig:
-    """The config ``run`` gets (``driver.config``): the per-member budget
+    """The config ``run`` gets (``rule.config``): the per-member budget
     from ``--total-env-steps`` and the default update-to-data ratio filled in.
     Idempotent, so a resumed run resolves its saved config alike."""
-    _check(config.total_env_steps > 0,
-           f'--total-env-steps must be > 0, got {config.total_env_steps}')
+    check(config.total_env_steps > 0,
+          f'--total-env-steps must be > 0, got {config.total_env_steps}')
     n = config.population_size
     if n < 1:
       return config  # validate names --population-size
     per_member = -(-config.total_env_steps // n)
     # A resume re-derives it from the (possibly raised) --total-env-steps.
-    _check(config.env_steps in (None, per_member) or config.resume is not None,
-           f'--env-steps is per member and CEM-RL derives it from '
-           f'--total-env-steps, the budget of the whole population as the '
-           f'paper states it: pass --total-env-steps '
-           f'{(config.env_steps or 0) * n} for {config.env_steps} per member')
-    _check(config.warmup_steps * n < config.total_env_steps,
-           f'--warmup-steps {config.warmup_steps} per member '
-           f'({config.warmup_steps * n} in all) must be below '
-           f'--total-env-steps {config.total_env_steps}')
+    check(config.env_steps in (None, per_member) or config.resume is not None,
+          f'--env-steps is per member and CEM-RL derives it from '
+          f'--total-env-steps, the budget of the whole population as the '
+          f'paper states it: pass --total-env-steps '
+          f'{(config.env_steps or 0) * n} for {config.env_steps} per member')
+    check(config.warmup_steps * n < config.total_env_steps,
+          f'--warmup-steps {config.warmup_steps} per member '
+          f'({config.warmup_steps * n} in all) must be below '
+          f'--total-env-steps {config.total_env_steps}')
     ratio = config.update_to_data_ratio
     return dataclasses.replace(
         config, env_steps=per_member,
         update_to_data_ratio=float(n) if ratio is None else ratio)
+
+  @property
+  def num_rl(self) -> int:
+    """The RL half's size: members ``0 .. num_rl - 1``."""
+    return max(1, round(self.config.rl_fraction * self.config.population_size))
+
+  def prepare(self, agent) -> None:
+    # The mean policy's evaluation plays episodes of this agent.
+    self.agent = agent
 
   def initial_hparams(self, key, agent, population_size):
     del key
@@ -212,126 +267,139 @@ class CEMRLDriver(Driver):
   def hparam_rows(self, hparams) -> list[dict]:
     return hparam_rows(hparams.agent)
 
-  def _sample_generation(self, key, state):
-    flat = cem_lib.sample(key, self.cem_state, self.config.population_size)
-    return cem_lib.load_policies(state, flat, self.unravel,
-                                 reset={'policy_opt': self.initial_policy_opt})
-
-  def initialize(self, key, state, agent):
-    flat, self.unravel = cem_lib.flatten_population(state.policy)
-    self.cem_state = cem_lib.init(
-        flat[0], initial_var=self.config.initial_variance,
-        initial_extra_noise=self.config.initial_extra_noise)
-    # The freshly initialised policy optimizer state. Adam's depends only on
-    # the parameters' shapes, so it is the fresh state of any sampled policy.
-    self.initial_policy_opt = jax.tree.map(jnp.copy, state.policy_opt)
-    self.agent = agent
+  def init(self, key, population: Population):
+    n = self.config.population_size
+    state = population.state
+    flat, unravel = cem_lib.flatten_population(state.policy)
+    cem = cem_lib.init(flat[0], initial_var=self.config.initial_variance,
+                       initial_extra_noise=self.config.initial_extra_noise)
+    rule_state = CEMRLState(
+        key=key, cem=cem,
+        initial_policy_opt=jax.tree.map(jnp.copy, state.policy_opt),
+        evaluating=np.asarray(False), generation=np.asarray(0, np.int64),
+        actor_steps=np.asarray(0, np.int64),
+        critic_steps=np.asarray(0, np.int64),
+        update_steps=np.asarray(0, np.int64),
+        fitness=np.full((n,), np.nan), lengths=np.zeros((n,), np.int64),
+        last_return=np.asarray(np.nan), best_return=np.asarray(np.nan),
+        resumed=np.asarray(False))
     # Generation 1: actor_steps = 0, and hparams' train_until is 0.
-    return self._sample_generation(key, state)
+    return rule_state, self._sample_generation(rule_state, population.key,
+                                               state, unravel)
 
-  def _start_evaluation(self, loop: Loop) -> None:
-    self.phase = 'eval'
-    self.fitness[:] = np.nan
-    self.lengths[:] = 0
-    # The trained policies go out with the publish that follows this call.
-    self.fresh.renew(loop, np.ones(self.fitness.shape, bool))
+  def _sample_generation(self, rule_state: CEMRLState, key, state, unravel):
+    """``state`` with a new generation sampled from the distribution, its
+    policy optimizer states fresh."""
+    flat = cem_lib.sample(key, rule_state.cem, self.config.population_size)
+    return cem_lib.load_policies(
+        state, flat, unravel,
+        reset={'policy_opt': rule_state.initial_policy_opt})
 
-  def after_call(self, loop: Loop) -> None:
+  def decide(self, rule_state: CEMRLState, observation: Observation):
+    obs, n = observation, self.config.population_size
+    everyone = np.ones((n,), bool)
     # state.step, counted on the host so that no call waits for the last
     # one to finish: a call's steps are active while step < train_until
     # (``cem_lib.with_rl_schedule``), each adding one.
-    train_until = int(np.asarray(loop.hparams.train_until)[0])
-    self.critic_steps = min(self.critic_steps + loop.learner.num_steps,
-                            max(self.critic_steps, train_until))
-    if self.phase == 'train':
-      if self.critic_steps >= train_until:
-        device_steps = int(loop.state.step)  # a rule decision: may sync
-        if device_steps != self.critic_steps:
-          raise RuntimeError(f'CEM-RL counted {self.critic_steps} shared '
-                             f'critic steps but the state has {device_steps}')
-        self._start_evaluation(loop)
-      return
-    if self.resumed:
+    num_steps = obs.update_steps - int(rule_state.update_steps)
+    train_until = int(np.asarray(obs.hparams.train_until)[0])
+    critic_steps = int(rule_state.critic_steps)
+    critic_steps = min(critic_steps + num_steps, max(critic_steps, train_until))
+    rule_state = rule_state._replace(
+        critic_steps=np.asarray(critic_steps, np.int64),
+        update_steps=np.asarray(obs.update_steps, np.int64))
+    if not rule_state.evaluating:
+      if critic_steps < train_until:
+        return rule_state, Decision()
+      device_steps = int(obs.state.step)  # a rule decision: may sync
+      if device_steps != critic_steps:
+        raise RuntimeError(f'CEM-RL counted {critic_steps} shared critic '
+                           f'steps but the state has {device_steps}')
+      # The trained policies go out with the publish that follows this
+      # call: only episodes that start after it score them.
+      return rule_state._replace(
+          evaluating=np.asarray(True), fitness=np.full((n,), np.nan),
+          lengths=np.zeros((n,), np.int64)), Decision(renewed=everyone)
+    if rule_state.resumed:
       # Versions restart with a resumed run's pipeline, and its first
       # episodes are random warm-up: score from the next publish on.
-      self.resumed = False
-      self.fresh.renew(loop, np.ones(self.fitness.shape, bool))
-      return
-    for r in loop.episodes:
+      return rule_state._replace(resumed=np.asarray(False)), Decision(
+          renewed=everyone)
+    fitness, lengths = rule_state.fitness.copy(), rule_state.lengths.copy()
+    for r in obs.episodes:
       m = int(r['member'])
       # Training episodes: like Algorithm 1's evaluations they go into the
       # replay and the budget (the pipeline's evaluation episodes do not).
-      if (not r['evaluation'] and np.isnan(self.fitness[m])
-          and self.fresh.keep(r)):
-        self.fitness[m] = float(r['episode_return'])
-        self.lengths[m] = int(r['episode_length'])
-    if np.isnan(self.fitness).any():
-      return
-    flat, _ = cem_lib.flatten_population(loop.state.policy)
-    self.cem_state = cem_lib.update(
-        self.cem_state, flat, jnp.asarray(self.fitness, jnp.float32),
+      if not r['evaluation'] and np.isnan(fitness[m]):
+        fitness[m] = float(r['episode_return'])
+        lengths[m] = int(r['episode_length'])
+    rule_state = rule_state._replace(fitness=fitness, lengths=lengths)
+    if np.isnan(fitness).any():
+      return rule_state, Decision()
+    return self._next_generation(rule_state, obs)
+
+  def _next_generation(self, rule_state: CEMRLState, obs: Observation):
+    """Every member is scored: the distribution's update, the mean policy's
+    evaluation, and the next generation sampled."""
+    flat, unravel = cem_lib.flatten_population(obs.state.policy)
+    cem = cem_lib.update(
+        rule_state.cem, flat, jnp.asarray(rule_state.fitness, jnp.float32),
         elite_fraction=self.config.elite_fraction,
         noise_decay=self.config.noise_decay,
         noise_limit=self.config.noise_limit)
-    self.generation += 1
+    generation = int(rule_state.generation) + 1
     mean_return = float(np.mean(evaluate_policy(
-        self.agent, self.config.env, self.unravel(self.cem_state.mean),
+        self.agent, self.config.env, unravel(cem.mean),
         self.config.mean_eval_episodes,
-        seed=self.config.seed + 10_000 * self.generation)))
+        seed=self.config.seed + 10_000 * generation)))
     # The run's count: the least member's env steps, times N.
-    total_env_steps = loop.env_steps * self.config.population_size
-    self.mean_returns.append((self.generation, total_env_steps,
-                              self.actor_steps, mean_return))
-    with open(os.path.join(loop.run_dir, 'mean_policy.csv'), 'a') as f:
-      if f.tell() == 0:
-        f.write('generation,total_env_steps,actor_steps,mean_policy_return\n')
-      f.write(f'{self.generation},{total_env_steps},{self.actor_steps},'
-              f'{mean_return}\n')
+    total_env_steps = obs.env_steps * self.config.population_size
+    actor_steps = int(rule_state.actor_steps)
+    best = float(rule_state.best_return)
+    # max() over the returns so far, as a running value (NaN: none yet).
+    if generation == 1 or mean_return > best:
+      best = mean_return
+    log_row = {'generation': generation, 'total_env_steps': total_env_steps,
+               'actor_steps': actor_steps, 'mean_policy_return': mean_return}
+    event = {'event': 'generation', 'step': obs.update_steps,
+             'env_steps': obs.env_steps, 'generation': generation,
+             'mean_policy_return': mean_return}
+    critic_steps = int(rule_state.critic_steps)
     # Algorithm 1, lines 14-17: the next RL actors each train for as many
     # steps as this generation's evaluation episodes took in all.
-    self.actor_steps = int(self.lengths.sum())
-    self.emit([{'event': 'generation', 'step': loop.update_steps,
-                'env_steps': loop.env_steps, 'generation': self.generation,
-                'mean_policy_return': mean_return}])
-    loop.state = self._sample_generation(loop.next_key(), loop.state)
-    loop.hparams = cem_lib.set_train_until(
-        loop.hparams, self.critic_steps + self.actor_steps)
-    self.phase = 'train'
+    actor_steps = int(rule_state.lengths.sum())
+    rule_state = rule_state._replace(
+        cem=cem, generation=np.asarray(generation, np.int64),
+        actor_steps=np.asarray(actor_steps, np.int64),
+        last_return=np.asarray(mean_return), best_return=np.asarray(best),
+        evaluating=np.asarray(False))
+    rule_state, key = split_key(rule_state)
+    state = self._sample_generation(rule_state, key, obs.state, unravel)
+    hparams = cem_lib.set_train_until(obs.hparams, critic_steps + actor_steps)
+    return rule_state, Decision(state=state, hparams=hparams, events=(event,),
+                                logs=((MEAN_POLICY, log_row),))
 
-  def scalars(self) -> dict:
-    out = {'generation': self.generation, 'actor_steps': self.actor_steps,
-           'critic_steps': self.critic_steps}
-    if self.mean_returns:
-      out['mean_policy_return'] = self.mean_returns[-1][3]
-    return out
-
-  def checkpoint_arrays(self):
-    return {'cem': self.cem_state}
-
-  def checkpoint_meta(self) -> dict:
-    return {'phase': self.phase, 'generation': self.generation,
-            'actor_steps': self.actor_steps,
-            'critic_steps': self.critic_steps,
-            'mean_returns': self.mean_returns}
-
-  def restore(self, arrays, meta) -> None:
-    self.cem_state = cem_lib.CEMState(*[jnp.asarray(x) for x in arrays['cem']])
-    self.phase, self.generation = meta['phase'], meta['generation']
-    self.actor_steps = meta['actor_steps']
-    self.critic_steps = meta['critic_steps']
+  def resumed(self, rule_state: CEMRLState) -> CEMRLState:
     # A train phase goes on to its bound (state.step and hparams are
     # restored); an eval phase evaluates the trained policies anew.
-    self.resumed = self.phase == 'eval'
-    self.fitness = np.full_like(self.fitness, np.nan)
-    self.lengths = np.zeros_like(self.lengths)
-    self.fresh.restart()
-    self.mean_returns = [tuple(x) for x in meta['mean_returns']]
+    n = self.config.population_size
+    return rule_state._replace(
+        resumed=np.asarray(bool(rule_state.evaluating)),
+        fitness=np.full((n,), np.nan), lengths=np.zeros((n,), np.int64))
 
-  def summary(self, loop: Loop) -> str:
-    del loop
-    if not self.mean_returns:
+  def scalars(self, rule_state: CEMRLState) -> dict:
+    out = {'generation': int(rule_state.generation),
+           'actor_steps': int(rule_state.actor_steps),
+           'critic_steps': int(rule_state.critic_steps)}
+    if rule_state.generation > 0:
+      out['mean_policy_return'] = float(rule_state.last_return)
+    return out
+
+  def summary(self, rule_state: CEMRLState, run_dir: str) -> str:
+    del run_dir
+    if rule_state.generation == 0:
       return 'CEM-RL: no generation finished'
-    best = max(r[3] for r in self.mean_returns)
-    return (f'CEM-RL: {self.generation} generations, {self.critic_steps} '
-            f'critic steps; mean-policy return {self.mean_returns[-1][3]:.1f} '
-            f'at the end, best {best:.1f} (mean_policy.csv)')
+    return (f'CEM-RL: {int(rule_state.generation)} generations, '
+            f'{int(rule_state.critic_steps)} critic steps; mean-policy return '
+            f'{float(rule_state.last_return):.1f} at the end, best '
+            f'{float(rule_state.best_return):.1f} ({MEAN_POLICY})')

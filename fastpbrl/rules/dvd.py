@@ -1,30 +1,49 @@
-"""DvD-TD3's host-side half: its run settings and driver (not jittable).
+"""DvD-TD3 (Parker-Holder et al. 2020): a population of TD3 policies with one
+shared critic and a diversity term (minus the log-determinant of the members'
+action kernel), on one machine.
 
-The pure half, the diversity loss plugged into the shared-critic update and
-the lambda bandit and schedule, is ``fastpbrl.population.dvd`` (the paper
-and the departures are in that module's docstring). Here: ``DvDRunConfig``
-(the ``fastpbrl dvd`` flags) and ``DvDDriver`` (lambda between calls, the
-logged diversity figure, the bandit's bookkeeping in the checkpoint).
+    fastpbrl dvd                    # small default: Pendulum-v1, 4 members
+    fastpbrl dvd --preset paper     # Humanoid-v5, 5 members, as in the 2022 paper
+    fastpbrl dvd --lambda-mode schedule --lambda-start 0.5
+    # Baseline: shared-critic TD3 without the term (lambda held at 0)
+    fastpbrl dvd --lambda-mode schedule --lambda-start 0 --lambda-end 0
+
+Both log rule/mean_pairwise_action_distance (tensorboard), the members'
+mean action gap on a fixed batch of states, to compare their diversity.
+
+This is the rule's host-side half (not jittable): ``DvDRunConfig`` (the
+flags) and ``DvD`` (lambda between calls, the bandit's rounds, the logged
+diversity figure). The pure half, the diversity loss plugged into the
+shared-critic update and the lambda bandit and schedule over array state,
+is ``fastpbrl.population.dvd``, whose docstring has the paper and the
+departures.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
+import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fastpbrl.config import RunConfig, agent_spec, check
 from fastpbrl.population import dvd as dvd_lib
-from fastpbrl.rules.common import _check_evaluations_per, _check_shared_critic
-from fastpbrl.run import (ConfigError, Driver, Loop, RunConfig, _check,
-                          agent_spec, hparam_rows)
-
+from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
+                                 hparam_rows)
+from fastpbrl.rules.common import check_evaluations_per, check_shared_critic
+from fastpbrl.rules.registry import register
 
 # Learner calls between two measurements of the logged diversity figure
-# (``run`` logs rule scalars every 10 calls).
+# (the loop logs rule scalars every 10 calls).
 _DIVERSITY_EVERY = 10
+# Evaluation returns kept per member in a bandit round: its mean is
+# numpy's mean of them, bit for bit, up to this many (the defaults give 5
+# or 10); beyond, of their sum (``dvd_lib.round_score``).
+_ROUND_CAPACITY = 64
+_SCORES = ('mean', 'best')  # --bandit-score
 
 
 @dataclasses.dataclass
@@ -86,11 +105,19 @@ class DvDRunConfig(RunConfig):
   visited by uniformly random actions from resets seeded by --seed."""
 
 
+PRESETS = {
+    'small': DvDRunConfig(),
+    'paper': DvDRunConfig(env='Humanoid-v5', population_size=5,
+                          env_steps=2_000_000, warmup_steps=25_000,
+                          eval_every=10_000, checkpoint_every=500,
+                          lambda_mode='schedule', lambda_decay_steps=500_000),
+}
+
+
 def _probe_states(env_id: str, num_states: int, seed: int) -> np.ndarray:
   """Host-side: ``[num_states, ...]`` observations of ``env_id`` visited by
   uniformly random actions from resets seeded by ``seed`` (the same states
   for the same env and seed, so runs with the same seed compare on them)."""
-  import gymnasium as gym  # noqa: PLC0415 (only env-making code needs it)
 
   rng = np.random.default_rng(seed)
   env = gym.make(env_id)
@@ -109,66 +136,95 @@ def _probe_states(env_id: str, num_states: int, seed: int) -> np.ndarray:
   return np.stack(states)
 
 
-class DvDDriver(Driver):
+class DvDState(NamedTuple):
+  """DvD's bookkeeping (host numpy, but the key)."""
+
+  key: jax.Array  # split only to re-initialise diverged members
+  lam: np.ndarray  # () float64: the lambda in force
+  arm: np.ndarray  # () int64: the bandit's arm in force (-1: schedule)
+  calls_in_round: np.ndarray  # () int64: learner calls of the round so far
+  bandit: dvd_lib.BanditState  # posteriors' window and generator
+  round: dvd_lib.RoundReturns  # the round's evaluation returns, by member
+  # [--bandit-lookback + 1] float64: the returns (--bandit-score) of the
+  # last rounds that had evaluations, oldest first, NaN where fewer
+  # (relative-gain compares with the last --bandit-lookback gains).
+  recent_scores: np.ndarray
+  # () float64: the last mean pairwise action distance (NaN: none yet in
+  # this run or resume).
+  diversity: np.ndarray
+  # () int64: --bandit-score and --bandit-reward as indices into
+  # ``_SCORES`` and ``dvd_lib.BANDIT_REWARDS`` (a resume keeps them).
+  bandit_score: np.ndarray
+  bandit_reward: np.ndarray
+
+
+@register
+class DvD(Rule):
   """Shared critic and shared replay; lambda set between calls, and the
   members' mean pairwise action distance measured every 10 calls."""
 
   name = 'dvd'
+  help = 'DvD-TD3: shared critic, diversity term, bandit over lambda'
+  config_class = DvDRunConfig
+  presets = PRESETS
   shared_critic = True
   shared_replay = True
   min_population = 2
+  multi_process = False
 
   def __init__(self, config: DvDRunConfig):
     super().__init__(config)
-    _check_shared_critic('DvD', config)
-    _check(config.lambda_mode in ('bandit', 'schedule'),
-           f'--lambda-mode must be bandit or schedule, got {config.lambda_mode!r}')
-    _check(len(config.lambda_arms) >= 1 and all(
+    check_shared_critic('DvD', config)
+    check(config.lambda_mode in ('bandit', 'schedule'),
+          f'--lambda-mode must be bandit or schedule, got {config.lambda_mode!r}')
+    check(len(config.lambda_arms) >= 1 and all(
         a >= 0 for a in config.lambda_arms),
-           f'--lambda-arms must be one or more values >= 0, got {config.lambda_arms}')
-    _check(config.lambda_start >= 0 and config.lambda_end >= 0,
-           '--lambda-start and --lambda-end must be >= 0')
-    _check(config.lambda_decay_steps >= 1, '--lambda-decay-steps must be >= 1')
-    _check(config.bandit_every >= 1, '--bandit-every must be >= 1')
-    _check(config.bandit_score in ('mean', 'best'),
-           f'--bandit-score must be mean or best, got {config.bandit_score!r}')
-    _check(config.bandit_reward in dvd_lib.BANDIT_REWARDS,
-           f'--bandit-reward must be improvement or relative-gain, got '
-           f'{config.bandit_reward!r}')
-    _check(config.bandit_lookback >= 1,
-           f'--bandit-lookback must be >= 1, got {config.bandit_lookback}')
-    _check(config.bandit_window >= 0,
-           f'--bandit-window must be >= 0 (0: all rounds), got '
-           f'{config.bandit_window}')
-    _check(config.bandit_burn_in >= 0,
-           f'--bandit-burn-in must be >= 0, got {config.bandit_burn_in}')
+          f'--lambda-arms must be one or more values >= 0, got {config.lambda_arms}')
+    check(config.lambda_start >= 0 and config.lambda_end >= 0,
+          '--lambda-start and --lambda-end must be >= 0')
+    check(config.lambda_decay_steps >= 1, '--lambda-decay-steps must be >= 1')
+    check(config.bandit_every >= 1, '--bandit-every must be >= 1')
+    check(config.bandit_score in _SCORES,
+          f'--bandit-score must be mean or best, got {config.bandit_score!r}')
+    check(config.bandit_reward in dvd_lib.BANDIT_REWARDS,
+          f'--bandit-reward must be improvement or relative-gain, got '
+          f'{config.bandit_reward!r}')
+    check(config.bandit_lookback >= 1,
+          f'--bandit-lookback must be >= 1, got {config.bandit_lookback}')
+    check(config.bandit_window >= 0,
+          f'--bandit-window must be >= 0 (0: all rounds), got '
+          f'{config.bandit_window}')
+    check(config.bandit_burn_in >= 0,
+          f'--bandit-burn-in must be >= 0, got {config.bandit_burn_in}')
     if config.lambda_mode == 'bandit':
-      _check_evaluations_per(
+      check_evaluations_per(
           config.bandit_every * (config.steps_per_call or
                                  agent_spec(config.agent).config.steps_per_call),
           config, '--bandit-every x --steps-per-call')
-    _check(config.kernel_sigma > 0,
-           f'--kernel-sigma must be > 0, got {config.kernel_sigma}')
-    _check(config.embedding_states >= 2,
-           f'--embedding-states must be >= 2, got {config.embedding_states}')
-    _check(config.diversity_states >= 1,
-           f'--diversity-states must be >= 1, got {config.diversity_states}')
+    check(config.kernel_sigma > 0,
+          f'--kernel-sigma must be > 0, got {config.kernel_sigma}')
+    check(config.embedding_states >= 2,
+          f'--embedding-states must be >= 2, got {config.embedding_states}')
+    check(config.diversity_states >= 1,
+          f'--diversity-states must be >= 1, got {config.diversity_states}')
     self.schedule = dvd_lib.PiecewiseLinear(
         ((0, config.lambda_start),
          (config.lambda_decay_steps, config.lambda_end)))
     self.bandit = dvd_lib.ThompsonBandit(
-        np.random.default_rng(config.seed), config.lambda_arms,
-        window=config.bandit_window or None, burn_in=config.bandit_burn_in)
-    self.arm = None
-    self.lam = config.lambda_start
-    # Evaluation returns of the current round, by member.
-    self.round_returns: dict[int, list[float]] = {}
-    # Returns (--bandit-score) of the last --bandit-lookback + 1 rounds
-    # (relative-gain compares with the last --bandit-lookback gains).
-    self.recent_scores = []
-    self.calls_in_round = 0
-    self.diversity = None  # last mean pairwise action distance
-    self._probe = None  # (states, jitted distance), set by initialize
+        config.lambda_arms, window=config.bandit_window or None,
+        burn_in=config.bandit_burn_in)
+
+  def prepare(self, agent) -> None:
+    """The probe states of the logged diversity figure and its compiled
+    distance (from the training state)."""
+    shared = agent.shared_critic
+    policy_apply = shared.policy_apply
+    self.probe_states = jnp.asarray(_probe_states(
+        self.config.env, self.config.diversity_states, self.config.seed))
+    self.distance = jax.jit(
+        lambda state, states: dvd_lib.mean_pairwise_action_distance(
+            jax.vmap(policy_apply, in_axes=(0, None))(
+                shared.policy_params(state), states)))
 
   def shared_critic_update(self, agent):
     return dvd_lib.with_diversity(
@@ -176,21 +232,34 @@ class DvDDriver(Driver):
         self.config.kernel_sigma,
         num_states=self.config.embedding_states)
 
-  def initial_hparams(self, key, agent, population_size):
-    if self.config.lambda_mode == 'bandit':
-      self.arm, self.lam = self.bandit.select()
-    return dvd_lib.dvd_hparams(
-        super().initial_hparams(key, agent, population_size), self.lam)
+  def _start(self) -> tuple[dvd_lib.BanditState, int, float]:
+    """``(bandit state, arm, lambda)`` of the first round: the bandit's
+    first choice, from ``--seed``'s generator (``--lambda-mode bandit``),
+    or ``--lambda-start`` and arm -1."""
+    bandit = self.bandit.init(np.random.default_rng(self.config.seed))
+    if self.config.lambda_mode != 'bandit':
+      return bandit, -1, self.config.lambda_start
+    return self.bandit.select(bandit)
 
-  def initialize(self, key, state, agent):
-    del key
-    policy_apply = agent.shared_critic.policy_apply
-    states = _probe_states(self.config.env, self.config.diversity_states,
-                           self.config.seed)
-    distance = jax.jit(lambda policies, s: dvd_lib.mean_pairwise_action_distance(
-        jax.vmap(policy_apply, in_axes=(0, None))(policies, s)))
-    self._probe = (jnp.asarray(states), distance)
-    return state
+  def initial_hparams(self, key, agent, population_size):
+    _, _, lam = self._start()
+    return dvd_lib.dvd_hparams(
+        super().initial_hparams(key, agent, population_size), lam)
+
+  def init(self, key, population: Population):
+    n = self.config.population_size
+    bandit, arm, lam = self._start()
+    return DvDState(
+        key=key, lam=np.asarray(lam, np.float64),
+        arm=np.asarray(arm, np.int64),
+        calls_in_round=np.asarray(0, np.int64), bandit=bandit,
+        round=dvd_lib.round_returns(n, _ROUND_CAPACITY),
+        recent_scores=np.full((self.config.bandit_lookback + 1,), np.nan),
+        diversity=np.asarray(np.nan, np.float64),
+        bandit_score=np.asarray(_SCORES.index(self.config.bandit_score),
+                                np.int64),
+        bandit_reward=np.asarray(dvd_lib.BANDIT_REWARDS.index(
+            self.config.bandit_reward), np.int64)), population.state
 
   def actor_hparams(self, hparams):
     return hparams.agent
@@ -201,104 +270,99 @@ class DvDDriver(Driver):
       row['diversity_weight'] = float(lam)
     return rows
 
-  def after_call(self, loop: Loop) -> None:
-    if loop.calls % _DIVERSITY_EVERY == 0 and self._probe is not None:
-      states, distance = self._probe
-      self.diversity = float(distance(
-          loop.learner.policy_params(loop.state), states))
-    for r in loop.episodes:
-      if r['evaluation']:
-        self.round_returns.setdefault(int(r['member']), []).append(
-            float(r['episode_return']))
+  def decide(self, rule_state: DvDState, observation: Observation):
+    obs = observation
+    if obs.calls % _DIVERSITY_EVERY == 0:
+      rule_state = rule_state._replace(diversity=np.asarray(
+          float(self.distance(obs.state, self.probe_states)), np.float64))
     if self.config.lambda_mode == 'schedule':
-      lam = self.schedule(loop.update_steps)
+      lam = self.schedule(obs.update_steps)
     else:
-      lam = self._end_of_round()
+      rule_state = self._record(rule_state, obs)
+      rule_state, lam = self._end_of_round(rule_state)
       if lam is None:
-        return
-    if lam != self.lam:
-      self.lam = lam
-      loop.hparams = dvd_lib.set_lambda(loop.hparams, lam)
-      self.emit([{'event': 'lambda', 'step': loop.update_steps,
-                  'env_steps': loop.env_steps, 'value': float(lam)}])
+        return rule_state, Decision()
+    if lam == float(rule_state.lam):
+      return rule_state, Decision()
+    event = {'event': 'lambda', 'step': obs.update_steps,
+             'env_steps': obs.env_steps, 'value': float(lam)}
+    return rule_state._replace(lam=np.asarray(lam, np.float64)), Decision(
+        hparams=dvd_lib.set_lambda(obs.hparams, lam), events=(event,))
 
-  def _end_of_round(self) -> Optional[float]:
+  def _record(self, rule_state: DvDState, obs: Observation) -> DvDState:
+    """This call's evaluation returns into the round's."""
+    round_ = rule_state.round
+    for r in obs.episodes:
+      if r['evaluation']:
+        round_ = dvd_lib.record_return(round_, int(r['member']),
+                                       float(r['episode_return']))
+    return rule_state._replace(round=round_)
+
+  def _end_of_round(self, rule_state: DvDState
+                    ) -> tuple[DvDState, Optional[float]]:
     """Bandit bookkeeping after one call; the next round's lambda when a
     round ends, else None."""
-    self.calls_in_round += 1
-    if self.calls_in_round < self.config.bandit_every:
-      return None
-    self.calls_in_round = 0
-    score = dvd_lib.round_score(self.round_returns, self.config.bandit_score)
+    calls = int(rule_state.calls_in_round) + 1
+    if calls < self.config.bandit_every:
+      return rule_state._replace(calls_in_round=np.asarray(calls,
+                                                           np.int64)), None
+    rule_state = rule_state._replace(calls_in_round=np.asarray(0, np.int64))
+    score = dvd_lib.round_score(rule_state.round, self.config.bandit_score)
     if score is None:
-      return None  # no evaluation ended in this round: keep the arm, no reward
-    lookback = self.config.bandit_lookback
+      return rule_state, None  # no evaluation ended in this round: keep the
+                               # arm, no reward
+    lookback, recent = self.config.bandit_lookback, rule_state.recent_scores
+    # NaN (no round yet) is skipped as the rewards skip any non-finite return.
     if self.config.bandit_reward == 'relative-gain':
-      reward = dvd_lib.relative_gain_reward(self.recent_scores, score)
+      reward = dvd_lib.relative_gain_reward(recent, score)
     else:
-      reward = dvd_lib.improvement_reward(self.recent_scores[-lookback:], score)
+      reward = dvd_lib.improvement_reward(recent[-lookback:], score)
+    bandit = rule_state.bandit
     if reward is not None:  # None: too few rounds yet to compare with
-      self.bandit.update(self.arm, reward)
-    self.recent_scores = (self.recent_scores + [score])[-(lookback + 1):]
-    self.round_returns = {}
-    self.arm, lam = self.bandit.select()
-    return lam
+      bandit = self.bandit.update(bandit, int(rule_state.arm), reward)
+    bandit, arm, lam = self.bandit.select(bandit)
+    return rule_state._replace(
+        bandit=bandit, arm=np.asarray(arm, np.int64),
+        recent_scores=np.append(recent[1:], score),
+        round=dvd_lib.round_returns(self.config.population_size,
+                                    _ROUND_CAPACITY)), lam
 
-  def scalars(self) -> dict:
-    out = {'diversity_weight': self.lam}
-    if self.diversity is not None:
-      out['mean_pairwise_action_distance'] = self.diversity
-    return out
-
-  def checkpoint_meta(self) -> dict:
-    return {'arm': self.arm, 'lam': self.lam,
-            'bandit_score': self.config.bandit_score,
-            'bandit_reward': self.config.bandit_reward,
-            'round_returns': {str(m): r for m, r in self.round_returns.items()},
-            'recent_scores': self.recent_scores,
-            'calls_in_round': self.calls_in_round,
-            'bandit': self.bandit.state()}
-
-  def restore(self, arrays, meta) -> None:
-    del arrays
-    if 'recent_bests' not in meta and 'recent_scores' not in meta:
-      raise ConfigError(
-          'this DvD checkpoint predates the scaled kernel and the windowed '
-          'lambda bandit (its objective is not the one this code trains); '
-          'start a new run instead of --resume')
-    # Checkpoints written before --bandit-score scored rounds by their best.
-    saved_score = meta.get('bandit_score', 'best')
-    if saved_score != self.config.bandit_score:
-      raise ConfigError(
+  def resumed(self, rule_state: DvDState) -> DvDState:
+    """Refuses a checkpoint whose rounds were scored or rewarded otherwise,
+    or whose bandit's shapes other settings fixed; the diversity figure is
+    measured again."""
+    saved_score = _SCORES[int(rule_state.bandit_score)]
+    check(saved_score == self.config.bandit_score,
           f'this DvD checkpoint scored bandit rounds with --bandit-score '
           f'{saved_score}; resume it with --bandit-score {saved_score}')
-    # Checkpoints written before --bandit-reward rewarded improvement.
-    saved_reward = meta.get('bandit_reward', 'improvement')
-    if saved_reward != self.config.bandit_reward:
-      raise ConfigError(
+    saved_reward = dvd_lib.BANDIT_REWARDS[int(rule_state.bandit_reward)]
+    check(saved_reward == self.config.bandit_reward,
           f'this DvD checkpoint rewarded bandit rounds with --bandit-reward '
           f'{saved_reward}; resume it with --bandit-reward {saved_reward}')
-    self.arm, self.lam = meta['arm'], meta['lam']
-    if 'recent_scores' in meta:
-      self.round_returns = {int(m): [float(x) for x in r]
-                            for m, r in meta['round_returns'].items()}
-      self.recent_scores = [float(r) for r in meta['recent_scores']]
-    else:  # the round's best so far stands in for its returns
-      best = meta['round_best']
-      self.round_returns = {} if best is None else {0: [float(best)]}
-      self.recent_scores = [float(r) for r in meta['recent_bests']]
-    self.calls_in_round = meta['calls_in_round']
-    self.bandit.load_state(meta['bandit'])
+    # A checkpoint is read back in the shapes it was saved with.
+    fresh, _ = self.init(rule_state.key, Population(None, None, None, None))
+    check(jax.tree.all(jax.tree.map(lambda a, b: np.shape(a) == np.shape(b),
+                                    fresh, rule_state)),
+          'this DvD checkpoint\'s bandit does not fit --bandit-lookback, '
+          '--bandit-window or --lambda-arms as given; resume it with the '
+          'values it was written with')
+    return rule_state._replace(diversity=np.asarray(np.nan, np.float64))
 
-  def summary(self, loop: Loop) -> str:
-    del loop
+  def scalars(self, rule_state: DvDState) -> dict:
+    out = {'diversity_weight': float(rule_state.lam)}
+    if not np.isnan(rule_state.diversity):
+      out['mean_pairwise_action_distance'] = float(rule_state.diversity)
+    return out
+
+  def summary(self, rule_state: DvDState, run_dir: str) -> str:
+    del run_dir
     if self.config.lambda_mode == 'bandit':
-      means = ', '.join(f'{a}: {m:.2f}' for a, m in
-                        zip(self.bandit.arms, self.bandit.means()))
+      means = ', '.join(f'{a}: {m:.2f}' for a, m in zip(
+          self.bandit.arms, self.bandit.means(rule_state.bandit)))
       text = f'DvD bandit posterior mean reward per lambda: {means}'
     else:
-      text = f'DvD final lambda: {self.lam}'
-    if self.diversity is not None:
+      text = f'DvD final lambda: {float(rule_state.lam)}'
+    if not np.isnan(rule_state.diversity):
       text += (f'\nDvD mean pairwise action distance (last measured): '
-               f'{self.diversity:.4f}')
+               f'{float(rule_state.diversity):.4f}')
     return text

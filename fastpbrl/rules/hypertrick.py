@@ -1,28 +1,41 @@
-"""HyperTrick's host-side half: its run settings and driver (not jittable).
+"""HyperTrick (Heinrich & Frosio): hyperparameter search with early
+termination. Configurations train in phases; at each phase's end the late
+reporters in the lower quantile are terminated and their slot restarts with
+fresh parameters and newly sampled hyperparameters. Ends with the best
+configuration found.
 
-The scheduler (phases, quantile eviction) and the pure slot reset are
-``fastpbrl.population.hypertrick`` (the paper and the departures are in that
-module's docstring). Here: ``HyperTrickRunConfig`` (the ``fastpbrl
-hypertrick`` flags) and ``HyperTrickDriver`` (which slots finished a phase,
-their reports, restarting evicted slots with fresh replay).
+    fastpbrl hypertrick                  # small default: TD3, Pendulum-v1
+    fastpbrl hypertrick --preset paper   # HalfCheetah-v5, 100 configurations, 8 slots
+
+This is the rule's host-side half (not jittable): ``HyperTrickRunConfig``
+(the flags) and ``HyperTrick`` (which slots finished a phase, their reports
+in a random order, evicted slots restarted as new experiments). The
+scheduler (phases, quantile eviction) over array state and the pure slot
+reset are ``fastpbrl.population.hypertrick``, whose docstring has the paper
+and the departures.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import pickle
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import numpy as np
 
+from fastpbrl import search_space as ss
+from fastpbrl.config import RunConfig, as_flag_error, check
 from fastpbrl.population import hypertrick as hypertrick_lib
-from fastpbrl.population import search_space as ss
-from fastpbrl.rules.common import (FreshEpisodes, _check_evaluations_per,
-                                   _search_space, _validate_space)
-from fastpbrl.run import (Driver, Loop, RunConfig, _check, as_flag_error,
-                          hparam_rows)
+from fastpbrl.rng import Pcg64State, pcg64_generator, pcg64_state
+from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
+                                 hparam_rows, split_key)
+from fastpbrl.rules.common import (check_evaluations_per, search_space_of,
+                                   validate_space)
+from fastpbrl.rules.registry import register
+
+# A phase's metric: the mean of the slot's last this-many evaluation returns
+# in the phase.
+RETURNS_WINDOW = 10
 
 
 @dataclasses.dataclass
@@ -49,136 +62,175 @@ class HyperTrickRunConfig(RunConfig):
   registered space."""
 
 
-class HyperTrickDriver(Driver):
+PRESETS = {
+    'small': HyperTrickRunConfig(),
+    'paper': HyperTrickRunConfig(env='HalfCheetah-v5', population_size=8,
+                                 num_workers=100, num_phases=5,
+                                 phase_update_steps=100_000,
+                                 env_steps=50_000_000, warmup_steps=25_000,
+                                 eval_every=10_000, checkpoint_every=500),
+}
+
+class HyperTrickState(NamedTuple):
+  """HyperTrick's bookkeeping (host numpy, but the key); ``N`` slots."""
+
+  key: jax.Array
+  scheduler: hypertrick_lib.SchedulerState  # workers, phases, metrics
+  # [N] int64: the slot's own update steps when its current phase began.
+  phase_start: np.ndarray
+  # [N, RETURNS_WINDOW] float64: the slot's last evaluation returns of its
+  # current phase, oldest first; only the last min(returns_count,
+  # RETURNS_WINDOW) are this phase's.
+  returns: np.ndarray
+  returns_count: np.ndarray  # [N] int64: evaluation returns in this phase
+  rng: Pcg64State  # the report order's generator (PCG64 from --seed)
+
+
+@register
+class HyperTrick(Rule):
   """Independent members; slots report per phase, losers restart afresh."""
 
   name = 'hypertrick'
+  help = 'HyperTrick: phased search with early termination'
+  config_class = HyperTrickRunConfig
+  presets = PRESETS
+  multi_process = False
 
   def __init__(self, config: HyperTrickRunConfig,
                space: Optional[ss.SearchSpace] = None):
     super().__init__(config)
-    _check(config.phase_update_steps >= 1, '--phase-update-steps must be >= 1')
-    _check_evaluations_per(config.phase_update_steps, config,
-                           '--phase-update-steps')
-    _check(config.init_hparams in ('prior', 'defaults'),
-           f'--init-hparams must be prior or defaults, got {config.init_hparams!r}')
+    check(config.phase_update_steps >= 1, '--phase-update-steps must be >= 1')
+    check_evaluations_per(config.phase_update_steps, config,
+                          '--phase-update-steps')
+    check(config.init_hparams in ('prior', 'defaults'),
+          f'--init-hparams must be prior or defaults, got {config.init_hparams!r}')
     try:
       self.ht_config = hypertrick_lib.HyperTrickConfig(
           num_workers=config.num_workers, num_phases=config.num_phases,
           eviction_rate=config.eviction_rate, quantile=config.quantile)
     except ValueError as e:
       raise as_flag_error(e, config) from None
-    self.space = space or _search_space(config)
-    self.scheduler = hypertrick_lib.HyperTrick(self.ht_config,
-                                               config.population_size)
-    self.rng = np.random.default_rng(config.seed)
-    n = config.population_size
-    self.phase_start = np.zeros((n,), np.int64)
-    self.phase_returns = [[] for _ in range(n)]
-    self._reset = None
-    self.fresh = FreshEpisodes(n)
+    self.space = space or search_space_of(config)
+    self.fields: tuple = ()  # the agent's hyperparameters (prepare)
+    self.reset_slots = None  # the compiled slot reset (prepare)
+
+  def prepare(self, agent) -> None:
+    defaults = agent.default_hparams()
+    validate_space(self.config, self.space, defaults)
+    self.fields = tuple(defaults._fields)
+    space = self.space if self.config.init_hparams == 'prior' else None
+    self.reset_slots = jax.jit(lambda key, state, hparams, reset:
+                               hypertrick_lib.reset_members(
+                                   key, state, hparams, reset, agent.init,
+                                   space, defaults))
 
   def initial_hparams(self, key, agent, population_size):
     defaults = agent.default_hparams()
-    _validate_space(self.config, self.space, defaults)
     if self.config.init_hparams == 'defaults':
-      hparams = super().initial_hparams(key, agent, population_size)
-    else:
-      hparams = ss.sample(key, self.space, defaults, population_size)
-    rows = hparam_rows(hparams)
-    for slot, worker in enumerate(self.scheduler.start()):
-      if worker is not None:
-        self.scheduler.set_hparams(worker, rows[slot])
-    return hparams
+      return super().initial_hparams(key, agent, population_size)
+    return ss.sample(key, self.space, defaults, population_size)
 
-  def _reset_fn(self, loop: Loop):
-    if self._reset is None:
-      space = self.space if self.config.init_hparams == 'prior' else None
-      template = loop.agent.default_hparams()
-      self._reset = jax.jit(lambda key, state, hparams, reset:
-                            hypertrick_lib.reset_members(
-                                key, state, hparams, reset, loop.agent.init,
-                                space, template))
-    return self._reset
+  def init(self, key, population: Population):
+    n = self.config.population_size
+    rows = hparam_rows(population.hparams)
+    scheduler = hypertrick_lib.start(self.ht_config, n,
+                                     len(population.hparams._fields))
+    for slot, worker in enumerate(scheduler.slot_worker):
+      if worker >= 0:
+        scheduler = hypertrick_lib.set_hparams(scheduler, worker,
+                                               list(rows[slot].values()))
+    return HyperTrickState(
+        key=key, scheduler=scheduler, phase_start=np.zeros((n,), np.int64),
+        returns=np.full((n, RETURNS_WINDOW), np.nan),
+        returns_count=np.zeros((n,), np.int64),
+        rng=pcg64_state(np.random.default_rng(self.config.seed))
+    ), population.state
 
-  def after_call(self, loop: Loop) -> None:
-    for r in loop.episodes:
-      if r['evaluation'] and self.fresh.keep(r):
-        self.phase_returns[int(r['member'])].append(float(r['episode_return']))
+  def decide(self, rule_state: HyperTrickState, observation: Observation):
+    obs, config = observation, self.config
+    returns = rule_state.returns.copy()
+    count = rule_state.returns_count.copy()
+    for r in obs.episodes:
+      if r['evaluation']:
+        member = int(r['member'])
+        returns[member, :-1] = returns[member, 1:]
+        returns[member, -1] = float(r['episode_return'])
+        count[member] += 1
+    rule_state = rule_state._replace(returns=returns, returns_count=count)
+    scheduler = rule_state.scheduler
     # A phase counts the slot's own update steps: a restarted slot takes
     # none while it warms up.
-    due = [slot for slot in range(len(self.phase_start))
-           if self.scheduler.slot_worker[slot] is not None
-           and loop.member_update_steps[slot] - self.phase_start[slot]
-           >= self.config.phase_update_steps]
+    due = [slot for slot in range(config.population_size)
+           if scheduler.slot_worker[slot] >= 0
+           and obs.member_update_steps[slot] - rule_state.phase_start[slot]
+           >= config.phase_update_steps]
     if not due:
-      return
-    # Slots finish phases together here; report in a random order, as the
-    # asynchronous workers of the paper would arrive.
-    reset = np.zeros((len(self.phase_start),), bool)
+      return rule_state, Decision()
     # Departure from the paper, whose budget is a number of workers: ours is
     # also env steps per member, and a new experiment started when the
     # budget left cannot hold its warm-up and one phase is evaluated
     # untrained at the end (on HalfCheetah-v5 every slot completed its last
     # phase on the budget's last call and was restarted just before the
     # final evaluation). Such a slot keeps its worker and goes on training.
-    left = self.config.env_steps - loop.env_steps
-    launch = left >= (self.config.warmup_steps
-                      + self.config.phase_update_steps
-                      / self.config.update_to_data_ratio)
-    for slot in self.rng.permutation(due):
-      returns = self.phase_returns[slot][-10:]
-      metric = float(np.mean(returns)) if returns else -np.inf
-      report = self.scheduler.report(int(slot), metric, launch=launch)
-      self.phase_start[slot] = loop.member_update_steps[slot]
-      self.phase_returns[slot] = []
+    left = config.env_steps - obs.env_steps
+    launch = left >= (config.warmup_steps
+                      + config.phase_update_steps
+                      / config.update_to_data_ratio)
+    phase_start = rule_state.phase_start.copy()
+    reset = np.zeros((config.population_size,), bool)
+    # Slots finish phases together here; report in a random order, as the
+    # asynchronous workers of the paper would arrive.
+    rng = pcg64_generator(rule_state.rng)
+    for slot in rng.permutation(due):
+      k = min(int(count[slot]), RETURNS_WINDOW)
+      metric = (float(np.mean(returns[slot, RETURNS_WINDOW - k:])) if k
+                else -np.inf)
+      scheduler, report = hypertrick_lib.report(
+          self.ht_config, scheduler, int(slot), metric, launch=launch)
+      phase_start[slot] = obs.member_update_steps[slot]
+      returns[slot], count[slot] = np.nan, 0
       if report.new_worker is not None:
         reset[slot] = True
-    if reset.any():
-      loop.state, loop.hparams = self._reset_fn(loop)(
-          loop.next_key(), loop.state, loop.hparams, reset)
-      # A new experiment from phase one: an empty replay and its own
-      # warm-up (the evicted configuration's data is not reused).
-      loop.pipeline.restart_members(np.flatnonzero(reset))
-      self.fresh.renew(loop, reset)
-      rows = hparam_rows(loop.hparams)
-      for slot in np.flatnonzero(reset):
-        self.scheduler.set_hparams(self.scheduler.slot_worker[slot], rows[slot])
-      self.emit([{'event': 'reset', 'step': loop.update_steps,
-                  'env_steps': loop.env_steps, 'member': int(slot),
-                  'hparams': rows[slot]} for slot in np.flatnonzero(reset)])
+    rule_state = rule_state._replace(
+        scheduler=scheduler, phase_start=phase_start, returns=returns,
+        returns_count=count, rng=pcg64_state(rng))
+    if not reset.any():
+      return rule_state, Decision()
+    rule_state, key = split_key(rule_state)
+    state, hparams = self.reset_slots(key, obs.state, obs.hparams, reset)
+    rows = hparam_rows(hparams)
+    for slot in np.flatnonzero(reset):
+      scheduler = hypertrick_lib.set_hparams(
+          scheduler, scheduler.slot_worker[slot], list(rows[slot].values()))
+    events = tuple({'event': 'reset', 'step': obs.update_steps,
+                    'env_steps': obs.env_steps, 'member': int(slot),
+                    'hparams': rows[slot]} for slot in np.flatnonzero(reset))
+    # A new experiment from phase one: an empty replay and its own warm-up
+    # (the evicted configuration's data is not reused).
+    return rule_state._replace(scheduler=scheduler), Decision(
+        state=state, hparams=hparams, restart=reset, renewed=reset,
+        events=events)
 
-  def finished(self, loop: Loop) -> bool:
-    return self.scheduler.done or super().finished(loop)
+  def finished(self, rule_state: HyperTrickState) -> bool:
+    return hypertrick_lib.done(self.ht_config, rule_state.scheduler)
 
-  def scalars(self) -> dict:
-    return {'workers_launched': self.scheduler.launched}
+  def scalars(self, rule_state: HyperTrickState) -> dict:
+    return {'workers_launched': int(rule_state.scheduler.launched)}
 
-  def checkpoint_arrays(self):
-    return {'phase_start': self.phase_start}
-
-  def checkpoint_meta(self) -> dict:
-    return {'scheduler': base64.b64encode(pickle.dumps(
-        self.scheduler)).decode('ascii'),
-            'rng': self.rng.bit_generator.state,
-            'phase_returns': self.phase_returns}
-
-  def restore(self, arrays, meta) -> None:
-    self.phase_start = np.asarray(arrays['phase_start'], np.int64)
-    self.scheduler = pickle.loads(base64.b64decode(meta['scheduler']))  # noqa: S301 (our own checkpoint)
-    self.rng.bit_generator.state = meta['rng']
-    self.phase_returns = meta['phase_returns']
-    self.fresh.restart()
-
-  def summary(self, loop: Loop) -> str:
-    del loop
+  def summary(self, rule_state: HyperTrickState, run_dir: str) -> str:
+    del run_dir
+    scheduler = rule_state.scheduler
     try:
-      best = self.scheduler.best()
+      best = hypertrick_lib.best(scheduler)
     except ValueError:
       return 'HyperTrick: no configuration finished a phase'
-    rates = ', '.join(f'{r:.2f}' for r in self.scheduler.eviction_rates())
-    return (f'HyperTrick: {self.scheduler.launched} configurations launched; '
+    hparams = None if best.hparams is None else dict(zip(
+        self.fields or [f'hparam_{i}' for i in range(best.hparams.size)],
+        best.hparams.tolist()))
+    rates = ', '.join(f'{r:.2f}' for r in hypertrick_lib.eviction_rates(
+        self.ht_config, scheduler))
+    return (f'HyperTrick: {int(scheduler.launched)} configurations launched; '
             f'eviction rate per phase [{rates}] (target '
             f'{self.ht_config.eviction_rate}); best: configuration '
             f'{best.worker}, mean evaluation return {best.metric:.1f} at the '
-            f'end of phase {best.phase}, hyperparameters {best.hparams}')
+            f'end of phase {best.phase}, hyperparameters {hparams}')

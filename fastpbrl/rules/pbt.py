@@ -1,30 +1,43 @@
-"""PBT's host-side half: its run settings and driver (not jittable).
+"""Population Based Training (Jaderberg et al. 2017), all of it but the
+array functions: settings, presets, fitness bookkeeping, readiness, the
+decision, lineage events (host-side; the exploit/explore itself is jitted).
 
-The pure half, exploit-and-explore over the stacked state, the fitness
-tracker and the lineage file, is ``fastpbrl.population.pbt`` (the paper, its
-equations and every departure are in that module's docstring). Here:
-``PBTRunConfig`` (the ``fastpbrl pbt`` flags), ``PBTDriver`` (when members
-are ready, which episodes score them, what goes to the lineage and the
-checkpoint) and ``ScheduleDriver`` (re-runs one member's schedule from a
-lineage file, ``fastpbrl pbt --rerun-lineage``).
+    fastpbrl pbt                    # small default: TD3, Pendulum-v1, 4 members
+    fastpbrl pbt --preset paper     # the 2022 paper: HalfCheetah-v5, 80 members
+    fastpbrl pbt --preset atari     # Nature DQN on ALE/Pong-v5 (pip install -e '.[atari]')
+    fastpbrl pbt --resume runs/pbt-td3-...   # continue a killed run
+    fastpbrl pbt --rerun-lineage runs/pbt-td3-.../lineage.jsonl --rerun-member 3
+
+The pure half, exploit-and-explore over the stacked state, is
+``fastpbrl.population.pbt`` (the paper, its equations and every departure
+are in that module's docstring). Here: ``PBTRunConfig`` (the flags),
+``PBT`` (when members are ready, which episodes score them, what goes to
+the lineage) and ``Schedule`` (re-runs one member's schedule from a
+lineage file, ``--rerun-lineage``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Optional
+from typing import NamedTuple, Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.distributed import whole_value
+from fastpbrl import search_space as ss
+from fastpbrl.agents import dqn
+from fastpbrl.config import ConfigError, RunConfig, as_flag_error, check
 from fastpbrl.population import pbt as pbt_lib
-from fastpbrl.population import search_space as ss
-from fastpbrl.rules.common import (FreshEpisodes, _check_evaluations_per,
-                                   _search_space, _validate_space)
-from fastpbrl.run import (ConfigError, Driver, Loop, RunConfig, _check,
-                          as_flag_error)
+from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
+                                 split_key)
+from fastpbrl.rules.common import (check_evaluations_per, search_space_of,
+                                   validate_space)
+from fastpbrl.rules.registry import register
+from fastpbrl.sharding import whole_value
+
+LINEAGE = 'lineage.jsonl'
 
 
 @dataclasses.dataclass
@@ -71,22 +84,103 @@ class PBTRunConfig(RunConfig):
   """A JSON (or YAML) file of the hyperparameters to search and their priors
   (format: README, "Search space from a file"; example:
   examples/search_space.json); default: the agent's registered space."""
+  rerun_lineage: Optional[str] = None
+  """A lineage.jsonl of an earlier PBT run: re-run one member's schedule alone."""
+  rerun_member: int = 0
+  """With --rerun-lineage: the member whose hyperparameter schedule to re-run."""
 
 
-class PBTDriver(Driver):
-  """Independent members with per-member replay; PBT between calls."""
+PRESETS = {
+    'small': PBTRunConfig(),
+    'paper': PBTRunConfig(env='HalfCheetah-v5', population_size=80,
+                          env_steps=1_000_000, warmup_steps=25_000,
+                          ready_after=100_000, eval_every=10_000,
+                          checkpoint_every=500),
+    # Nature DQN's schedule (Mnih et al. 2015, Extended Data Table 1; see
+    # fastpbrl/agents/dqn.py): 50M frames = 12.5M agent steps per member,
+    # one update per 4 steps, 50k random steps first, a 100k replay per
+    # member (5.3 GiB each); PBT decides every 500k env steps.
+    'atari': PBTRunConfig(agent='dqn', env='ALE/Pong-v5', population_size=4,
+                          env_steps=12_500_000, **dqn.NATURE_ATARI_RUN,
+                          ready_after=125_000, eval_every=125_000,
+                          eval_episodes=5, checkpoint_every=2_500),
+}
+
+
+class PBTState(NamedTuple):
+  """PBT's bookkeeping (host numpy, but the key)."""
+
+  key: jax.Array
+  last_ready: np.ndarray  # [N] int64: update steps at each one's last decision
+  # [N, --fitness-window] float64: each member's last fitness values, oldest
+  # first, NaN where it has fewer.
+  history: np.ndarray
+  # [N] bool: an evaluation that started after the member's last decision
+  # (``Observation.marked_at``) has come in.
+  evaluated: np.ndarray
+  started: np.ndarray  # () bool: this run (or resume) took its first call
+  lineage_started: np.ndarray  # () bool: the init events are written
+  exploits: np.ndarray  # () int64: members replaced so far
+
+
+def record(history: np.ndarray, member: int, value: float) -> np.ndarray:
+  """``history`` with ``value`` appended to ``member``'s row (the oldest
+  dropped)."""
+  history = history.copy()
+  history[member, :-1] = history[member, 1:]
+  history[member, -1] = value
+  return history
+
+
+def fitness_of(history: np.ndarray) -> np.ndarray:
+  """``[N]`` float32: the mean of each member's recorded values (NaN for a
+  member with none), oldest first, as ``pbt.FitnessTracker`` computes it."""
+  out = np.full((history.shape[0],), np.nan, np.float64)
+  for i, row in enumerate(history):
+    values = row[~np.isnan(row)]
+    if values.size:
+      out[i] = float(np.mean(values))
+  return out.astype(np.float32)
+
+
+def inherit(history: np.ndarray, parent: np.ndarray,
+            replaced: np.ndarray) -> np.ndarray:
+  """A replaced member runs its parent's weights: it takes over its
+  parent's history (as it was before this decision)."""
+  out = history.copy()
+  out[replaced] = history[parent[replaced]]
+  return out
+
+
+@register
+class PBT(Rule):
+  """Independent members with per-member replay; PBT between calls.
+
+  The whole population decides at once, as in the 2022 paper ("the entire
+  population evolves at intervals of 100,000 update steps"), once every
+  due member has been evaluated. Deciding for each member as its
+  evaluation comes in would let a member copy one that was itself replaced
+  a call earlier, whose fitness is its parent's but whose explored
+  hyperparameters nobody has evaluated, and would spend several decisions
+  per interval on a small population.
+  """
 
   name = 'pbt'
+  help = 'Population Based Training of TD3 / SAC / DQN members'
+  config_class = PBTRunConfig
+  presets = PRESETS
   min_population = 2
+  multi_process = True
+  log_files = (LINEAGE,)
 
   def __init__(self, config: PBTRunConfig,
                space: Optional[ss.SearchSpace] = None):
     super().__init__(config)
-    _check(config.init_hparams in ('near-defaults', 'prior', 'defaults'),
-           f'--init-hparams must be near-defaults, prior or defaults, got '
-           f'{config.init_hparams!r}')
-    _check(config.fitness_window >= 1,
-           f'--fitness-window must be >= 1, got {config.fitness_window}')
+    check(config.init_hparams in ('near-defaults', 'prior', 'defaults'),
+          f'--init-hparams must be near-defaults, prior or defaults, got '
+          f'{config.init_hparams!r}')
+    check(config.fitness_window >= 1,
+          f'--fitness-window must be >= 1, got {config.fitness_window}')
     try:  # PBTConfig checks --exploit, --fraction, --resample-probability...
       self.pbt_config = pbt_lib.PBTConfig(
           ready_after=config.ready_after, exploit=config.exploit,
@@ -100,35 +194,38 @@ class PBTDriver(Driver):
     except ValueError as e:
       raise as_flag_error(e, config) from None
     total_updates = config.env_steps * config.update_to_data_ratio
-    _check(config.ready_after + config.no_mutation_before <= total_updates,
-           f'--ready-after {config.ready_after} (after --no-mutation-before '
-           f'{config.no_mutation_before}) is beyond the budget of about '
-           f'{total_updates:.0f} update steps per member (--env-steps x '
-           '--update-to-data-ratio): PBT would never exploit; lower it or '
-           'raise --env-steps')
-    _check_evaluations_per(config.ready_after, config, '--ready-after')
-    self.space = space or _search_space(config)
+    check(config.ready_after + config.no_mutation_before <= total_updates,
+          f'--ready-after {config.ready_after} (after --no-mutation-before '
+          f'{config.no_mutation_before}) is beyond the budget of about '
+          f'{total_updates:.0f} update steps per member (--env-steps x '
+          '--update-to-data-ratio): PBT would never exploit; lower it or '
+          'raise --env-steps')
+    check_evaluations_per(config.ready_after, config, '--ready-after')
+    self.space = space or search_space_of(config)
     self.exploit = pbt_lib.CompiledExploitExplore(self.pbt_config, self.space)
-    self.fitness = pbt_lib.FitnessTracker(
-        config.population_size, config.fitness_window, config.true_objective)
-    self.last_ready = np.zeros((config.population_size,), np.int64)
-    self.exploits = 0
-    self.lineage: Optional[pbt_lib.Lineage] = None
-    self.fresh = FreshEpisodes(config.population_size)
-    # A member is ready only once an evaluation of the policy it trained
-    # since its last decision has come in: ``evaluated_after[i]`` is the
-    # param-store version such an evaluation must start after, ``evaluated``
-    # whether one has. Update steps alone are not enough: right after the
-    # warm-up the rate limiter grants ``ratio x warm-up`` updates at once,
-    # so ``--ready-after`` update steps can pass within a few hundred env
-    # steps, before any evaluation of a trained policy, and the first
-    # exploit would copy members on the noise of untrained policies.
-    self.evaluated_after: Optional[np.ndarray] = None
-    self.evaluated = np.zeros((config.population_size,), bool)
 
-  def initial_hparams(self, key, agent, population_size):
+  @classmethod
+  def from_config(cls, config: PBTRunConfig) -> Rule:
+    if not config.rerun_lineage:
+      return cls(config)
+    # Re-run one member's schedule: a population of one with the run settings.
+    try:
+      steps = pbt_lib.schedule(config.rerun_lineage, config.rerun_member)
+    except (OSError, ValueError, KeyError) as e:
+      raise ConfigError(f'--rerun-lineage {config.rerun_lineage} '
+                        f'--rerun-member {config.rerun_member}: {e}') from None
+    return Schedule(dataclasses.replace(config, population_size=1), steps)
+
+  def multi_process_problem(self, config: PBTRunConfig,
+                            where: str) -> Optional[str]:
+    if config.copy_replay:
+      return (f'--copy-replay is not supported {where} (a member\'s replay '
+              'stays in its own process); drop it')
+    return None
+
+  def prepare(self, agent) -> None:
     defaults = agent.default_hparams()
-    _validate_space(self.config, self.space, defaults)
+    validate_space(self.config, self.space, defaults)
     if self.config.init_hparams != 'prior':
       # Explore resamples from where the population started (Jaderberg et
       # al.: "the originally defined prior distribution"); from the whole
@@ -137,145 +234,167 @@ class PBTDriver(Driver):
       # that the near-defaults start exists to avoid.
       self.exploit = pbt_lib.CompiledExploitExplore(
           self.pbt_config, self.space, ss.near(self.space, defaults))
+
+  def initial_hparams(self, key, agent, population_size):
+    defaults = agent.default_hparams()
     if self.config.init_hparams == 'defaults':
       return super().initial_hparams(key, agent, population_size)
     if self.config.init_hparams == 'near-defaults':
       return ss.sample_near(key, self.space, defaults, population_size)
     return ss.sample(key, self.space, defaults, population_size)
 
-  def _lineage(self, loop: Loop) -> pbt_lib.Lineage:
-    if self.lineage is None:
-      path = os.path.join(loop.run_dir, 'lineage.jsonl')
-      self.lineage = pbt_lib.Lineage(path)
-      if not os.path.exists(path):
-        self.lineage.record_init(loop.update_steps, loop.hparams,
-                                 env_steps=loop.env_steps)
-    return self.lineage
+  def init(self, key, population: Population):
+    n = self.config.population_size
+    return PBTState(
+        key=key, last_ready=np.zeros((n,), np.int64),
+        history=np.full((n, self.config.fitness_window), np.nan),
+        evaluated=np.zeros((n,), bool), started=np.asarray(False),
+        lineage_started=np.asarray(False),
+        exploits=np.asarray(0, np.int64)), population.state
 
-  def after_call(self, loop: Loop) -> None:
-    lineage = self._lineage(loop)
-    if self.evaluated_after is None:
+  def decide(self, rule_state: PBTState, observation: Observation):
+    obs, n = observation, self.config.population_size
+    if not rule_state.started:
       # The first call of a run (or of a resume): evaluations that started
       # before it played the policies as they were before any training (or
       # the restore); they score nobody.
-      self.evaluated_after = np.full(self.last_ready.shape,
-                                     loop.pipeline.policy_version, np.int64)
-      self.fresh.first_version[:] = np.maximum(
-          self.fresh.first_version, loop.pipeline.policy_version + 1)
-    for r in loop.episodes:
-      if r['evaluation'] and self.fresh.keep(r):
-        member = int(r['member'])
-        if r['start_policy_version'] > self.evaluated_after[member]:
-          self.evaluated[member] = True
-        objective = r['true_objective']
-        if self.config.true_objective and np.isnan(objective):
+      everyone = np.ones((n,), bool)
+      logs = self._lineage_start(rule_state, obs)
+      return rule_state._replace(
+          started=np.asarray(True), lineage_started=np.asarray(True),
+          evaluated=np.zeros((n,), bool)), Decision(
+              renewed=everyone, mark=everyone, logs=logs)
+    rule_state = self._record(rule_state, obs)
+    # Members step in lockstep and a copy inherits its parent's step counter,
+    # so every member's step count is update_steps.
+    steps = np.full((n,), obs.update_steps, np.int64)
+    ready = np.asarray(pbt_lib.ready_mask(steps, rule_state.last_ready,
+                                          self.pbt_config))
+    if not ready.any() or not rule_state.evaluated[ready].all():
+      return rule_state, Decision()
+    fitness = fitness_of(rule_state.history)
+    rule_state, key = split_key(rule_state)
+    result = self.exploit(key, obs.state, obs.hparams, fitness, ready)
+    replaced = whole_value(result.replaced)  # gathered over processes
+    parent = whole_value(result.parent)
+    events = tuple(pbt_lib.exploit_events(obs.update_steps, result,
+                                          obs.hparams, fitness,
+                                          env_steps=obs.env_steps))
+    evaluated = rule_state.evaluated.copy()
+    evaluated[ready] = False  # the next decision waits for new evaluations
+    rule_state = rule_state._replace(
+        history=inherit(rule_state.history, parent, replaced),
+        last_ready=np.where(ready, steps, rule_state.last_ready),
+        evaluated=evaluated,
+        exploits=np.asarray(rule_state.exploits + replaced.sum(), np.int64))
+    return rule_state, Decision(
+        state=result.state, hparams=result.hparams, renewed=replaced,
+        mark=ready, copy_data=self._copies(parent, replaced), events=events,
+        logs=tuple((LINEAGE, e) for e in events))
+
+  def _record(self, rule_state: PBTState, obs: Observation) -> PBTState:
+    """This call's evaluations into the fitness history; which members an
+    evaluation of the policy trained since their last decision reached."""
+    history, evaluated = rule_state.history, rule_state.evaluated.copy()
+    for r in obs.episodes:
+      if not r['evaluation']:
+        continue
+      member = int(r['member'])
+      if r['start_policy_version'] > obs.marked_at[member]:
+        evaluated[member] = True
+      value = r['episode_return']
+      if self.config.true_objective:
+        value = r['true_objective']
+        if np.isnan(value):
           raise ConfigError(
               f'--true-objective: {self.config.env} reported no '
               "info['true_objective'] at the end of an episode")
-        self.fitness.record(int(r['member']), float(r['episode_return']),
-                            None if np.isnan(objective) else objective)
-    # Members step in lockstep and a copy inherits its parent's step counter,
-    # so every member's step count is loop.update_steps.
-    steps = np.full_like(self.last_ready, loop.update_steps)
-    ready = np.asarray(pbt_lib.ready_mask(steps, self.last_ready,
-                                          self.pbt_config))
-    # The whole population decides at once, as in the 2022 paper ("the
-    # entire population evolves at intervals of 100,000 update steps"),
-    # once every due member has been evaluated. Deciding for each member as
-    # its evaluation comes in would let a member copy one that was itself
-    # replaced a call earlier, whose fitness is its parent's but whose
-    # explored hyperparameters nobody has evaluated, and would spend
-    # several decisions per interval on a small population.
-    if not ready.any() or not self.evaluated[ready].all():
-      return
-    fitness = self.fitness.fitness()
-    result = self.exploit(loop.next_key(), loop.state, loop.hparams, fitness,
-                          ready)
-    replaced = whole_value(result.replaced)  # gathered over processes
-    parent = whole_value(result.parent)
-    events = pbt_lib.exploit_events(loop.update_steps, result, loop.hparams,
-                                    fitness, env_steps=loop.env_steps)
-    lineage.write(events)
-    self.emit(events)
-    self.fitness.on_exploit(parent, replaced)
-    self.fresh.renew(loop, replaced)
-    self.last_ready = np.where(ready, steps, self.last_ready)
-    # The next decision for these members waits for an evaluation that
-    # starts after this one (after the new weights, for replaced members).
-    self.evaluated[ready] = False
-    self.evaluated_after[ready] = loop.pipeline.policy_version
-    if replaced.any() and self.pbt_config.copy_replay:
-      loop.pipeline.copy_member_data(np.flatnonzero(replaced),
-                                     parent[replaced])
-    self.exploits += int(replaced.sum())
-    loop.state, loop.hparams = result.state, result.hparams
+      history = record(history, member, float(value))
+    return rule_state._replace(history=history, evaluated=evaluated)
 
-  def replace_diverged(self, loop: Loop, diverged: np.ndarray) -> str:
+  def _copies(self, parent: np.ndarray, replaced: np.ndarray):
+    """``Decision.copy_data`` for --copy-replay."""
+    if not (self.pbt_config.copy_replay and replaced.any()):
+      return None
+    return np.flatnonzero(replaced), parent[replaced]
+
+  def _lineage_start(self, rule_state: PBTState, obs: Observation) -> tuple:
+    """The lineage's init events, once per run (not again on a resume)."""
+    if rule_state.lineage_started:
+      return ()
+    return tuple((LINEAGE, e) for e in pbt_lib.init_events(
+        obs.update_steps, obs.hparams, env_steps=obs.env_steps))
+
+  def replace_diverged(self, rule_state: PBTState, observation: Observation,
+                       diverged: np.ndarray):
     """Diverged members are replaced at once by copies of good members,
     with perturbed hyperparameters (``pbt.replace_diverged``), and logged
     in the lineage with ``reason: diverged``; if every member diverged,
     they are re-initialised instead."""
     if diverged.all():
-      return super().replace_diverged(loop, diverged)
-    fitness = self.fitness.fitness()
-    result = self.exploit.replace_diverged(loop.next_key(), loop.state,
-                                           loop.hparams, fitness, diverged)
+      return super().replace_diverged(rule_state, observation, diverged)
+    obs = observation
+    fitness = fitness_of(rule_state.history)
+    rule_state, key = split_key(rule_state)
+    result = self.exploit.replace_diverged(key, obs.state, obs.hparams,
+                                           fitness, diverged)
     parent = whole_value(result.parent)
-    events = [{**e, 'reason': 'diverged'} for e in pbt_lib.exploit_events(
-        loop.update_steps, result, loop.hparams, fitness, loop.env_steps)]
-    self._lineage(loop).write(events)
-    self.emit(events)
-    self.fitness.on_exploit(parent, diverged)
-    self.fresh.renew(loop, diverged)
-    if self.pbt_config.copy_replay:
-      loop.pipeline.copy_member_data(np.flatnonzero(diverged),
-                                     parent[diverged])
-    loop.state, loop.hparams = result.state, result.hparams
-    return 'replaced by copies of members ' + ', '.join(
+    events = tuple({**e, 'reason': 'diverged'} for e in pbt_lib.exploit_events(
+        obs.update_steps, result, obs.hparams, fitness, obs.env_steps))
+    logs = self._lineage_start(rule_state, obs)
+    rule_state = rule_state._replace(
+        history=inherit(rule_state.history, parent, diverged),
+        lineage_started=np.asarray(True))
+    note = 'replaced by copies of members ' + ', '.join(
         f'{i}<-{parent[i]}' for i in np.flatnonzero(diverged))
+    return rule_state, Decision(
+        state=result.state, hparams=result.hparams, renewed=diverged,
+        copy_data=self._copies(parent, diverged), events=events,
+        logs=logs + tuple((LINEAGE, e) for e in events), note=note)
 
-  def scalars(self) -> dict:
-    fitness = self.fitness.fitness()
+  def resumed(self, rule_state: PBTState) -> PBTState:
+    # Versions count from 1 again: the next decision waits for an
+    # evaluation of this run's policies.
+    return rule_state._replace(started=np.asarray(False))
+
+  def scalars(self, rule_state: PBTState) -> dict:
+    fitness = fitness_of(rule_state.history)
     finite = fitness[np.isfinite(fitness)]
-    return {'exploits': self.exploits,
+    return {'exploits': int(rule_state.exploits),
             'best_fitness': float(finite.max()) if finite.size else None}
 
-  def checkpoint_arrays(self):
-    return {'last_ready': self.last_ready}
-
-  def checkpoint_meta(self) -> dict:
-    return {'fitness_history': self.fitness.history(),
-            'exploits': self.exploits}
-
-  def restore(self, arrays, meta) -> None:
-    self.last_ready = np.asarray(arrays['last_ready'], np.int64)
-    self.fitness.set_history(meta['fitness_history'])
-    self.exploits = meta['exploits']
-    self.fresh.restart()
-    self.evaluated_after = None  # versions count from zero again
-    self.evaluated[:] = False
-
-  def summary(self, loop: Loop) -> str:
-    return (f'PBT: {self.exploits} exploit/explore replacements; lineage in '
-            f'{self._lineage(loop).path}')
+  def summary(self, rule_state: PBTState, run_dir: str) -> str:
+    return (f'PBT: {int(rule_state.exploits)} exploit/explore replacements; '
+            f'lineage in {os.path.join(run_dir, LINEAGE)}')
 
 
-class ScheduleDriver(Driver):
-  """Re-runs one member's hyperparameter schedule alone (population of 1).
+class ScheduleState(NamedTuple):
+  """``Schedule``'s bookkeeping."""
+
+  key: jax.Array
+  applied: np.ndarray  # () int64: the schedule entry in force
+
+
+class Schedule(Rule):
+  """Re-runs one member's hyperparameter schedule alone (population of 1):
+  ``fastpbrl pbt --rerun-lineage FILE --rerun-member K``.
 
   ``schedule`` is ``[(update_step, hparams dict), ...]`` as rebuilt by
   ``fastpbrl.population.pbt.schedule`` from a PBT lineage file.
   """
 
   name = 'pbt-rerun'
+  command = 'pbt'
+  config_class = PBTRunConfig
+  not_resumable = ('a re-run of one member\'s schedule cannot be resumed; '
+                   'start the re-run again (--rerun-lineage)')
 
-  def __init__(self, config: RunConfig, schedule: list):
+  def __init__(self, config: PBTRunConfig, schedule: list):
     super().__init__(config)
-    _check(config.population_size == 1,
-           '--population-size must be 1 when re-running one schedule')
-    _check(len(schedule) > 0, 'the schedule to re-run is empty')
+    check(config.population_size == 1,
+          '--population-size must be 1 when re-running one schedule')
+    check(len(schedule) > 0, 'the schedule to re-run is empty')
     self.schedule = sorted(schedule, key=lambda e: e[0])
-    self.applied = -1
 
   def _entry(self, update_steps: int) -> int:
     index = 0
@@ -292,18 +411,15 @@ class ScheduleDriver(Driver):
 
   def initial_hparams(self, key, agent, population_size):
     template = super().initial_hparams(key, agent, population_size)
-    self.applied = self._entry(0)
-    return self._hparams(template, self.applied)
+    return self._hparams(template, self._entry(0))
 
-  def after_call(self, loop: Loop) -> None:
-    index = self._entry(loop.update_steps)
-    if index != self.applied:
-      loop.hparams = self._hparams(loop.hparams, index)
-      self.applied = index
+  def init(self, key, population: Population):
+    return ScheduleState(key=key, applied=np.asarray(self._entry(0),
+                                                     np.int64)), population.state
 
-  def checkpoint_meta(self) -> dict:
-    return {'applied': self.applied}
-
-  def restore(self, arrays, meta) -> None:
-    del arrays
-    self.applied = meta['applied']
+  def decide(self, rule_state: ScheduleState, observation: Observation):
+    index = self._entry(observation.update_steps)
+    if index == rule_state.applied:
+      return rule_state, Decision()
+    return rule_state._replace(applied=np.asarray(index, np.int64)), Decision(
+        hparams=self._hparams(observation.hparams, index))

@@ -1,18 +1,25 @@
-"""Many seeds: N independent members, no population rule (host-side).
+"""Many seeds: N independent members at the agent's published defaults,
+no population rule; the baseline every rule is measured against
+(``python -m benchmarks.learning``).
 
-The baseline every rule is measured against; there is no pure half, so the
-driver is all of it.
+    fastpbrl seeds                        # TD3, Pendulum-v1, 4 seeds
+    fastpbrl seeds --agent sac --env Hopper-v5 --population-size 8
 """
 
 from __future__ import annotations
 
-from fastpbrl.run import Driver
+from fastpbrl.config import RunConfig
+from fastpbrl.rules.base import Rule
+from fastpbrl.rules.registry import register
 
 
-class SeedsDriver(Driver):
+@register
+class Seeds(Rule):
   """N independent members at the agent's published defaults, each with its
   own initial parameters, env and exploration streams and replay: N seeds
-  of one agent trained at once, and the baseline every rule is measured
-  against."""
+  of one agent trained at once. Everything is the base ``Rule``'s."""
 
   name = 'seeds'
+  help = "N independent members at the agent's published defaults"
+  config_class = RunConfig
+  presets = {'small': RunConfig()}

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastpbrl import run as run_lib
+from fastpbrl import build, config as config_lib
 from fastpbrl.agents import networks
 from fastpbrl.agents import sac, td3
 
@@ -57,7 +57,7 @@ def test_torch_init_draws_weights_and_biases_uniform_in_one_over_sqrt_fan_in():
 
 
 def test_agents_build_their_networks_with_the_configured_init():
-  spec = run_lib.make_env_spec('Pendulum-v1')
+  spec = build.make_env_spec('Pendulum-v1')
   for module, config in ((td3, td3.TD3Config), (sac, sac.SACConfig)):
     agent = module.make_agent(spec, config(hidden_sizes=(32, 32),
                                            network_init='torch'))
@@ -70,14 +70,14 @@ def test_agents_build_their_networks_with_the_configured_init():
 
 
 def test_network_init_flag_is_checked_and_reaches_the_agent():
-  config = run_lib.RunConfig(env='Pendulum-v1', agent='td3',
+  config = config_lib.RunConfig(env='Pendulum-v1', agent='td3',
                              network_init='torch', hidden_sizes=(8,))
-  agent = run_lib.make_agent(config, run_lib.make_env_spec('Pendulum-v1'))
+  agent = build.make_agent(config, build.make_env_spec('Pendulum-v1'))
   assert agent.config.network_init == 'torch'
-  with pytest.raises(run_lib.ConfigError, match='--network-init must be one'):
-    run_lib.validate(dataclasses.replace(config, network_init='xavier'))
-  with pytest.raises(run_lib.ConfigError,
+  with pytest.raises(config_lib.ConfigError, match='--network-init must be one'):
+    config_lib.validate(dataclasses.replace(config, network_init='xavier'))
+  with pytest.raises(config_lib.ConfigError,
                      match='--network-init torch: --agent dqn has no'):
-    run_lib.make_agent(dataclasses.replace(config, agent='dqn',
+    build.make_agent(dataclasses.replace(config, agent='dqn',
                                            env='CartPole-v1'),
-                       run_lib.make_env_spec('CartPole-v1'))
+                       build.make_env_spec('CartPole-v1'))

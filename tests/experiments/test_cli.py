@@ -101,19 +101,23 @@ def test_non_empty_run_dir_without_resume_is_refused(tmp_path, monkeypatch):
   assert f'--run-dir {str(tmp_path)!r} is not empty: pass --resume' in message
 
 
-def test_resume_cannot_change_shapes_or_driver(tmp_path, monkeypatch):
+def test_resume_cannot_change_shapes_or_rule(tmp_path, monkeypatch):
   import json
   (tmp_path / 'checkpoints').mkdir()
-  config = {'driver': 'pbt', 'env': 'Pendulum-v1', 'agent': 'td3',
+  config = {'rule': 'pbt', 'env': 'Pendulum-v1', 'agent': 'td3',
             'population_size': 4, 'hidden_sizes': [256, 256]}
   (tmp_path / 'config.json').write_text(json.dumps(config))
   message = _pbt_error(['--resume', str(tmp_path), '--population-size', '8'],
                        monkeypatch)
   assert "--population-size 8 differs from the resumed run's 4" in message
-  (tmp_path / 'config.json').write_text(json.dumps({**config, 'driver': 'dvd'}))
+  (tmp_path / 'config.json').write_text(json.dumps({**config, 'rule': 'dvd'}))
   message = _pbt_error(['--resume', str(tmp_path)], monkeypatch)
   assert (f"is a 'dvd' run; continue it with: fastpbrl dvd --resume {tmp_path}"
           in message)
+  (tmp_path / 'config.json').write_text(json.dumps(
+      {k: v for k, v in config.items() if k != 'rule'}))
+  message = _pbt_error(['--resume', str(tmp_path)], monkeypatch)
+  assert 'names no rule' in message and 'earlier fastpbrl' in message
 
 
 def test_rerun_of_a_missing_member_names_the_flags(tmp_path, monkeypatch):
@@ -125,33 +129,8 @@ def test_rerun_of_a_missing_member_names_the_flags(tmp_path, monkeypatch):
   assert '--rerun-member 5' in message and 'no init event for member 5' in message
 
 
-def test_fresh_episodes_drop_those_started_under_replaced_weights():
-  import types
-  import numpy as np
-  from fastpbrl.drivers import FreshEpisodes
-  fresh = FreshEpisodes(3)
-  rec = lambda m, v: {'member': m, 'start_policy_version': v}  # noqa: E731
-  assert fresh.keep(rec(0, 0)) and fresh.keep(rec(1, 0))
-  class Pipeline:
-    """Version 6 written; call k's parameters still with the publisher."""
-    policy_version = 6
-
-    def wait_published(self, timeout=None):
-      self.policy_version = 7  # they land as version 7 (old weights)
-      return True
-
-  loop = types.SimpleNamespace(pipeline=Pipeline())
-  fresh.renew(loop, np.array([False, True, False]))
-  # Member 1's new weights go out as version 8, after the pending version 7
-  # of its old weights: episodes started under 7 or older are dropped.
-  assert fresh.keep(rec(0, 5)) and not fresh.keep(rec(1, 7))
-  assert fresh.keep(rec(1, 8))
-  fresh.restart()
-  assert fresh.keep(rec(1, 0))
-
-
 def test_resumed_pipeline_seeds_are_not_other_runs_seeds():
-  from fastpbrl.run import pipeline_seed
+  from fastpbrl.resume import pipeline_seed
   assert pipeline_seed(3, 0) == 3  # a fresh run uses its own seed
   resumed = {pipeline_seed(0, calls) for calls in range(1, 50)}
   assert len(resumed) == 49 and not resumed & set(range(1000))

@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fastpbrl import agents
+from fastpbrl import search_space as ss
 from fastpbrl.agents import td3
 from fastpbrl.learner import population_hparams
 from fastpbrl.types import Transition, make_env_spec, random_transitions
@@ -64,9 +66,8 @@ def td3_agent():
 def td3_population(td3_agent):
   """``(state, hparams)``: 10 distinct tiny TD3 members, hyperparameters
   drawn from the TD3 prior (one compilation for the whole session)."""
-  from fastpbrl.population import search_space as ss  # noqa: PLC0415
   n = 10
   state, hparams = distinct_population(td3_agent, n)
-  hparams = ss.sample(jax.random.PRNGKey(1), ss.default_search_space('td3'),
-                      hparams, n)
+  hparams = ss.sample(jax.random.PRNGKey(1),
+                      agents.get('td3').default_search_space, hparams, n)
   return state, hparams

@@ -1,7 +1,7 @@
 """DvD: the determinant diversity loss, its shared-critic plug-in and the
-host-side lambda schedule and bandit."""
+host-side lambda schedule, bandit and round scores over array state."""
 
-import json
+import collections
 
 import chex
 import jax
@@ -12,9 +12,10 @@ import pytest
 from acme import specs
 
 from fastpbrl.agents import td3
-from fastpbrl.drivers import DvDRunConfig
 from fastpbrl.learner import SharedCriticLearner, population_hparams
+from fastpbrl import rng as rng_lib
 from fastpbrl.population import dvd
+from fastpbrl.rules.dvd import DvDRunConfig
 from tests import numerics
 from tests.population.conftest import pendulum_spec, random_batch, tiny_td3
 
@@ -307,63 +308,72 @@ def test_piecewise_linear_schedule():
 
 def test_thompson_bandit_prefers_the_better_arm():
   # Thompson sampling itself: no burn-in, no window (a stationary bandit).
-  rng = np.random.default_rng(0)
-  bandit = dvd.ThompsonBandit(rng, arms=(0.0, 0.5), window=None, burn_in=0)
+  bandit = dvd.ThompsonBandit(arms=(0.0, 0.5), window=None, burn_in=0)
+  state = bandit.init(np.random.default_rng(0))
+  rewards = np.random.default_rng(1)
   success = {0: 0.2, 1: 0.7}
   pulls = np.zeros(2)
   for _ in range(400):
-    arm, lam = bandit.select()
+    state, arm, lam = bandit.select(state)
     assert lam == (0.0, 0.5)[arm]
     pulls[arm] += 1
-    bandit.update(arm, float(rng.uniform() < success[arm]))
+    state = bandit.update(state, arm, float(rewards.uniform() < success[arm]))
   assert pulls[1] > 3 * pulls[0]
   # Statistical: a success rate over pulls[1] draws, sd sqrt(0.7 0.3 /
   # pulls[1]) = 0.024; 5 sd, plus the Beta(1, 1) prior's pull (1 / pulls[1]).
   np.testing.assert_allclose(
-      bandit.means()[1], 0.7, rtol=0,
+      bandit.means(state)[1], 0.7, rtol=0,
       atol=5 * np.sqrt(0.7 * 0.3 / pulls[1]) + 1 / pulls[1])
   # Beta counts: alpha - 1 + beta - 1 = pulls, sums of 0/1 rewards: exact.
-  np.testing.assert_array_equal(bandit.alpha + bandit.beta - 2, pulls)
+  alpha, beta = bandit.posterior(state)
+  np.testing.assert_array_equal(alpha + beta - 2, pulls)
   with pytest.raises(ValueError, match='reward'):
-    bandit.update(0, 2.0)
+    bandit.update(state, 0, 2.0)
   with pytest.raises(ValueError, match='arm'):
-    bandit.update(2, 1.0)
+    bandit.update(state, 2, 1.0)
 
 
 def test_bandit_defaults_follow_the_authors_code():
   """Arms {0, 0.5}, Beta(1, 1) priors, 5 uniform choices first, posteriors
   over the last 50 rewards (``bandits.py`` of the authors' DvD-ES code)."""
-  bandit = dvd.ThompsonBandit(np.random.default_rng(0))
+  bandit = dvd.ThompsonBandit()
   assert bandit.arms == (0.0, 0.5) and bandit.burn_in == 5
-  np.testing.assert_array_equal(bandit.alpha, [1.0, 1.0])
-  np.testing.assert_array_equal(bandit.beta, [1.0, 1.0])
+  assert bandit.prior == (1.0, 1.0) and bandit.window == 50
+  state = bandit.init(np.random.default_rng(0))
+  for got in bandit.posterior(state):
+    np.testing.assert_array_equal(got, [1.0, 1.0])
   # Window: 100 successes of arm 0, then 50 failures; only the failures
   # remain in the posterior, so arm 0 now looks bad.
   for reward in [1.0] * 100 + [0.0] * 50:
-    bandit.update(0, reward)
-  np.testing.assert_array_equal(bandit.alpha, [1.0, 1.0])
-  np.testing.assert_array_equal(bandit.beta, [51.0, 1.0])
-  unwindowed = dvd.ThompsonBandit(np.random.default_rng(0), window=None)
+    state = bandit.update(state, 0, reward)
+  alpha, beta = bandit.posterior(state)
+  np.testing.assert_array_equal(alpha, [1.0, 1.0])
+  np.testing.assert_array_equal(beta, [51.0, 1.0])
+  assert bandit.history(state) == [(0, 0.0)] * 50
+  unwindowed = dvd.ThompsonBandit(window=None)
+  other = unwindowed.init(np.random.default_rng(0))
   for reward in [1.0] * 100 + [0.0] * 50:
-    unwindowed.update(0, reward)
-  np.testing.assert_array_equal(unwindowed.alpha, [101.0, 1.0])
+    other = unwindowed.update(other, 0, reward)
+  np.testing.assert_array_equal(unwindowed.posterior(other)[0], [101.0, 1.0])
   # Ties count half.
-  bandit.update(1, 0.5)
-  np.testing.assert_array_equal(bandit.alpha, [1.0, 1.5])
+  state = bandit.update(state, 1, 0.5)
+  np.testing.assert_array_equal(bandit.posterior(state)[0], [1.0, 1.5])
 
 
 def test_bandit_burn_in_picks_uniformly_whatever_the_evidence():
   """During burn-in the arm is uniform even when the posterior is sure; after
   it, Thompson sampling follows the posterior."""
+  bandit = dvd.ThompsonBandit(burn_in=5, window=None)
   first, later = [], []
   for seed in range(200):
-    bandit = dvd.ThompsonBandit(np.random.default_rng(seed), burn_in=5,
-                                window=None)
+    state = bandit.init(np.random.default_rng(seed))
     for _ in range(40):
-      bandit.update(0, 1.0)
-      bandit.update(1, 0.0)
-    first += [bandit.select()[0] for _ in range(5)]
-    later.append(bandit.select()[0])
+      state = bandit.update(state, 0, 1.0)
+      state = bandit.update(state, 1, 0.0)
+    for _ in range(5):
+      state, arm, _ = bandit.select(state)
+      first.append(arm)
+    later.append(bandit.select(state)[1])
   # Arm 1 about half the time: 1000 fair picks, sd 0.016; 0.1 is 6 sd.
   assert 0.4 < np.mean(first) < 0.6
   # Then (almost) never: P(Beta(1, 41) > Beta(41, 1)) ~ 1e-24 per pick; 0.02
@@ -371,16 +381,97 @@ def test_bandit_burn_in_picks_uniformly_whatever_the_evidence():
   assert np.mean(later) < 0.02
 
 
-def test_bandit_state_round_trip_continues_identically():
-  a = dvd.ThompsonBandit(np.random.default_rng(3), burn_in=2)
+def test_bandit_state_copy_continues_identically_and_inputs_stay():
+  bandit = dvd.ThompsonBandit(burn_in=2)
+  a = bandit.init(np.random.default_rng(3))
   for _ in range(4):
-    arm, _ = a.select()
-    a.update(arm, 1.0 if arm else 0.0)
-  state = json.loads(json.dumps(a.state()))  # what a checkpoint keeps
-  b = dvd.ThompsonBandit(np.random.default_rng(99), burn_in=2)
-  b.load_state(state)
-  assert [a.select() for _ in range(20)] == [b.select() for _ in range(20)]
-  np.testing.assert_array_equal(a.alpha, b.alpha)
+    a, arm, _ = bandit.select(a)
+    a = bandit.update(a, arm, 1.0 if arm else 0.0)
+  # What a checkpoint keeps: the arrays (tests/rules/test_dvd.py writes
+  # them through orbax).
+  b = jax.tree.map(np.array, a)
+  before = jax.tree.map(np.array, a)
+  picks = []
+  for state in (a, b):
+    got = []
+    for _ in range(20):
+      state, arm, lam = bandit.select(state)
+      state = bandit.update(state, arm, 0.5)
+      got.append((arm, lam))
+    picks.append(got)
+  assert picks[0] == picks[1]
+  # select and update returned new states: the one they were given is
+  # unchanged (exact: the same arrays).
+  jax.tree.map(np.testing.assert_array_equal, a, before)
+
+
+class _OldThompsonBandit:
+  """The bandit as it was before its state became arrays (a numpy
+  ``Generator`` and a deque of ``(arm, reward)``): the reference the array
+  state must draw exactly like."""
+
+  def __init__(self, rng, arms, window, burn_in):
+    self.rng, self.arms, self.burn_in = rng, tuple(arms), burn_in
+    self.history = collections.deque(maxlen=window)
+    self.selections = 0
+
+  def posterior(self):
+    a, b = np.ones(len(self.arms)), np.ones(len(self.arms))
+    for arm, reward in self.history:
+      a[arm] += reward
+      b[arm] += 1.0 - reward
+    return a, b
+
+  def select(self):
+    if self.selections < self.burn_in:
+      arm = int(self.rng.integers(len(self.arms)))
+    else:
+      arm = int(np.argmax(self.rng.beta(*self.posterior())))
+    self.selections += 1
+    return arm, self.arms[arm]
+
+  def update(self, arm, reward):
+    self.history.append((arm, reward))
+
+
+@pytest.mark.parametrize('window', [None, 1, 7])
+def test_bandit_draws_as_the_numpy_generator_it_was_seeded_from(window):
+  """The array state (PCG64's state, buffered 32-bit half included, and
+  the windowed rewards) gives the draws of the generator-and-deque bandit
+  it replaced, bit for bit, with rewards in [0, 1] of any value."""
+  arms = (0.0, 0.25, 0.5)
+  bandit = dvd.ThompsonBandit(arms, window=window, burn_in=4)
+  state = bandit.init(np.random.default_rng(11))
+  old = _OldThompsonBandit(np.random.default_rng(11), arms, window, 4)
+  rewards = np.random.default_rng(12)
+  for t in range(60):
+    state, arm, lam = bandit.select(state)
+    assert (arm, lam) == old.select(), t
+    reward = float(rewards.choice([0.0, 0.5, 1.0, rewards.uniform()]))
+    state = bandit.update(state, arm, reward)
+    old.update(arm, reward)
+    # The same additions in the same order: exact.
+    for got, want in zip(bandit.posterior(state), old.posterior()):
+      np.testing.assert_array_equal(got, want)
+  assert pcg_draws(state.rng) == pcg_draws(
+      rng_lib.pcg64_state(old.rng))
+
+
+def pcg_draws(rng_state) -> list:
+  rng = rng_lib.pcg64_generator(rng_state)
+  return [int(rng.integers(2)), float(rng.random()), int(rng.integers(7))]
+
+
+def test_pcg64_state_continues_the_generator_mid_32_bit_draw():
+  rng = np.random.default_rng(5)
+  rng.integers(2)  # draws 32 bits of a 64-bit output: the other half waits
+  state = rng_lib.pcg64_state(rng)
+  assert int(state.has_uint32) == 1
+  copy = rng_lib.pcg64_generator(state)
+  assert [copy.integers(2) for _ in range(9)] + [copy.random()] == [
+      rng.integers(2) for _ in range(9)] + [rng.random()]
+  with pytest.raises(ValueError, match='PCG64'):
+    rng_lib.pcg64_state(np.random.Generator(np.random.MT19937(0)))
 
 
 def test_improvement_reward_compares_with_the_best_recent_round():
@@ -439,15 +530,55 @@ def test_relative_gain_reward_is_even_for_arms_that_learn_alike():
   assert np.mean(gain[0]) > 0.6 > 0.4 > np.mean(gain[1])
 
 
+def _round(returns_by_member: dict, capacity: int = 8) -> dvd.RoundReturns:
+  """A round with these returns, recorded member by member in dict order."""
+  round_ = dvd.round_returns(4, capacity)
+  for member, returns in returns_by_member.items():
+    for value in returns:
+      round_ = dvd.record_return(round_, member, value)
+  return round_
+
+
 def test_round_score_averages_members_then_population():
-  returns = {0: [1.0, 3.0], 1: [10.0], 2: []}
+  returns = _round({0: [1.0, 3.0], 1: [10.0], 2: []})
   # Member means 2 and 10 (member 2 did not evaluate): mean 6, not the
   # episodes' mean 14 / 3.
   # Means of small integers: exact in float64.
   assert dvd.round_score(returns) == 6.0
   assert dvd.round_score(returns, 'mean') == 6.0
   assert dvd.round_score(returns, 'best') == 10.0
-  assert dvd.round_score({}) is None
-  assert dvd.round_score({3: []}, 'best') is None
+  assert dvd.round_score(_round({})) is None
+  assert dvd.round_score(_round({3: []}), 'best') is None
   with pytest.raises(ValueError, match='mean.*best'):
     dvd.round_score(returns, 'median')
+
+
+def test_round_score_is_numpys_mean_of_the_returns_as_they_came():
+  """The same bits as the mean of each member's list of returns, members in
+  the order they first evaluated (numpy sums 8 values or more pairwise, so
+  a running sum would differ), however they interleave; past the capacity,
+  the running sum stands in."""
+  rng = np.random.default_rng(0)
+  order = [2, 0, 3, 2, 1, 0] + list(rng.integers(4, size=40))
+  lists, round_ = {}, dvd.round_returns(4, 16)
+  for member in order:
+    value = float(rng.normal(-1000, 300))
+    lists.setdefault(int(member), []).append(value)
+    round_ = dvd.record_return(round_, int(member), value)
+  assert list(lists) == [2, 0, 3, 1] and all(
+      8 <= len(r) <= 16 for r in lists.values())
+  expected = float(np.mean([np.asarray(r, np.float64).mean()
+                            for r in lists.values()]))
+  # Exact: the same numpy reductions of the same values in the same order.
+  assert dvd.round_score(round_) == expected
+  assert dvd.round_score(round_, 'best') == max(max(r) for r in lists.values())
+  # Capacity 4: means of running sums, equal within rounding (rule 1: the
+  # sums of <= 16 terms of one sign, a division, and a mean of 4: k = 22).
+  small = _round(lists, capacity=4)
+  assert dvd.round_score(small) == pytest.approx(
+      expected, rel=numerics.rounding_rtol(22, np.float64))
+  assert dvd.round_score(small, 'best') == dvd.round_score(round_, 'best')
+  # Recording made new arrays: the round it was given is unchanged.
+  empty = dvd.round_returns(4, 4)
+  dvd.record_return(empty, 1, 5.0)
+  assert int(empty.counts.sum()) == 0 and np.isnan(empty.returns).all()

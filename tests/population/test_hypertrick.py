@@ -7,8 +7,9 @@ import jax
 import numpy as np
 import pytest
 
+from fastpbrl import agents
+from fastpbrl import search_space as ss
 from fastpbrl.population import hypertrick as ht
-from fastpbrl.population import search_space as ss
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
 pytestmark = pytest.mark.numeric
@@ -16,24 +17,25 @@ pytestmark = pytest.mark.numeric
 
 def simulate(config, num_slots, rng, metric=None):
   """Asynchronous run: each slot's phase takes a random time; the slot that
-  finishes first reports next. Returns the scheduler."""
+  finishes first reports next. Returns the scheduler's state."""
   metric = metric or (lambda worker, phase: rng.standard_normal())
-  sched = ht.HyperTrick(config, num_slots)
+  sched = ht.start(config, num_slots, num_hparams=1)
   heap = []
-  for slot, worker in enumerate(sched.start()):
-    if worker is not None:
-      sched.set_hparams(worker, {'id': worker})
+  for slot, worker in enumerate(sched.slot_worker):
+    if worker >= 0:
+      sched = ht.set_hparams(sched, worker, [worker])
       heapq.heappush(heap, (rng.exponential(), slot))
   while heap:
     now, slot = heapq.heappop(heap)
-    worker = sched.slot_worker[slot]
-    report = sched.report(slot, metric(worker, sched.worker_phase[worker]))
+    worker = int(sched.slot_worker[slot])
+    sched, report = ht.report(config, sched, slot,
+                              metric(worker, int(sched.slot_phase[slot])))
     if report.decision == ht.CONTINUE:
       heapq.heappush(heap, (now + rng.exponential(), slot))
     elif report.new_worker is not None:
-      sched.set_hparams(report.new_worker, {'id': report.new_worker})
+      sched = ht.set_hparams(sched, report.new_worker, [report.new_worker])
       heapq.heappush(heap, (now + rng.exponential(), slot))
-  assert sched.done
+  assert ht.done(config, sched)
   return sched
 
 
@@ -61,8 +63,8 @@ def test_eviction_rate_matches_target():
   config = ht.HyperTrickConfig(num_workers=3000, num_phases=4,
                                eviction_rate=0.25)
   sched = simulate(config, num_slots=40, rng=np.random.default_rng(0))
-  assert sched.launched == 3000
-  rates = sched.eviction_rates()
+  assert int(sched.launched) == 3000
+  rates = ht.eviction_rates(config, sched)
   rate_sd, reached_sd, completion_sd = binomial_sds(config)
   # Statistical, 5 sd (binomial_sds): 0.032 to 0.043.
   assert np.all(np.abs(rates - 0.25) <= 5 * rate_sd), (rates, rate_sd)
@@ -84,7 +86,7 @@ def test_eviction_rate_other_settings():
                                eviction_rate=0.1, quantile=0.3)
   sched = simulate(config, num_slots=16, rng=np.random.default_rng(1))
   # Statistical, 5 sd (binomial_sds): 0.030 and 0.031.
-  rates, rate_sd = sched.eviction_rates(), binomial_sds(config)[0]
+  rates, rate_sd = ht.eviction_rates(config, sched), binomial_sds(config)[0]
   assert np.all(np.abs(rates - 0.1) <= 5 * rate_sd), (rates, rate_sd)
 
 
@@ -93,44 +95,85 @@ def test_first_reporters_continue_then_lower_half_stops():
                                eviction_rate=0.25)
   assert ht.min_continuing(config, 1) == 5  # floor(10 * 0.5)
   assert ht.min_continuing(config, 2) == 3  # floor(10 * 0.75 * 0.5)
-  sched = ht.HyperTrick(config, num_slots=10)
-  sched.start()
+  sched = ht.start(config, num_slots=10)
+
+  def report(slot, metric):
+    nonlocal sched
+    sched, result = ht.report(config, sched, slot, metric)
+    return result
+
   # The first five reporters of phase 1 continue, however bad.
   for slot, m in enumerate([-100., -50., 0., 1., 2.]):
-    assert sched.report(slot, m).decision == ht.CONTINUE
+    assert report(slot, m).decision == ht.CONTINUE
   # Then Worker Selection Mode: below the median of what was reported stops.
   # median(-100, -50, 0, 1, 2) = 0
-  r = sched.report(5, -1.0)
+  r = report(5, -1.0)
   assert r.decision == ht.TERMINATE and r.new_worker is None  # W launched
-  assert sched.slot_worker[5] is None
+  assert sched.slot_worker[5] == -1 and sched.slot_phase[5] == 0
   # median(-100, -50, -1, 0, 1, 2) = -0.5
-  assert sched.report(6, -0.4).decision == ht.CONTINUE
-  assert sched.report(7, 5.0).decision == ht.CONTINUE
+  assert report(6, -0.4).decision == ht.CONTINUE
+  assert report(7, 5.0).decision == ht.CONTINUE
   # A diverged worker (NaN) is terminated in Worker Selection Mode, and the
   # quantile stays defined with it in the list.
-  assert sched.report(8, float('nan')).decision == ht.TERMINATE
+  assert report(8, float('nan')).decision == ht.TERMINATE
   # median(-inf, -100, -50, -1, -0.4, 0, 1, 2, 5) = -0.4
-  assert sched.report(9, -0.5).decision == ht.TERMINATE
-  assert sched.history[-2][2] == -np.inf
+  assert report(9, -0.5).decision == ht.TERMINATE
+  # Phase 1's metrics, ascending, the NaN recorded as -inf: exact (stored
+  # as reported).
+  np.testing.assert_array_equal(
+      ht.phase_metrics(sched, 1),
+      [-np.inf, -100, -50, -1, -0.5, -0.4, 0, 1, 2, 5])
+  assert sched.reported[1] == 10 and sched.terminated[1] == 3
   assert ht._quantile([-np.inf, 1.0], 0.5) == -np.inf
   assert ht._quantile([-np.inf, 1.0, 3.0], 0.5) == 1.0
   with pytest.raises(ValueError, match='slot 5'):
-    sched.report(5, 0.0)
+    report(5, 0.0)
+
+
+def test_report_leaves_the_state_it_was_given_unchanged():
+  config = ht.HyperTrickConfig(num_workers=4, num_phases=2)
+  sched = ht.start(config, num_slots=2, num_hparams=1)
+  sched, _ = ht.report(config, sched, 0, 1.0)
+  kept = jax.tree.map(np.copy, sched)
+  after, result = ht.report(config, sched, 0, 2.0)  # completes: a new worker
+  assert result.decision == ht.COMPLETE and result.new_worker == 2
+  jax.tree.map(np.testing.assert_array_equal, sched, kept)
+  assert after.slot_worker.tolist() == [2, 1] and int(after.launched) == 3
+  # The same report on the same state decides the same.
+  assert ht.report(config, sched, 0, 2.0)[1] == result
+
+
+def test_a_phase_with_no_unconditional_reporter_keeps_its_first():
+  # W = 2, r = 0.25: M_1 = floor(2 * 0.5) = 1 but M_2 = floor(2 * 0.75 *
+  # 0.5) = 0: the first phase-2 reporter has nothing to be compared with
+  # (no quantile), nor, on one slot, the first of phase 3.
+  config = ht.HyperTrickConfig(num_workers=2, num_phases=4)
+  assert ht.min_continuing(config, 2) == ht.min_continuing(config, 3) == 0
+  sched = ht.start(config, num_slots=1)
+  decisions = []
+  for metric in (1.0, 1.0, 1.0):
+    sched, result = ht.report(config, sched, 0, metric)
+    decisions.append(result.decision)
+  assert decisions == [ht.CONTINUE] * 3 and sched.slot_phase[0] == 4
 
 
 def test_slots_restart_until_all_workers_launched_and_best():
   config = ht.HyperTrickConfig(num_workers=6, num_phases=2, eviction_rate=0.2)
-  sched = ht.HyperTrick(config, num_slots=2)
-  assert sched.start() == [0, 1]
+  sched = ht.start(config, num_slots=2, num_hparams=1)
+  assert sched.slot_worker.tolist() == [0, 1]
   for w in (0, 1):
-    sched.set_hparams(w, {'lr': 0.1 * (w + 1)})
-  assert sched.report(0, 1.0).decision == ht.CONTINUE
-  done = sched.report(0, 3.0)  # last phase
+    sched = ht.set_hparams(sched, w, [0.1 * (w + 1)])
+  sched, result = ht.report(config, sched, 0, 1.0)
+  assert result.decision == ht.CONTINUE
+  sched, done = ht.report(config, sched, 0, 3.0)  # last phase
   assert done.decision == ht.COMPLETE and done.new_worker == 2
-  assert sched.slot_worker[0] == 2 and sched.worker_phase[2] == 1
-  best = sched.best()
+  assert sched.slot_worker[0] == 2 and sched.slot_phase[0] == 1
+  best = ht.best(sched)
   assert best.worker == 0 and best.metric == 3.0 and best.phase == 2
-  assert best.hparams == {'lr': 0.1}
+  # As set: exact.
+  np.testing.assert_array_equal(best.hparams, [0.1])
+  assert ht.best(ht.start(config, 2, 1)._replace(
+      best_worker=np.asarray(2))).hparams is None  # never set
 
 
 def test_completion_rates_match_table_1():
@@ -160,7 +203,7 @@ def test_config_validation(kwargs, message):
 def test_reset_members(td3_agent, td3_population):
   state, hparams = td3_population
   n = 10
-  space = ss.default_search_space('td3')
+  space = agents.get('td3').default_search_space
   reset = np.zeros(n, bool)
   reset[[1, 4]] = True
   new_state, new_hparams = jax.jit(
@@ -193,100 +236,3 @@ def test_reset_members(td3_agent, td3_population):
   # weights differ by ~0.1, far beyond allclose's rtol of 1e-5.
   assert not np.allclose(jax.tree.leaves(new_state.policy)[-1][1],
                          jax.tree.leaves(new_state.policy)[-1][4])
-
-
-class FakePipeline:
-  """What the HyperTrick driver asks of the pipeline; records restarts."""
-
-  policy_version = 7
-
-  def __init__(self):
-    self.restarted = []
-
-  def restart_members(self, members):
-    self.restarted.append(list(members))
-
-  def wait_published(self, timeout=None):
-    return True
-
-
-def driver_and_loop(config):
-  """A HyperTrick driver over 2 tiny TD3 members and the loop it sees,
-  with a ``FakePipeline``."""
-  from fastpbrl import drivers  # noqa: PLC0415
-  from fastpbrl.learner import PopulationLearner  # noqa: PLC0415
-  from fastpbrl.run import Loop  # noqa: PLC0415
-  from tests.population.conftest import tiny_td3  # noqa: PLC0415
-
-  driver = drivers.HyperTrickDriver(config)
-  agent = tiny_td3()
-  hparams = driver.initial_hparams(jax.random.PRNGKey(0), agent, 2)
-  learner = PopulationLearner(agent)
-  pipeline = FakePipeline()
-  loop = Loop(config=config, run_dir='', agent=agent, learner=learner,
-              pipeline=pipeline, state=learner.init(
-                  jax.random.PRNGKey(1), hparams),
-              hparams=hparams, key=jax.random.PRNGKey(2),
-              member_update_steps=np.zeros(2, np.int64))
-  return driver, loop, pipeline
-
-
-def test_driver_restarts_evicted_slots_as_new_experiments():
-  # The evicted slot's replay must start empty with its own warm-up: the
-  # driver asks the pipeline for that (Pipeline.restart_members, whose
-  # effect on the replay tests/test_pipeline.py checks), and its phases count
-  # the slot's own update steps, which stop while it warms up.
-  from fastpbrl import drivers  # noqa: PLC0415
-  from fastpbrl.actors import EpisodeRecord  # noqa: PLC0415
-
-  config = drivers.HyperTrickRunConfig(
-      population_size=2, num_workers=6, num_phases=2, phase_update_steps=100,
-      eval_every=50, eviction_rate=0.25)
-  driver, loop, pipeline = driver_and_loop(config)
-  restarted_total = 0
-  for call in range(1, 40):
-    loop.update_steps = call * 50
-    loop.member_update_steps += 50
-    # Member 0 always scores higher than member 1.
-    loop.episodes = [EpisodeRecord(m, 100.0 - 50 * m + call, 10, True, 0, 8, 8)
-                     for m in range(2)]
-    before = len(pipeline.restarted)
-    driver.after_call(loop)
-    for members in pipeline.restarted[before:]:
-      restarted_total += len(members)
-      for m in members:  # its phase starts at its current update count
-        assert driver.phase_start[m] == loop.member_update_steps[m]
-    if driver.scheduler.done:
-      break
-  assert restarted_total >= 1
-  assert restarted_total == driver.scheduler.launched - 2
-
-
-def test_driver_starts_no_experiment_the_budget_cannot_train():
-  # A slot restarted when the budget left holds less than its warm-up and
-  # one phase would be evaluated untrained at the end: it keeps its worker
-  # instead (the slot goes idle in the scheduler). With one phase, every
-  # report completes a worker and asks for a new one.
-  from fastpbrl import drivers  # noqa: PLC0415
-  from fastpbrl.actors import EpisodeRecord  # noqa: PLC0415
-
-  config = drivers.HyperTrickRunConfig(
-      population_size=2, num_workers=6, num_phases=1, phase_update_steps=100,
-      eval_every=50, env_steps=1000, warmup_steps=100, eviction_rate=0.25)
-  driver, loop, pipeline = driver_and_loop(config)
-
-  def phase_ends(env_steps):
-    loop.env_steps = env_steps
-    loop.update_steps += 100
-    loop.member_update_steps += 100
-    loop.episodes = [EpisodeRecord(m, 10.0 * m, 10, True, 0, 8, 8)
-                     for m in range(2)]
-    driver.after_call(loop)
-
-  # 300 env steps left >= warm-up 100 + one phase of 100 update steps.
-  phase_ends(700)
-  assert pipeline.restarted == [[0, 1]] and driver.scheduler.launched == 4
-  # 100 left: no new experiment; both slots keep their (completed) workers.
-  phase_ends(900)
-  assert pipeline.restarted == [[0, 1]] and driver.scheduler.launched == 4
-  assert driver.scheduler.slot_worker == [None, None]

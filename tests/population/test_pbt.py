@@ -7,9 +7,10 @@ import numpy as np
 import optax
 import pytest
 
+from fastpbrl import agents
+from fastpbrl import search_space as ss
 from fastpbrl.learner import population_hparams
 from fastpbrl.population import pbt
-from fastpbrl.population import search_space as ss
 from tests import numerics
 from tests.population.conftest import pendulum_spec
 
@@ -17,7 +18,7 @@ from tests.population.conftest import pendulum_spec
 pytestmark = pytest.mark.numeric
 
 N = 10
-SPACE = ss.default_search_space('td3')
+SPACE = agents.get('td3').default_search_space
 
 
 def explored(dist, x, factor):
@@ -337,7 +338,7 @@ def test_sac_state_copied_with_temperature():
   fitness = np.array([3., 0., 2., 1.], np.float32)  # member 1 is the worst
   out = pbt.CompiledExploitExplore(
       pbt.PBTConfig(fraction=0.25, reset_optimizers=True),
-      ss.default_search_space('sac'))(
+      agents.get('sac').default_search_space)(
           jax.random.PRNGKey(0), state, hparams, fitness, np.ones(n, bool))
   np.testing.assert_array_equal(out.replaced, [False, True, False, False])
   assert int(out.parent[1]) == 0  # the best

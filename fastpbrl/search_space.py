@@ -30,9 +30,10 @@ onto its bounds:
   bootstrapped through time-limit truncations do not contract.
 
 Each agent registers its default space (``fastpbrl.agents.register``;
-``default_search_space(name)`` looks it up): TD3's and SAC's follow Flajolet
-et al. 2022, appendix B.1, with the discount in horizon space over ``[0.9,
-0.999]`` (above); DQN's is ours (the paper tunes none). ``load(path)`` reads
+``fastpbrl.agents.get(name).default_search_space`` looks it up; this module
+imports no agent): TD3's and SAC's follow Flajolet et al. 2022,
+appendix B.1, with the discount in horizon space over ``[0.9, 0.999]``
+(above); DQN's is ours (the paper tunes none). ``load(path)`` reads
 one from a JSON or YAML file (``--search-space``).
 """
 
@@ -498,19 +499,6 @@ def within_bounds(space: SearchSpace, hparams: HParams) -> jax.Array:
 PAPER_LR = LogUniform(3e-5, 3e-3)  # "roughly centred around the default 3e-4"
 # The paper's U(0.9, 1) in horizon space, without gamma = 1 (module doc).
 PAPER_DISCOUNT = Discount(0.9, 0.999)
-
-
-def default_search_space(agent: str) -> SearchSpace:
-  """The default search space of the agent ``agent`` names (a registered
-  name such as ``'td3'``, or ``module:attribute``; see
-  ``fastpbrl.agents.registry``).
-
-  Raises:
-    ValueError: for an unknown agent, listing the known ones.
-  """
-  from fastpbrl.agents import registry  # noqa: PLC0415 (agents import this)
-
-  return registry.get(agent).default_search_space
 
 
 # ---------------------------------------------------------------------------

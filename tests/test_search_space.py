@@ -5,8 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fastpbrl import agents, build
+from fastpbrl import search_space as ss
 from fastpbrl.agents import td3
-from fastpbrl.population import search_space as ss
+from fastpbrl.rules.pbt import PBT, PBTRunConfig
 from tests import numerics
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
@@ -19,7 +21,7 @@ LOG_SCALE_RTOL = numerics.rounding_rtol(100)
 
 
 def test_sample_within_bounds_and_untouched_fields():
-  space = ss.default_search_space('td3')
+  space = agents.get('td3').default_search_space
   template = td3.default_hparams()
   hp = jax.jit(ss.sample, static_argnums=(1, 3))(
       jax.random.PRNGKey(0), space, template, N)
@@ -153,7 +155,7 @@ def test_repeated_explore_keeps_a_spread(agent, resample_probability):
   # collapse onto its bounds (clipping put every discount of U(0.9, 1) on
   # 0.9 or 1.0 after one round).
   module = pytest.importorskip(f'fastpbrl.agents.{agent}')
-  space = ss.default_search_space(agent)
+  space = agents.get(agent).default_search_space
   hp = ss.sample(jax.random.PRNGKey(0), space, module.default_hparams(), 1000)
   explore = jax.jit(lambda k, h: ss.perturb(
       k, space, h, resample_probability=resample_probability))
@@ -218,37 +220,37 @@ def test_unknown_field_and_agent():
   with pytest.raises(ValueError, match=r"\['learning_rate'\].*TD3HParams"):
     ss.sample(jax.random.PRNGKey(0), space, td3.default_hparams(), 2)
   with pytest.raises(ValueError, match="'ppo' is unknown; choose one of td3"):
-    ss.default_search_space('ppo')
+    agents.get('ppo')
+  space = agents.get('td3').default_search_space
+  hp = ss.sample(jax.random.PRNGKey(0), space, td3.default_hparams(), 2)
   with pytest.raises(ValueError, match='resample_probability'):
-    ss.perturb(jax.random.PRNGKey(0), ss.default_search_space('td3'),
-               ss.sample(jax.random.PRNGKey(0), ss.default_search_space('td3'),
-                         td3.default_hparams(), 2), resample_probability=1.5)
+    ss.perturb(jax.random.PRNGKey(0), space, hp, resample_probability=1.5)
 
 
 def test_default_spaces_match_the_paper():
-  t = dict(ss.default_search_space('td3').distributions)
+  t = dict(agents.get('td3').default_search_space.distributions)
   assert t['policy_lr'] == ss.LogUniform(3e-5, 3e-3) == t['critic_lr']
   assert t['policy_delay'] == ss.Uniform(0.2, 1.0)
   assert (t['exploration_noise'] == ss.Uniform(0.0, 1.0) == t['target_noise']
           == t['noise_clip'])
   # The paper's U(0.9, 1), in horizon space and without gamma = 1.
   assert t['discount'] == ss.Discount(0.9, 0.999)
-  s = dict(ss.default_search_space('sac').distributions)
+  s = dict(agents.get('sac').default_search_space.distributions)
   assert set(s) == {'policy_lr', 'critic_lr', 'alpha_lr',
                     'target_entropy_scale', 'reward_scale', 'discount'}
   assert s['target_entropy_scale'] == ss.Uniform(0.2, 2.0)
-  d = dict(ss.default_search_space('dqn').distributions)
+  d = dict(agents.get('dqn').default_search_space.distributions)
   assert set(d) == {'lr', 'epsilon', 'discount'}
   assert d['discount'] == ss.Discount(0.9, 0.999) == s['discount']
   # Hashable, so usable as a static jit argument.
-  hash(ss.default_search_space('sac'))
+  hash(agents.get('sac').default_search_space)
 
 
 @pytest.mark.parametrize('agent', ['td3', 'sac', 'dqn'])
 def test_default_spaces_fit_the_agents(agent):
   module = pytest.importorskip(f'fastpbrl.agents.{agent}')
   template = module.default_hparams()
-  space = ss.default_search_space(agent)
+  space = agents.get(agent).default_search_space
   hp = ss.sample(jax.random.PRNGKey(0), space, template, 64)
   assert type(hp) is type(template)
   assert np.asarray(ss.within_bounds(space, hp)).all()
@@ -259,7 +261,7 @@ def test_default_spaces_fit_the_agents(agent):
 @pytest.mark.parametrize('agent', ['td3', 'sac', 'dqn'])
 def test_sample_near_defaults(agent):
   module = pytest.importorskip(f'fastpbrl.agents.{agent}')
-  space = ss.default_search_space(agent)
+  space = agents.get(agent).default_search_space
   defaults = module.default_hparams()
   hp = ss.sample_near(jax.random.PRNGKey(3), space, defaults, 1000)
   assert np.asarray(ss.within_bounds(space, hp)).all()
@@ -290,13 +292,12 @@ def test_sample_near_defaults(agent):
 
 
 def test_pbt_starts_near_the_defaults_by_default():
-  from fastpbrl import agents, drivers, run  # noqa: PLC0415
-  del agents
-  config = drivers.PBTRunConfig(env='Pendulum-v1', population_size=8)
+  config = PBTRunConfig(env='Pendulum-v1', population_size=8)
   assert config.init_hparams == 'near-defaults'
-  driver = drivers.PBTDriver(config)
-  agent = run.make_agent(config, run.make_env_spec(config.env))
-  hp = driver.initial_hparams(jax.random.PRNGKey(0), agent, 8)
+  rule = PBT(config)
+  agent = build.make_agent(config, build.make_env_spec(config.env))
+  rule.prepare(agent)
+  hp = rule.initial_hparams(jax.random.PRNGKey(0), agent, 8)
   defaults = td3.default_hparams()
   for name in defaults._fields:
     x = np.asarray(getattr(hp, name), np.float64)
@@ -308,7 +309,7 @@ def test_pbt_starts_near_the_defaults_by_default():
   assert np.all(np.asarray(hp.exploration_noise) <= 0.125 + tol)
   assert np.all(np.asarray(hp.target_noise) <= 0.25 + tol)
   assert np.all(np.abs(1 - np.asarray(hp.discount, np.float64)) <= 0.0125 + tol)
-  prior = drivers.PBTDriver(drivers.PBTRunConfig(init_hparams='prior'))
+  prior = PBT(PBTRunConfig(init_hparams='prior'))
   hp = prior.initial_hparams(jax.random.PRNGKey(0), agent, 8)
   # The paper's prior, U(0, 1): all 8 below 0.3 with probability 0.3^8 = 7e-5.
   assert np.asarray(hp.exploration_noise).max() > 0.3
@@ -396,7 +397,7 @@ def test_search_space_flag_errors_name_the_flag(tmp_path, monkeypatch):
 
 
 def test_near_restricts_each_field_around_the_defaults():
-  space = ss.default_search_space('td3')
+  space = agents.get('td3').default_search_space
   near = ss.near(space, td3.default_hparams())
   assert near.fields == space.fields and near.constraint is space.constraint
   # By hand, spread 1.25: lr 3e-4 -> [2.4e-4, 3.75e-4]; discount 0.99 ->
@@ -430,7 +431,7 @@ def test_near_restricts_each_field_around_the_defaults():
 
 
 def test_perturb_resamples_from_the_resample_space():
-  space = ss.default_search_space('td3')
+  space = agents.get('td3').default_search_space
   defaults = td3.default_hparams()
   near = ss.near(space, defaults)
   hp = ss.sample_near(jax.random.PRNGKey(0), space, defaults, N)

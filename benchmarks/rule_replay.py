@@ -1,0 +1,179 @@
+"""Replays a run's observations through a rule's ``decide`` and compares its
+decisions with the ones the run took.
+
+A rule is a pure function of what it observed (``fastpbrl/rules/base.py``),
+so the episodes, counters and policy versions a live run saw determine its
+decisions. ``benchmarks/rule_recorder.py`` records them in a short run;
+this script feeds them to the rule's ``decide`` outside any run, applies
+its decisions the way the loop does, and checks that every event and every
+call's hyperparameters are the same. A recording made by one version of
+the code and replayed by another shows that both take the same decisions
+on the same data: how the rule contract was checked against the drivers it
+replaced (``benchmarks/results/rules/``).
+
+    python -m benchmarks.rule_recorder --rule pbt --out /tmp/pbt.pkl
+    python -m benchmarks.rule_replay --rule pbt --recording /tmp/pbt.pkl \
+        [--recorded-with COMMIT] [--results benchmarks/results/rules]
+
+What a replay cannot reproduce, and leaves out: the training state (the
+learner does not run, so a copied or sampled member is a copy of the
+initial one), hence whatever a decision computes from trained weights
+(CEM-RL's mean-policy return, DvD's measured diversity). The decisions
+themselves do not depend on them, except CEM-RL's new generation, whose
+hyperparameters (the training bound) are compared but not its weights.
+The recordings are pickles of this project's own making: load only your
+own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pickle
+import sys
+from typing import Any
+
+import jax
+import numpy as np
+
+from benchmarks.learning import code_version, machine
+from benchmarks.rule_recorder import COMMON, RULES
+from fastpbrl import build, rules
+from fastpbrl.logging import write_json_atomic
+from fastpbrl.rules.base import Observation
+
+# Event fields computed from trained weights: not reproducible by a replay.
+FROM_WEIGHTS = ('mean_policy_return',)
+
+
+def _rule(name: str):
+  """The rule, agent, learner and initial population of the recorded run."""
+  rule_cls = rules.get(name)
+  rule = rule_cls.from_config(rule_cls.config_class(**COMMON, **RULES[name]))
+  config = rule.config
+  agent = build.make_agent(config, build.make_env_spec(config.env))
+  rule.prepare(agent)
+  learner = rule.make_learner(agent, agent.config.steps_per_call)
+  state, hparams, rule_state = build.initial_population(config, rule, agent,
+                                                        learner)
+  return rule, learner, state, hparams, rule_state
+
+
+def _shared_critic_steps(state, hparams, num_steps: int):
+  """The shared critic's step counter after one call (CEM-RL reads it):
+  a call's steps count while ``step < train_until``."""
+  if not (hasattr(state, 'step') and hasattr(hparams, 'train_until')):
+    return state
+  step = int(np.asarray(state.step))
+  bound = int(np.asarray(hparams.train_until)[0])
+  return state._replace(step=jax.numpy.asarray(
+      min(step + num_steps, max(step, bound)), jax.numpy.asarray(
+          state.step).dtype))
+
+
+def _same(a: Any, b: Any) -> bool:
+  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  return len(leaves_a) == len(leaves_b) and all(
+      np.array_equal(np.asarray(x), np.asarray(y))
+      for x, y in zip(leaves_a, leaves_b))
+
+
+def _event_text(event: dict) -> str:
+  return json.dumps({k: v for k, v in event.items() if k not in FROM_WEIGHTS},
+                    sort_keys=True, default=float)
+
+
+def replay(name: str, recording: str) -> dict:
+  """Replays ``recording`` through rule ``name``; returns the comparison."""
+  with open(recording, 'rb') as f:
+    recorded = pickle.load(f)
+  rule, learner, state, hparams, rule_state = _rule(name)
+  n = rule.config.population_size
+  first_version = np.zeros((n,), np.int64)
+  marked_at = np.zeros((n,), np.int64)
+  events, hparams_differ = [], []
+  for call in recorded['calls']:
+    state = _shared_critic_steps(state, hparams, learner.num_steps)
+    episodes = tuple(r for r in call['episodes'] if r['start_policy_version']
+                     >= first_version[int(r['member'])])
+    rule_state, decision = rule.decide(rule_state, Observation(
+        calls=call['calls'], update_steps=call['update_steps'],
+        member_update_steps=call['member_update_steps'],
+        env_steps=call['env_steps'], episodes=episodes,
+        marked_at=marked_at.copy(), state=state, hparams=hparams))
+    if decision.state is not None:
+      state = decision.state
+    if decision.hparams is not None:
+      hparams = decision.hparams
+    if decision.renewed is not None:
+      first_version[decision.renewed] = call['version'] + 1
+    if decision.mark is not None:
+      marked_at[decision.mark] = call['version']
+    events += [(call['calls'], e) for e in decision.events]
+    if not _same(hparams, call['hparams']):
+      hparams_differ.append(call['calls'])
+  want = [(c, _event_text(e)) for c, e in recorded['events']]
+  got = [(c, _event_text(e)) for c, e in events]
+  return dict(rule=name, calls=len(recorded['calls']),
+              recorded_events=len(want), replayed_events=len(got),
+              same_events=want == got,
+              first_event_difference=next(
+                  (i for i, (x, y) in enumerate(zip(want, got)) if x != y),
+                  None if len(want) == len(got) else min(len(want), len(got))),
+              calls_with_other_hparams=hparams_differ,
+              same=(want == got and not hparams_differ))
+
+
+def write_result(outcome: dict, folder: str, recorded_with: str) -> None:
+  """Adds ``outcome`` to ``folder/replay.json`` (one entry per rule) and
+  regenerates ``replay.md`` from it."""
+  path = os.path.join(folder, 'replay.json')
+  results = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      results = json.load(f)
+  results[outcome['rule']] = {
+      **outcome, 'recorded_with': recorded_with,
+      'replayed_with': code_version(), 'machine': machine(),
+      'date': datetime.date.today().isoformat(),
+      'command': ' '.join(['python -m benchmarks.rule_replay',
+                           *sys.argv[1:]])}
+  os.makedirs(folder, exist_ok=True)
+  write_json_atomic(path, results)
+  lines = ['# Rule decisions replayed', '',
+           'Generated by `benchmarks/rule_replay.py` from `replay.json`: a '
+           'short Pendulum-v1 run of each rule recorded with one version of '
+           'the code, its observations replayed through the rule of another.',
+           '', '| rule | learner calls | events recorded | events replayed | '
+           'same decisions | recorded with | replayed with | machine | date |',
+           '|---|---|---|---|---|---|---|---|---|']
+  for r in results.values():
+    lines.append(f"| {r['rule']} | {r['calls']} | {r['recorded_events']} | "
+                 f"{r['replayed_events']} | {'yes' if r['same'] else 'NO'} | "
+                 f"{r['recorded_with']} | {r['replayed_with']} | "
+                 f"{r['machine']} | {r['date']} |")
+  with open(os.path.join(folder, 'replay.md'), 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser.add_argument('--rule', required=True, choices=sorted(RULES))
+  parser.add_argument('--recording', required=True,
+                      help='a recording of benchmarks/rule_recorder.py')
+  parser.add_argument('--recorded-with', default='this code',
+                      help='the commit the recording was made with')
+  parser.add_argument('--results', default=None,
+                      help='a folder to add the outcome to (replay.json/md)')
+  args = parser.parse_args(argv)
+  outcome = replay(args.rule, args.recording)
+  print(json.dumps(outcome, indent=1))
+  if args.results:
+    write_result(outcome, args.results, args.recorded_with)
+  return 0 if outcome['same'] else 1
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,187 @@
+"""Building a run from its settings (host-side; not jittable).
+
+The env spec, the agent (with the run's size overrides), the mesh the
+population is split over, the processes the run spans, the run folder and
+the initial population: everything ``fastpbrl.run.run`` needs before the
+first learner call, each refused with one line naming its flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import time
+
+import gymnasium as gym
+import jax
+
+from fastpbrl import agents as agents_lib
+from fastpbrl import distributed, sharding
+from fastpbrl.config import ConfigError, RunConfig, agent_spec, check
+from fastpbrl.envs import make_env
+from fastpbrl.rules.base import Population
+from fastpbrl.types import make_env_spec as spec_of
+
+log = logging.getLogger('fastpbrl')
+
+
+def make_env_spec(env_id: str):
+  """Env spec for ``env_id``, with a clear error for an unknown id."""
+  try:
+    env = make_env(env_id)
+  except gym.error.Error as e:
+    raise ConfigError(f'--env {env_id!r} cannot be made: {e}') from None
+  except ImportError as e:  # 'mymod:Point-v0' whose module does not import
+    module = env_id.split(':', 1)[0]
+    raise ConfigError(f'--env {env_id!r}: module {module!r} cannot be '
+                      f'imported ({e.__class__.__name__}: '
+                      f'{str(e).splitlines()[0] if str(e) else e!r}); put it '
+                      'on PYTHONPATH or install it') from None
+  try:
+    return spec_of(env)
+  finally:
+    env.close()
+
+
+def make_agent(config: RunConfig, env_spec):
+  """The agent ``config.agent`` names, with the config's size overrides."""
+  spec = agent_spec(config.agent)
+  overrides = {}
+  if config.batch_size is not None:
+    overrides['batch_size'] = config.batch_size
+  if config.steps_per_call is not None:
+    overrides['steps_per_call'] = config.steps_per_call
+  if spec.hidden_sizes_field is not None:
+    overrides[spec.hidden_sizes_field] = tuple(config.hidden_sizes)
+  if any(f.name == 'network_init' for f in dataclasses.fields(spec.config)):
+    overrides['network_init'] = config.network_init
+  else:
+    check(config.network_init == 'haiku',
+          f'--network-init {config.network_init}: --agent {config.agent} '
+          'has no network_init setting (TD3 and SAC have)')
+  try:
+    agent = agents_lib.make_agent(
+        config.agent, env_spec, dataclasses.replace(spec.config(), **overrides))
+  except ValueError as e:
+    raise ConfigError(f'--agent {config.agent} on --env {config.env}: {e}') from None
+  if spec.image_run_settings and len(env_spec.observations.shape) == 3:
+    warn_image_run_settings(config, spec)
+  return agent
+
+
+def warn_image_run_settings(config: RunConfig, spec) -> None:
+  """Warns, naming each flag, where a run on image observations departs
+  from the run settings the agent registered for images
+  (``image_run_settings``: DQN's are Nature DQN's schedule)."""
+
+  def differs(name, ours, reference):
+    name = name.replace('_', '-')
+    if isinstance(reference, bool):  # a flag pair: --name / --no-name
+      return (f'--{"" if ours else "no-"}{name} (reference: '
+              f'--{"" if reference else "no-"}{name})')
+    return f'--{name} {ours} (reference: {reference})'
+
+  differ = [differs(k, getattr(config, k), v)
+            for k, v in spec.image_run_settings.items()
+            if getattr(config, k) != v]
+  if differ:
+    log.warning('%s on image observations with %s; its reference settings '
+                'are image_run_settings of its registration (%s)', spec.name,
+                ', '.join(differ), spec.module)
+
+
+def population_mesh(config: RunConfig):
+  """The mesh ``--devices`` asks for, logged; None for one device (the
+  unsharded program, exactly as without sharding). Over several processes
+  (``fastpbrl.distributed``) the mesh is always every process's devices."""
+  if jax.process_count() > 1:
+    total = len(jax.devices())
+    check(str(config.devices).strip().lower() in ('auto', str(total)),
+          f'--devices {config.devices}: a run over {jax.process_count()} '
+          f'processes uses all their {total} devices; use auto')
+    check(config.population_size % total == 0,
+          f'--population-size {config.population_size} does not split '
+          f'evenly over the {total} devices of {jax.process_count()} '
+          f'processes; use a multiple of {total}')
+  try:
+    devices = sharding.choose_devices(config.devices, config.population_size)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  mesh = sharding.make_mesh(devices) if len(devices) > 1 else None
+  log.info('%s', sharding.describe(mesh, config.population_size))
+  return mesh
+
+
+def check_processes(config: RunConfig, rule, mesh):
+  """The run's ``distributed.Processes``; over several processes, refuses
+  (one line naming the flag) what does not work there yet."""
+  processes = distributed.Processes(mesh, config.population_size)
+  if not processes.several:
+    return processes
+  where = f'over {processes.count} processes'
+  check(rule.multi_process,
+        f'fastpbrl {rule.name} does not run {where} yet')
+  check(not config.checkpoint_replay,
+        f'--checkpoint-replay is not supported {where} yet (each process '
+        'has its own replay); drop it')
+  problem = rule.multi_process_problem(config, where)
+  check(problem is None, problem or '')
+  check(config.replay_location in ('auto', 'host'),
+        f'--replay-location {config.replay_location}: {where} each process '
+        'samples its members from a host replay; use auto or host')
+  log.info('process %d of %d: members %d-%d of %d (their actors and replay '
+           'live here)', processes.index, processes.count,
+           processes.local.start, processes.local.stop - 1,
+           config.population_size)
+  return processes
+
+
+def shard_state(learner, state, hparams):
+  """``(state, hparams)`` placed on the learner's mesh (a restored
+  checkpoint is host arrays); unchanged for a learner without one."""
+  if getattr(learner, 'mesh', None) is None:
+    return state, hparams
+  state, hparams, _ = learner.shard(state, hparams)
+  return state, hparams
+
+
+def default_run_dir(rule: str, agent: str, env: str,
+                    root: str = 'runs') -> str:
+  """Creates and returns a new ``runs/<rule>-<agent>-<env>-<time>``; the
+  env id's ``/`` and ``:`` (``ALE/Pong-v5``, ``mymod:Point-v0``) become
+  ``_``. Two runs started in the same second from one folder (a job
+  array, two terminals) get ``-2``, ``-3``, ... rather than one folder:
+  the folder is claimed with an exclusive ``mkdir``."""
+  stamp = time.strftime('%Y%m%d-%H%M%S')
+  env = env.replace('/', '_').replace(':', '_')
+  base = os.path.join(root, f'{rule}-{agent}-{env}-{stamp}')
+  os.makedirs(root, exist_ok=True)
+  for k in itertools.count(1):
+    path = base if k == 1 else f'{base}-{k}'
+    try:
+      os.mkdir(path)
+      return path
+    except FileExistsError:
+      continue
+
+
+def initial_population(config: RunConfig, rule, agent, learner):
+  """``(state, hparams, rule_state)`` of a new run, from ``config.seed``:
+  the rule's initial hyperparameters, the learner's initial state and the
+  rule's ``init`` (which may change that state), placed on the learner's
+  mesh."""
+  key = jax.random.PRNGKey(config.seed)
+  k_hparams, k_init, k_rule = jax.random.split(key, 3)
+  try:
+    hparams = rule.initial_hparams(k_hparams, agent, config.population_size)
+  except ConfigError:
+    raise  # already names its flag
+  except ValueError as e:  # e.g. a search space that does not fit the agent
+    raise ConfigError(f'initial hyperparameters: {e}') from None
+  k_init, k_population = jax.random.split(k_init)
+  rule_state, state = rule.init(k_rule, Population(
+      agent, learner.init(k_init, hparams), hparams, k_population))
+  state, hparams = shard_state(learner, state, hparams)
+  return state, hparams, rule_state

@@ -1,0 +1,232 @@
+"""Run settings and their checks (host-side; not jittable).
+
+``RunConfig`` holds the settings every rule shares (each rule's config
+subclasses it); ``validate`` checks them before any process starts or any
+folder is made, with one line naming the flag and the allowed range;
+``check_resume`` refuses a ``--resume`` that would continue another kind of
+run. ``ConfigError`` is what the user did wrong, ``StorageError`` what the
+disk did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shlex
+from typing import Optional
+
+from fastpbrl import agents as agents_lib
+from fastpbrl import sharding, tracking
+from fastpbrl.agents.networks import NETWORK_INITS
+from fastpbrl.replay.device import LOCATIONS as REPLAY_LOCATIONS
+
+
+@dataclasses.dataclass
+class RunConfig:
+  """Settings shared by every experiment."""
+
+  env: str = 'Pendulum-v1'
+  """gymnasium environment id (MuJoCo v5 envs, classic control, ...)."""
+  agent: str = 'td3'
+  """Agent: td3, sac, dqn (dqn needs a Discrete action space), or an agent of
+  your own as module:attribute (e.g. examples.ddpg:DDPG; see
+  fastpbrl/agents/base.py)."""
+  population_size: int = 4
+  """Number of members trained together."""
+  seed: int = 0
+  """Fixes initial parameters, hyperparameters, env resets, action noise,
+  replay sampling and every rule decision."""
+  env_steps: int = 30_000
+  """Budget: environment steps per member (training episodes only)."""
+  warmup_steps: int = 1_000
+  """Random-action steps per member before learning starts."""
+  update_to_data_ratio: float = 1.0
+  """Target update steps per env step (per member); the learner waits above it."""
+  warmup_counts_as_data: bool = True
+  """True: the warm-up's env steps count toward the ratio, so right after the
+  warm-up the learner takes ratio x warm-up update steps at once, on the
+  random-action data. False: only env steps after the warm-up count, as in
+  TD3's and Stable-Baselines3's reference loops (one update per env step
+  from the warm-up's end: ratio x (env steps - warm-up) in all)."""
+  num_actors: Optional[int] = None
+  """Actor processes (default: CPU cores minus one, at least 1)."""
+  hidden_sizes: tuple[int, ...] = (256, 256)
+  """MLP widths of policies and critics (TD3/SAC) or of the Q-MLP (DQN): the
+  config field the agent registered as its hidden sizes."""
+  network_init: str = 'haiku'
+  """How MLP weights start (TD3, SAC): 'haiku' (haiku's default, as in
+  Acme: truncated normal of scale 1/sqrt(fan-in), zero biases) or 'torch'
+  (PyTorch's, as in Stable-Baselines3 and the TD3/SAC reference code:
+  weights and biases uniform in +-1/sqrt(fan-in))."""
+  batch_size: Optional[int] = None
+  """Transitions per member per update step (default: the agent's, 256 / 32)."""
+  steps_per_call: Optional[int] = None
+  """Update steps compiled into one learner call (default 50, DQN 10)."""
+  replay_capacity: int = 1_000_000
+  """Transitions per replay buffer."""
+  eval_every: int = 5_000
+  """Env steps per member between evaluations (noise-free episodes of one
+  frozen policy version); every run also evaluates each member's final
+  policy at the end of its budget."""
+  eval_episodes: int = 5
+  """Episodes per evaluation, played at once (one evaluation env each per
+  member); their mean is one point of the return curve."""
+  checkpoint_every: int = 100
+  """Learner calls between checkpoints (0: only at the end and on
+  SIGINT/SIGTERM)."""
+  checkpoint_replay: bool = False
+  """Also store the replay in each checkpoint, so a resume continues with
+  the data the run had (off by default: up to GBs per checkpoint; its size
+  is logged at each save)."""
+  actor_timeout: float = 120.0
+  """Seconds without a heartbeat after which an actor process counts as
+  hung and is killed and restarted."""
+  replay_location: str = 'auto'
+  """Where the replay lives: host (numpy; batches sampled by a thread and
+  copied to the device), device (sampled inside the compiled learner call)
+  or auto (device on a GPU/TPU when the replay fits in half its memory,
+  host otherwise and on CPU); the choice and its reason are logged."""
+  run_dir: Optional[str] = None
+  """Where logs and checkpoints go (default: runs/<rule>-<agent>-<env>-<time>)."""
+  resume: Optional[str] = None
+  """A run directory to continue from its last checkpoint."""
+  progress: bool = True
+  """Show the progress bar."""
+  devices: str = 'auto'
+  """Devices to split the population over (one program, members sharded
+  along the population axis): auto (every visible device if the population
+  divides evenly by their count, else 1) or a count k (the first k; it must
+  divide --population-size)."""
+  track: str = 'tensorboard'
+  """Where scalars go besides the CSVs: tensorboard (event files in the run
+  directory), wandb or mlflow (each with the TensorBoard files too; pip
+  install 'fastpbrl[wandb]' / 'fastpbrl[mlflow]'), or none."""
+
+
+class StorageError(RuntimeError):
+  """The run could not write its logs or checkpoints (a full disk); every
+  process is stopped and the last whole checkpoint is usable."""
+
+
+class ConfigError(ValueError):
+  """An invalid setting, found before any process starts; the message names
+  the flag and what it may be."""
+
+
+def check(ok: bool, message: str) -> None:
+  """Raises ``ConfigError(message)`` unless ``ok``."""
+  if not ok:
+    raise ConfigError(message)
+
+
+def as_flag_error(error: ValueError, config) -> ConfigError:
+  """Rewrites ``'fraction must be ...'`` from a rule's own config check into
+  ``'--fraction must be ...'`` when the first word is a field of ``config``."""
+  message = str(error)
+  first = message.split(' ', 1)[0]
+  if first in {f.name for f in dataclasses.fields(config)}:
+    message = '--' + first.replace('_', '-') + message[len(first):]
+  return ConfigError(message)
+
+
+def validate(config: RunConfig, min_population: int = 1) -> None:
+  """Raises ``ConfigError`` naming the flag and the allowed range."""
+  agent_spec(config.agent)
+  check(config.population_size >= min_population,
+        f'--population-size must be >= {min_population} for this rule, got '
+        f'{config.population_size}')
+  check(config.env_steps > 0, f'--env-steps must be > 0, got {config.env_steps}')
+  check(config.warmup_steps >= 0,
+        f'--warmup-steps must be >= 0, got {config.warmup_steps}')
+  check(config.warmup_steps < config.env_steps,
+        f'--warmup-steps ({config.warmup_steps}) must be below --env-steps '
+        f'({config.env_steps}), or nothing is ever learned')
+  check(0 < config.update_to_data_ratio <= 64,
+        f'--update-to-data-ratio must be in (0, 64], got '
+        f'{config.update_to_data_ratio}')
+  check(config.num_actors is None or config.num_actors >= 1,
+        f'--num-actors must be >= 1, got {config.num_actors}')
+  check(all(h >= 1 for h in config.hidden_sizes) and config.hidden_sizes,
+        f'--hidden-sizes must be positive widths, got {config.hidden_sizes}')
+  check(config.network_init in NETWORK_INITS,
+        f'--network-init must be one of {", ".join(NETWORK_INITS)}, got '
+        f'{config.network_init!r}')
+  check(config.batch_size is None or config.batch_size >= 1,
+        f'--batch-size must be >= 1, got {config.batch_size}')
+  check(config.steps_per_call is None or config.steps_per_call >= 1,
+        f'--steps-per-call must be >= 1, got {config.steps_per_call}')
+  check(config.replay_capacity >= 1,
+        f'--replay-capacity must be >= 1, got {config.replay_capacity}')
+  check(config.eval_every >= 1, f'--eval-every must be >= 1, got {config.eval_every}')
+  check(config.eval_episodes >= 1,
+        f'--eval-episodes must be >= 1, got {config.eval_episodes}')
+  check(config.checkpoint_every >= 0,
+        f'--checkpoint-every must be >= 0, got {config.checkpoint_every}')
+  check(config.replay_location in REPLAY_LOCATIONS,
+        f'--replay-location must be one of {", ".join(REPLAY_LOCATIONS)}, '
+        f'got {config.replay_location!r}')
+  check(math.isfinite(config.actor_timeout) and config.actor_timeout > 0,
+        f'--actor-timeout must be > 0 seconds, got {config.actor_timeout}')
+  try:
+    sharding.parse_devices(config.devices, config.population_size)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  problem = tracking.check(config.track)
+  check(problem is None, problem or '')
+  if config.resume is not None:
+    check(os.path.isdir(os.path.join(config.resume, 'checkpoints')),
+          f'--resume {config.resume!r}: no checkpoints/ folder there')
+  elif config.run_dir is not None and os.path.isdir(config.run_dir):
+    check(not os.listdir(config.run_dir),
+          f'--run-dir {config.run_dir!r} is not empty: pass --resume '
+          f'{config.run_dir} to continue that run, or choose a new directory')
+
+
+# Settings that fix the shapes of a checkpoint: a resume cannot change them.
+SHAPE_SETTINGS = ('env', 'agent', 'population_size', 'hidden_sizes')
+
+
+def check_resume(config: RunConfig, rule_ref: str) -> None:
+  """Raises ``ConfigError`` if ``--resume`` would continue another kind of
+  run (another rule, env, agent, population or network size), or one that
+  cannot be resumed."""
+  path = os.path.join(config.resume, 'config.json')
+  check(os.path.exists(path), f'--resume {config.resume!r}: no config.json')
+  with open(path) as f:
+    saved = json.load(f)
+  saved_ref = saved.get('rule')
+  check(saved_ref is not None,
+        f'--resume {config.resume!r}: its config.json names no rule (a run '
+        'of an earlier fastpbrl, which kept its rules\' state another '
+        'way); start a new run')
+  check(not saved.get('not_resumable'),
+        f'--resume {config.resume!r}: {saved.get("not_resumable")}')
+  check(saved_ref == rule_ref,
+        f'--resume {config.resume!r} is a {saved_ref!r} run; '
+        f'continue it with: {resume_command(saved_ref, config.resume)}')
+  for name in SHAPE_SETTINGS:
+    now, before = getattr(config, name), saved.get(name)
+    if isinstance(now, tuple):
+      before = tuple(before or ())
+    check(now == before,
+          f'--{name.replace("_", "-")} {now} differs from the resumed run\'s '
+          f'{before}; a resume cannot change it')
+
+
+def resume_command(rule_ref: str, run_dir: str) -> str:
+  """The command line that continues the run in ``run_dir``."""
+  return f'fastpbrl {rule_ref} --resume {shlex.quote(run_dir)}'
+
+
+def agent_spec(agent: str):
+  """The registered agent ``--agent`` names (``fastpbrl.agents.registry``)."""
+  try:
+    return agents_lib.get(agent)
+  except ValueError as e:
+    message = str(e)
+    if not message.startswith(repr(agent)):
+      message = f'{agent!r}: {message}'
+    raise ConfigError(f'--agent {message}') from None
+

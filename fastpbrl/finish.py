@@ -1,0 +1,118 @@
+"""The end of a run: each member's final evaluation, the result and the
+summary (host-side; not jittable)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+
+from fastpbrl import plots
+from fastpbrl.actors import EpisodeRecord
+from fastpbrl.distributed import Processes
+from fastpbrl.envs import make_env
+from fastpbrl.evaluation import evaluate_population
+from fastpbrl.logging import (FINAL_RETURNS, plot_returns, summary_table,
+                              write_json_atomic)
+from fastpbrl.callbacks import Loop
+from fastpbrl.rules.base import Rule
+
+log = logging.getLogger('fastpbrl')
+
+
+@dataclasses.dataclass
+class RunResult:
+  run_dir: str
+  best_return: float  # best evaluation mean of any member during the run
+  env_steps: int
+  update_steps: int
+  calls: int
+  hparams: list  # final per-member hyperparameters (dicts)
+  wall_time: float
+  # Per member: mean return of --eval-episodes noise-free episodes of its
+  # final policy, played after the budget (``final_evaluation``).
+  final_returns: list = dataclasses.field(default_factory=list)
+  rule_scalars: dict = dataclasses.field(default_factory=dict)  # at the end
+  diverged: int = 0  # member divergences (NaN/Inf) replaced during the run
+
+
+def final_evaluation(loop: Loop, rule: Rule, logger,
+                     processes=None) -> list[float]:
+  """Evaluates every member's final policy (``--eval-episodes`` noise-free
+  episodes each, seeded from the run seed), logs the episodes as one whole
+  evaluation per member at the budget's env steps, and returns the means.
+
+  The periodic evaluations run in the actors alongside training and end
+  wherever the budget cuts them; this one always exists, so a run whose
+  budget holds no ``--eval-every`` boundary still reports a result.
+  """
+  config = loop.config
+  if processes is None:
+    processes = Processes(None, config.population_size)
+  # Each process plays its own members (seeded by their population index);
+  # every process then has everyone's returns.
+  local = processes.local
+  returns, lengths = processes.members(evaluate_population(
+      loop.agent, functools.partial(make_env, config.env),
+      processes.local_view(loop.learner.policy_params(loop.state)),
+      processes.local_view(rule.actor_hparams(loop.hparams)),
+      config.eval_episodes, config.seed,
+      members=list(range(local.start, local.stop))))
+  logger.drop_partial_evaluations()
+  logger.episodes(
+      [EpisodeRecord(member=m, episode_return=float(returns[m, k]),
+                     episode_length=int(lengths[m, k]), evaluation=True,
+                     env_steps=loop.env_steps, policy_version=-1,
+                     start_policy_version=-1)
+       for m in range(returns.shape[0]) for k in range(returns.shape[1])],
+      loop.env_steps, loop.update_steps)
+  means = [float(x) for x in returns.mean(axis=1)]
+  log.info('final evaluation (%d episodes per member at %d env steps): %s',
+           config.eval_episodes, loop.env_steps,
+           ', '.join(f'{x:.1f}' for x in means))
+  return means
+
+
+def write_final_returns(loop: Loop, run_dir: str, checkpoint_step,
+                        final_returns: list[float]) -> None:
+  """``final_returns.json``: each member's final evaluation, with what
+  produced it."""
+  config = loop.config
+  write_json_atomic(os.path.join(run_dir, FINAL_RETURNS), {
+      'env_steps': loop.env_steps, 'eval_episodes': config.eval_episodes,
+      'seed': config.seed, 'checkpoint_step': checkpoint_step,
+      'final_returns': final_returns})
+
+
+def result(loop: Loop, rule: Rule, rule_state, logger, run_dir: str,
+           final_returns: list[float]) -> RunResult:
+  """The run's ``RunResult``. Over several processes every process must
+  call it (the hyperparameters are gathered)."""
+  return RunResult(run_dir=run_dir, best_return=logger.best_return,
+                   env_steps=loop.env_steps, update_steps=loop.update_steps,
+                   calls=loop.calls, hparams=rule.hparam_rows(loop.hparams),
+                   wall_time=logger.wall_time, final_returns=final_returns,
+                   rule_scalars=rule.scalars(rule_state),
+                   diverged=loop.diverged)
+
+
+def summarize(loop: Loop, rule: Rule, rule_state, run_dir: str,
+              rows: list[dict]) -> None:
+  """Writes ``summary.txt`` and the pictures (``fastpbrl.plots``) of the
+  finished run and prints the summary (process 0 only: ``rows``, the
+  final hyperparameters, are gathered beforehand by every process)."""
+  eval_episodes = loop.config.eval_episodes
+  table = summary_table(run_dir, rows, eval_episodes=eval_episodes)
+  extra = rule.summary(rule_state, run_dir)
+  if loop.diverged:
+    extra = (extra + '\n' if extra else '') + (
+        f'{loop.diverged} member divergences (NaN/Inf) were replaced')
+  with open(os.path.join(run_dir, 'summary.txt'), 'w') as f:
+    f.write(table + '\n' + (extra + '\n' if extra else ''))
+  plot = plot_returns(run_dir, eval_episodes=eval_episodes)
+  pictures = [os.path.basename(p) for p in [plot] + plots.plot_run(run_dir)]
+  print(table)
+  if extra:
+    print(extra)
+  print(f'logs, checkpoints and {", ".join(pictures)} in {run_dir}')

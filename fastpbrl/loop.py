@@ -1,0 +1,301 @@
+"""The training loop: learner calls, the rule between them, logs and
+checkpoints (host-side; not jittable).
+
+One iteration, top to bottom (``train``):
+
+    batch   = pipeline.next_batch()            replay -> device (or sampled inside)
+    state   = learner.update(state, batch)     one compiled call, S update steps
+    read back the previous call's results      divergence, learner scalars
+    episodes, env steps                        this call's, from every process
+    rule.decide(rule_state, observation)       the population rule
+    apply the decision                         new state, hparams, replay copies
+    callbacks, publish the new policies, logs
+    checkpoint every --checkpoint-every calls
+
+The previous call's results are read back only once the next call is
+dispatched, so the device is never idle while the host waits. Over several
+processes every step that reads or agrees on host values is a
+``distributed.Processes`` collective, which is the identity for one
+process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from fastpbrl.callbacks import Callback, Loop
+from fastpbrl.logging import append_rows
+from fastpbrl.rules.base import Decision, Observation, Rule
+
+log = logging.getLogger('fastpbrl')
+
+# Learner calls between two rows of the rule's and the learner's scalars.
+SCALARS_EVERY = 10
+
+
+class Finished(NamedTuple):
+  """A learner call whose results the host reads once the next is queued."""
+
+  calls: int  # the call's number
+  metrics: Any  # its metrics (device arrays)
+  env_steps: int  # env steps per member when it was dispatched
+  scalars: dict | None  # host scalars to log with its metrics (every 10th)
+
+
+class RuleRun:
+  """The rule's side of the loop: its state, and what the loop keeps for
+  it (which episodes still count, the versions of its marks, the events
+  its last decisions made).
+
+  Episodes that started before a member's weights were replaced
+  (``Decision.renewed``) are left out of the rule's observations; the
+  callbacks and the logs see every episode.
+  """
+
+  def __init__(self, rule: Rule, rule_state, population_size: int,
+               run_dir: str):
+    self.rule = rule
+    self.state = rule_state
+    self.run_dir = run_dir
+    self.first_version = np.zeros((population_size,), np.int64)
+    self.marked_at = np.zeros((population_size,), np.int64)
+    self.events: list[dict] = []
+
+  def observation(self, loop: Loop) -> Observation:
+    """What the rule may read after the call ``loop`` just took."""
+    episodes = tuple(
+        r for r in loop.episodes
+        if r['start_policy_version'] >= self.first_version[int(r['member'])])
+    return Observation(
+        calls=loop.calls, update_steps=loop.update_steps,
+        member_update_steps=loop.member_update_steps.copy(),
+        env_steps=loop.env_steps, episodes=episodes,
+        marked_at=self.marked_at.copy(), state=loop.state,
+        hparams=loop.hparams)
+
+  def take_events(self) -> list[dict]:
+    """The decisions' events since the last call, oldest first."""
+    events, self.events = self.events, []
+    return events
+
+
+def apply(parts: 'Parts', loop: Loop, decision: Decision) -> None:
+  """Carries out a rule's ``decision`` on the loop and the pipeline."""
+  rule_run, pipeline = parts.rule_run, parts.pipeline
+  if decision.state is not None:
+    loop.state = decision.state
+  if decision.hparams is not None:
+    loop.hparams = decision.hparams
+  if decision.reinit is not None:  # with the new hyperparameters
+    members, key = decision.reinit
+    loop.state = parts.learner.reinit_members(key, loop.state, loop.hparams,
+                                              members)
+  if decision.copy_data is not None:
+    members, sources = decision.copy_data
+    pipeline.copy_member_data(*parts.processes.local_pairs(members, sources))
+  if decision.restart is not None and decision.restart.any():
+    # A new experiment from phase one: an empty replay, its own warm-up.
+    pipeline.restart_members(parts.processes.local_indices(decision.restart))
+  if decision.renewed is not None or decision.mark is not None:
+    # Parameters are published by a thread: the store's version counts only
+    # what it has written. Once everything submitted is written, the next
+    # version is the first with the new weights (a rule decision, so this
+    # short wait is off the per-call path).
+    pipeline.wait_published()
+    version = loop.policy_version = pipeline.policy_version
+    if decision.renewed is not None:
+      rule_run.first_version[decision.renewed] = version + 1
+    if decision.mark is not None:
+      rule_run.marked_at[decision.mark] = version
+  append_rows(rule_run.run_dir, decision.logs)
+  rule_run.events.extend(decision.events)
+
+
+@dataclasses.dataclass
+class Parts:
+  """What the loop drives: everything built before the first call."""
+
+  rule_run: RuleRun
+  learner: Any
+  pipeline: Any  # fastpbrl.pipeline.Pipeline
+  processes: Any  # fastpbrl.distributed.Processes
+  stop: Any  # fastpbrl.signals.StopRequest
+  logger: Any  # fastpbrl.logging.RunLogger
+  hparams_log: Any  # fastpbrl.logging.HParamsLog
+  rule_log: Any  # fastpbrl.logging.RuleLog
+  saver: Any  # fastpbrl.resume.Saver
+  callbacks: Sequence[Callback] = ()
+
+
+class Divergence:
+  """Replaces members whose learner call diverged (NaN or Inf).
+
+  The learner keeps a diverged member's last finite state and flags it; its
+  flag is read one call later (``Finished``), when the next call already
+  ran the old member. Members replaced after call ``calls`` was dispatched
+  are remembered, so that call's flags for their diverged predecessors do
+  not replace them again.
+  """
+
+  def __init__(self, population_size: int):
+    self.replaced_calls = -1
+    self.replaced = np.zeros(population_size, bool)
+
+  def check(self, parts: Parts, loop: Loop, done: Finished) -> None:
+    diverged = ~parts.processes.host(done.metrics['finite'])
+    if self.replaced_calls == done.calls:
+      diverged &= ~self.replaced
+    if not diverged.any():
+      return
+    # Replaced in the newest state, one call after they diverged.
+    if loop.calls > done.calls:  # call loop.calls ran the old member
+      self.replaced_calls, self.replaced = loop.calls, diverged
+    rule_run = parts.rule_run
+    observation = rule_run.observation(loop)._replace(episodes=())
+    rule_run.state, decision = rule_run.rule.replace_diverged(
+        rule_run.state, observation, diverged)
+    apply(parts, loop, decision)
+    loop.diverged += int(diverged.sum())
+    log.warning('members %s diverged (NaN or Inf in their loss or '
+                'parameters) in learner call %d: %s (%d so far)',
+                np.flatnonzero(diverged).tolist(), done.calls,
+                decision.note or 'replaced', loop.diverged)
+
+
+def read_back(parts: Parts, loop: Loop, divergence: Divergence,
+              done: Finished) -> None:
+  """What needs call ``done.calls``'s results on the host."""
+  if 'finite' in done.metrics:  # one [N] flag per call, not per step
+    divergence.check(parts, loop, done)
+  if done.scalars is not None:
+    scalars = {f'learner/{k}': float(np.mean(parts.processes.host(v)))
+               for k, v in done.metrics.items()}
+    scalars.update(done.scalars)
+    scalars['learner/diverged_members_total'] = loop.diverged
+    parts.logger.scalars(scalars, done.env_steps)
+
+
+def learner_call(parts: Parts, loop: Loop, batch) -> Any:
+  """One learner call on ``batch``; returns its metrics (device arrays)."""
+  batch = parts.processes.global_rows(batch)
+  if parts.rule_run.rule.shared_critic:
+    loop.state, metrics = parts.learner.update(loop.state, loop.hparams, batch)
+  else:  # members restarted and still warming up keep their state
+    active = parts.processes.members(parts.pipeline.last_active)
+    loop.state, metrics = parts.learner.update(loop.state, loop.hparams,
+                                               batch, active)
+    loop.member_update_steps += parts.learner.num_steps * active
+  loop.calls += 1
+  loop.update_steps += parts.learner.num_steps
+  return metrics
+
+
+def observe(parts: Parts, loop: Loop, steps_before: int) -> bool:
+  """This call's finished episodes and env steps into ``loop`` (gathered
+  from every process); returns whether a stop was requested in any."""
+  # A resumed run's pipeline counts from zero: steps before the checkpoint
+  # are added back, so budgets and logs continue (episode records already
+  # carry the members' own, continued, counts).
+  loop.episodes = parts.processes.episodes(parts.pipeline.drain_episodes())
+  loop.policy_version = None
+  # The least over members (of every process); and whether a signal came
+  # (to any process), so that all stop after the same call.
+  stopping, least = parts.processes.agree(
+      parts.stop.requested, parts.pipeline.env_steps_per_member())
+  loop.env_steps = steps_before + least
+  parts.logger.episodes(loop.episodes, loop.env_steps, loop.update_steps)
+  return stopping
+
+
+def call_back(parts: Parts, loop: Loop, after_call: bool = True) -> list:
+  """Hands the rule's decisions since the last call to each callback, then
+  (``after_call``) calls its ``after_call``; returns the decisions."""
+  events = parts.rule_run.take_events()
+  for callback in parts.callbacks:
+    for event in events:
+      callback.after_rule_decision(loop, event)
+    if after_call:
+      callback.after_call(loop)
+  return events
+
+
+def publish(parts: Parts, loop: Loop) -> None:
+  """Sends the newest policies and acting hyperparameters to the actors
+  (written by the publisher thread once the call is done)."""
+  processes, rule = parts.processes, parts.rule_run.rule
+  parts.pipeline.publish_async(
+      processes.local_view(parts.learner.policy_params(loop.state)),
+      processes.local_view(rule.actor_hparams(loop.hparams)))
+
+
+def log_call(parts: Parts, loop: Loop, events: list) -> Optional[dict]:
+  """Hyperparameter and rule rows; every ``SCALARS_EVERY`` calls also the
+  host scalars to log with this call's metrics (returned), and progress."""
+  rule, pipeline = parts.rule_run.rule, parts.pipeline
+  if loop.calls % SCALARS_EVERY == 0 or events or loop.calls == 1:
+    parts.hparams_log.write(loop.env_steps, loop.update_steps,
+                            rule.hparam_rows(loop.hparams))
+  if loop.calls % SCALARS_EVERY:
+    return None
+  rule_scalars = rule.scalars(parts.rule_run.state)
+  parts.rule_log.write(loop.env_steps, loop.update_steps, rule_scalars)
+  scalars = {f'rule/{k}': v for k, v in rule_scalars.items()}
+  scalars['pipeline/learner_wait_fraction'] = pipeline.wait_fraction()
+  n = loop.config.population_size
+  scalars['pipeline/population_env_steps'] = loop.env_steps * n
+  for i, row in enumerate(rule.hparam_rows(loop.hparams)):
+    scalars.update({f'member_{i:03d}/hparams/{k}': v for k, v in row.items()})
+  parts.logger.progress(loop.env_steps * n, calls=loop.calls,
+                        wait=f'{pipeline.wait_fraction():.0%}')
+  return scalars
+
+
+def train(parts: Parts, loop: Loop) -> None:
+  """Learner calls until the rule's budget is spent or a stop is requested
+  (SIGINT/SIGTERM, in any process); the last call's results are read back
+  and the rule's last events reported before it returns."""
+  rule_run, config = parts.rule_run, loop.config
+  divergence = Divergence(config.population_size)
+  steps_before = loop.env_steps
+  pending: Finished | None = None
+  while not finished(rule_run, loop):
+    batch = parts.pipeline.next_batch(should_stop=parts.stop)
+    if parts.processes.any(batch is None):
+      break  # a signal arrived while waiting for data (in any process)
+    metrics = learner_call(parts, loop, batch)
+    if pending is not None:
+      read_back(parts, loop, divergence, pending)
+    stopping = observe(parts, loop, steps_before)
+    rule_run.state, decision = rule_run.rule.decide(
+        rule_run.state, rule_run.observation(loop))
+    apply(parts, loop, decision)
+    events = call_back(parts, loop)
+    # After the rule, so that what it changed reaches the actors.
+    publish(parts, loop)
+    # Against env steps per member, as the members' returns are.
+    pending = Finished(loop.calls, metrics, loop.env_steps,
+                       log_call(parts, loop, events))
+    if stopping:
+      break
+    if config.checkpoint_every and loop.calls % config.checkpoint_every == 0:
+      read_back(parts, loop, divergence, pending)
+      pending = None
+      parts.saver.save(loop)
+  if pending is not None:
+    read_back(parts, loop, divergence, pending)
+    call_back(parts, loop, after_call=False)  # a last divergence's
+  parts.hparams_log.write(loop.env_steps, loop.update_steps,
+                          rule_run.rule.hparam_rows(loop.hparams))
+  if loop.calls % SCALARS_EVERY:  # else written at this call already
+    parts.rule_log.write(loop.env_steps, loop.update_steps,
+                         rule_run.rule.scalars(rule_run.state))
+
+
+def finished(rule_run: RuleRun, loop: Loop) -> bool:
+  """The env-step budget is spent, or the rule has nothing left to do."""
+  return (loop.env_steps >= loop.config.env_steps
+          or rule_run.rule.finished(rule_run.state))

@@ -1,0 +1,184 @@
+"""A run's checkpoints: what is saved, and how a resume restores it
+(host-side; not jittable).
+
+A checkpoint (``fastpbrl.checkpoint.Checkpointer``: orbax, written once
+for the whole population) holds the stacked training state, the
+hyperparameters, the rule's state (a pytree of arrays, its key among
+them), the counters, the byte sizes of the append-only logs and, with
+``--checkpoint-replay``, the replay. Checkpoints written before rules kept
+their state as a pytree (``RULE_FORMAT``) are refused with a message. ``restore`` reads it back into the
+shapes of a freshly built run; ``Saver.save`` writes one from the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fastpbrl.build import shard_state
+from fastpbrl.callbacks import Loop
+from fastpbrl.checkpoint import Checkpointer
+from fastpbrl.config import ConfigError, RunConfig
+from fastpbrl.logging import HPARAMS_CSV, RULE_CSV
+from fastpbrl.replay.buffers import (format_bytes, state_template,
+                                     transition_fields)
+from fastpbrl.rules.base import Rule
+
+log = logging.getLogger('fastpbrl')
+
+# The layout of the rule's part of a checkpoint: 2 since the rule contract
+# (a rule state pytree under 'rule'); before it, a driver's arrays and
+# host values (no 'rule_format' in the meta).
+RULE_FORMAT = 2
+
+# The counters of a run that has not taken a learner call yet.
+FRESH_COUNTERS = {'calls': 0, 'update_steps': 0, 'env_steps': 0,
+                  'wall_time': 0.0}
+
+
+def pipeline_seed(seed: int, calls: int, process: int = 0) -> int:
+  """The pipeline's seed: the run's own, or for a run resumed after
+  ``calls`` learner calls, fresh streams derived from both (never another
+  run seed's streams, as ``seed + calls`` would be); process ``p > 0`` of
+  a multi-process run (whose pipeline numbers its members from 0 too)
+  gets streams of its own the same way."""
+  if calls == 0 and process == 0:
+    return seed
+  entropy = [seed, calls] + ([process] if process else [])
+  return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
+def log_sizes(run_dir: str, rule_files: tuple = ()) -> dict:
+  """Byte sizes of the run's append-only logs (member CSVs, the
+  hyperparameter and rule CSVs, the files the rule appends to), stored in
+  each checkpoint."""
+  members = os.path.join(run_dir, 'members')
+  names = [os.path.join('members', f) for f in sorted(
+      os.listdir(members))] if os.path.isdir(members) else []
+  names += [HPARAMS_CSV, RULE_CSV, *rule_files]
+  return {name: os.path.getsize(os.path.join(run_dir, name)) for name in names
+          if os.path.exists(os.path.join(run_dir, name))}
+
+
+def truncate_logs(run_dir: str, sizes: dict) -> None:
+  """Cuts the logs back to their sizes at the checkpoint being resumed: what
+  a killed run wrote after it is redone by the resumed run, not kept twice."""
+  for name, size in sizes.items():
+    path = os.path.join(run_dir, name)
+    if os.path.exists(path) and os.path.getsize(path) > size:
+      with open(path, 'r+b') as f:
+        f.truncate(size)
+
+
+class Restored(NamedTuple):
+  """A run as its last checkpoint left it."""
+
+  state: Any  # stacked training state, on the learner's mesh
+  hparams: Any  # stacked hyperparameters, on the learner's mesh
+  rule_state: Any  # the rule's state (its key among it)
+  counters: dict  # calls, update_steps, env_steps, wall_time, per member
+  replay_state: Optional[Any]  # the replay, if the checkpoint holds it
+
+
+def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
+            env_spec, learner, fresh: Restored, main: bool) -> Restored:
+  """The last checkpoint of ``config.resume``, read into the shapes of
+  ``fresh`` (the newly built run); process 0 (``main``) cuts the logs
+  back to the checkpoint."""
+  saved_meta = checkpointer.restore_meta()
+  if saved_meta.get('rule_format') != RULE_FORMAT:
+    raise ConfigError(
+        f'--resume {config.resume!r}: its checkpoint was written by an '
+        'earlier fastpbrl, whose rules kept their state another way; '
+        'start a new run (or finish this one with that version)')
+  replay_template = None
+  if config.checkpoint_replay and saved_meta.get('has_replay'):
+    replay_template = state_template(
+        'shared' if rule.shared_replay else 'per_member',
+        transition_fields(env_spec), config.population_size,
+        saved_meta['replay_rows'])
+  state, extra, meta = checkpointer.restore(
+      fresh.state, {'hparams': fresh.hparams, 'rule': fresh.rule_state},
+      replay_template=replay_template)
+  state = jax.tree.map(jnp.asarray, state)
+  hparams = jax.tree.map(jnp.asarray, extra['hparams'])
+  state, hparams = shard_state(learner, state, hparams)
+  rule_state = rule.resumed(like(fresh.rule_state, extra['rule']))
+  counters = meta['counters']
+  replay_state = meta.get('replay')
+  if main:
+    truncate_logs(config.resume, meta.get('log_sizes', {}))
+  log.info('resumed %s at call %d (%d env steps per member)%s', config.resume,
+           counters['calls'], counters['env_steps'],
+           '' if replay_state is not None else
+           (', replay refilled by the restored policies'
+            + (' (this checkpoint holds no replay)'
+               if config.checkpoint_replay else '')))
+  return Restored(state, hparams, rule_state, counters, replay_state)
+
+
+def like(template: Any, restored: Any) -> Any:
+  """``restored`` with each leaf the kind of array ``template``'s is
+  (numpy stays numpy, jax stays jax, same dtype)."""
+
+  def cast(want, got):
+    if isinstance(want, jax.Array):
+      return jnp.asarray(got, want.dtype)
+    return np.asarray(got, np.asarray(want).dtype)
+
+  return jax.tree.map(cast, template, restored)
+
+
+@dataclasses.dataclass
+class Saver:
+  """Writes the run's checkpoints from the loop.
+
+  ``resumed_env_steps`` is each member's env steps at the start of this
+  process's pipeline (zero for a new run): the pipeline counts from zero.
+  """
+
+  checkpointer: Checkpointer
+  config: RunConfig
+  rule_run: Any  # fastpbrl.loop.RuleRun
+  pipeline: Any
+  logger: Any  # fastpbrl.logging.RunLogger (its wall time)
+  processes: Any  # fastpbrl.distributed.Processes
+  run_dir: str
+  resumed_env_steps: np.ndarray  # [N]
+
+  def save(self, loop: Loop) -> None:
+    """A checkpoint at call ``loop.calls``, unless one exists already."""
+    if self.checkpointer.latest_step() == loop.calls:
+      return  # already saved at this call (e.g. the last call, or resumed
+              # from a finished run): orbax refuses a step twice
+    self.checkpointer.check_space()
+    replay = (self.pipeline.replay.state_dict()
+              if self.config.checkpoint_replay else None)
+    start = time.monotonic()
+    member_steps = (self.resumed_env_steps
+                    + self.processes.members(self.pipeline.env_steps))
+    self.checkpointer.save(
+        loop.calls, loop.state,
+        {'hparams': loop.hparams, 'rule': self.rule_run.state},
+        {'counters': {'calls': loop.calls, 'update_steps': loop.update_steps,
+                      'member_update_steps': loop.member_update_steps.tolist(),
+                      'env_steps': loop.env_steps,
+                      'member_env_steps': member_steps.tolist(),
+                      'diverged': loop.diverged,
+                      'wall_time': self.logger.wall_time},
+         'rule_format': RULE_FORMAT, 'rule': self.rule_run.rule.name,
+         'log_sizes': log_sizes(self.run_dir, self.rule_run.rule.log_files),
+         'replay_rows': (None if replay is None else
+                         self.pipeline.replay.state_rows(replay))},
+        replay=replay)
+    if replay is not None:
+      log.info('checkpoint %d with replay (%s) written in %.1f s', loop.calls,
+               format_bytes(sum(x.nbytes for x in jax.tree.leaves(replay))),
+               time.monotonic() - start)

@@ -1,0 +1,289 @@
+"""The rule contract: what a population rule is, and what it may do
+(host-side; the array work inside a rule may be jitted).
+
+A rule decides, between learner calls, what happens to the population:
+which members copy which, new hyperparameters, members restarted as new
+experiments. It is a config plus pure functions, as an agent is
+(``fastpbrl/agents/base.py``):
+
+    rule = MyRule(config)                             # checks; holds no state
+    rule.prepare(agent)                               # compiles what it runs
+    hparams = rule.initial_hparams(key, agent, N)
+    rule_state, state = rule.init(rule_key, Population(agent, state, hparams, key))
+    # after every learner call:
+    rule_state, decision = rule.decide(rule_state, observation)
+
+The run loop (``fastpbrl.loop``) builds the ``Observation`` (counters, the
+episodes that finished in this call, the stacked state and
+hyperparameters) and applies the ``Decision`` (new state and
+hyperparameters, replay copies, restarts, events for the callbacks, lines
+for the run's logs). A rule never touches the loop, the pipeline or the
+learner. Everything it remembers lives in ``rule_state``: a ``NamedTuple``
+of fixed-shape arrays (and nested NamedTuples of them) with a ``key``
+field, the rule's PRNG key. Checkpointing a rule is checkpointing that
+pytree: a resume reads it back into the shapes ``init`` gives.
+
+``decide`` must be a function of its arguments: the same ``rule_state``
+and ``observation`` give the same decision, and it changes nothing it was
+given (it returns new values; ``self`` holds only the settings and, from
+``prepare``, functions compiled for the run's agent). That is
+what makes a rule's decisions reproducible from a seed, identical in every
+process of a multi-process run (each decides from the same gathered
+observation), and testable without a run: build an ``Observation``, call
+``decide``, look at the ``Decision``.
+
+To add a rule: subclass ``Rule`` in a file of your own, give it a ``name``,
+a ``config_class`` (a ``fastpbrl.config.RunConfig`` subclass: its fields
+are the command's flags) and ``presets``, override what it needs, and decorate it
+with ``fastpbrl.rules.register``. ``fastpbrl mymod:MyRule --help`` then
+lists its flags, and runs it, checkpoints and resumes it like the built-in
+rules (``examples/halving.py`` is one).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping, NamedTuple, Optional
+
+import jax
+import numpy as np
+
+from fastpbrl.actors.pool import exit_if_spawned_import
+from fastpbrl.config import ConfigError, RunConfig, validate
+from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
+                              population_hparams)
+from fastpbrl.sharding import whole_value
+
+
+class Population(NamedTuple):
+  """The freshly initialised population ``Rule.init`` sees."""
+
+  agent: Any  # fastpbrl.agents.base.Agent
+  state: Any  # stacked training state [N, ...]
+  hparams: Any  # stacked hyperparameters [N]
+  key: jax.Array  # for whatever ``init`` changes in ``state``
+
+
+class Observation(NamedTuple):
+  """What a rule may read after a learner call.
+
+  ``episodes`` are the episodes that finished during this call (dicts:
+  ``member``, ``episode_return``, ``episode_length``, ``evaluation``,
+  ``env_steps``, ``policy_version``, ``start_policy_version``,
+  ``true_objective``), without those that started under weights a
+  ``Decision`` has since replaced (``renewed``). Versions number the
+  policies the actors act with, from 1 at the start of a run or a resume.
+  """
+
+  calls: int  # learner calls done
+  update_steps: int  # update steps per member (the population's count)
+  member_update_steps: np.ndarray  # [N] update steps each member kept
+  env_steps: int  # env steps per member (the least over members)
+  episodes: tuple  # this call's finished episodes (see above)
+  marked_at: np.ndarray  # [N] policy version at each member's last ``mark``
+  state: Any  # stacked training state (read it, never change it)
+  hparams: Any  # stacked hyperparameters
+
+
+class Decision(NamedTuple):
+  """What the loop must do after a rule's ``decide``; ``Decision()`` is
+  "nothing". Masks are ``[N]`` bool numpy arrays (``None``: no member)."""
+
+  state: Any = None  # the new stacked training state, or None (unchanged)
+  hparams: Any = None  # the new stacked hyperparameters, or None
+  # Members whose weights changed: their episodes that started before the
+  # new weights reach the actors are left out of later observations.
+  renewed: Optional[np.ndarray] = None
+  # Members whose ``Observation.marked_at`` becomes the policy version now
+  # acted with (a rule that waits for an evaluation started after this
+  # decision compares each episode's ``start_policy_version`` with it).
+  mark: Optional[np.ndarray] = None
+  # ``(members, sources)``: replay rows of member ``sources[k]`` are copied
+  # into member ``members[k]`` (per-member replay; PBT's --copy-replay).
+  copy_data: Optional[tuple] = None
+  # Members started as new experiments: their replay emptied, their own
+  # random warm-up again, no update steps until it is over.
+  restart: Optional[np.ndarray] = None
+  # ``(mask, key)``: members given fresh parameters and optimizer states
+  # (``learner.reinit_members``, after ``state`` and ``hparams`` above).
+  reinit: Optional[tuple] = None
+  # One dict per decision, each with ``'event'``, ``'step'`` (update
+  # steps) and ``'env_steps'``: handed to ``Callback.after_rule_decision``.
+  events: tuple = ()
+  # ``(file name, row dict)`` lines appended to the run's files (``.jsonl``:
+  # one JSON object per line; ``.csv``: a header from the first row's
+  # keys); each process writes its own copy. List the names in
+  # ``Rule.log_files``, so a resume cuts them back to the checkpoint.
+  logs: tuple = ()
+  note: str = ''  # what was done, for the run's log (``replace_diverged``)
+
+
+class RuleState(NamedTuple):
+  """The state of a rule with no bookkeeping: only its key."""
+
+  key: jax.Array
+
+
+def split_key(rule_state):
+  """``(rule_state with a new key, a fresh subkey)``."""
+  key, sub = jax.random.split(rule_state.key)
+  return rule_state._replace(key=key), sub
+
+
+def mask(values, population_size: int) -> np.ndarray:
+  """``[N]`` bool numpy array from a mask or from member indices."""
+  out = np.zeros((population_size,), bool)
+  values = np.asarray(values)
+  if values.dtype == bool:
+    out[:] = values
+  else:
+    out[values.astype(np.int64)] = True
+  return out
+
+
+class Rule:
+  """A population rule. This base is the rule of independent members
+  (many seeds): nothing happens between learner calls.
+
+  Class attributes a rule sets:
+    name: the command (``fastpbrl <name>``) and the run folder's prefix.
+    help: one line for ``fastpbrl --help``.
+    config_class: its settings, a ``RunConfig`` subclass (its fields are
+      the command's flags); an instance's settings are ``rule.config``.
+    presets: ``{name: config}`` for ``--preset``, the first the default.
+    shared_critic: train through the agent's shared-critic update.
+    shared_replay: one replay buffer for all members.
+    min_population: the least --population-size it works with.
+    multi_process: runs over several processes (``fastpbrl.launch``).
+    log_files: the files its decisions append to (``Decision.logs``).
+    not_resumable: why a killed run of it cannot be continued with
+      ``--resume`` ('' : it can).
+    command: for a rule built by another one's ``from_config`` (not
+      registered itself), that rule's name: its runs are that command's.
+  """
+
+  name: ClassVar[str] = ''
+  help: ClassVar[str] = ''
+  config_class: ClassVar[type] = RunConfig
+  presets: ClassVar[Mapping[str, RunConfig]] = {}
+  shared_critic: ClassVar[bool] = False
+  shared_replay: ClassVar[bool] = False
+  min_population: ClassVar[int] = 1
+  multi_process: ClassVar[bool] = True
+  log_files: ClassVar[tuple] = ()
+  not_resumable: ClassVar[str] = ''
+  command: ClassVar[str] = ''
+
+  def __init__(self, config: RunConfig):
+    """Checks ``config`` (``ConfigError`` naming the flag) and keeps it;
+    a rule keeps nothing else, and never changes it."""
+    exit_if_spawned_import(f'a {self.name} rule was created')
+    validate(config, self.min_population)
+    self.config = config
+
+  @classmethod
+  def from_config(cls, config: RunConfig) -> 'Rule':
+    """The rule a command's parsed ``config`` asks for (``cls(config)``;
+    a rule may hand another, as ``fastpbrl pbt --rerun-lineage`` does)."""
+    return cls(config)
+
+  def multi_process_problem(self, config: RunConfig,
+                            where: str) -> Optional[str]:
+    """What of this rule's settings in ``config`` does not work ``where``
+    (``'over 2 processes'``): one line naming the flag, or None."""
+    del config, where
+    return None
+
+  # The learner and the initial population.
+
+  def prepare(self, agent) -> None:
+    """Compiles what this rule's decisions run for ``agent`` (a rule runs
+    with one agent); checks the settings that need the agent. The only
+    attributes a rule sets after ``__init__``: never bookkeeping."""
+    del agent
+
+  def make_learner(self, agent, num_steps: int, mesh=None,
+                   batch_size: Optional[int] = None):
+    """The learner; ``mesh`` (``fastpbrl.sharding``, None: one device)
+    splits the population over devices; ``batch_size`` (default: the
+    agent's) is what a call samples from a device replay."""
+    if self.shared_critic:
+      if agent.shared_critic is None:
+        raise ConfigError(f'{self.name} needs an agent with a shared-critic '
+                          f'update (td3); --agent {agent.name} has none')
+      return SharedCriticLearner(self.shared_critic_update(agent), num_steps,
+                                 batch_size or agent.config.batch_size,
+                                 mesh=mesh)
+    return PopulationLearner(agent, num_steps, batch_size, mesh=mesh)
+
+  def shared_critic_update(self, agent):
+    """The shared-critic update (``shared_critic`` rules)."""
+    return agent.shared_critic
+
+  def initial_hparams(self, key: jax.Array, agent, population_size: int):
+    """The stacked hyperparameters of the initial population."""
+    del key
+    return population_hparams(agent, population_size)
+
+  def init(self, key: jax.Array, population: Population):
+    """``(rule_state, state)``: the rule's initial bookkeeping, with
+    ``key`` as its PRNG key, and the initial training state (may differ
+    from ``population.state``). Also called before a resume, whose restore
+    then overwrites both: it gives the shapes."""
+    return RuleState(key=key), population.state
+
+  # Between learner calls.
+
+  def decide(self, rule_state, observation: Observation):
+    """``(rule_state, Decision)`` after one learner call."""
+    del observation
+    return rule_state, Decision()
+
+  def replace_diverged(self, rule_state, observation: Observation,
+                       diverged: np.ndarray):
+    """``(rule_state, Decision)`` replacing the members flagged in
+    ``diverged`` (``[N]`` bool), whose losses or parameters became NaN or
+    infinite in a learner call (the learner kept their previous state).
+    This default re-initialises them (fresh parameters and optimizer
+    states, same hyperparameters)."""
+    del observation
+    rule_state, key = split_key(rule_state)
+    return rule_state, Decision(reinit=(diverged, key),
+                                renewed=diverged, note='re-initialised')
+
+  def resumed(self, rule_state):
+    """The restored ``rule_state`` of a resumed run, whose policy versions
+    count from 1 again and whose first episodes are a new warm-up."""
+    return rule_state
+
+  def finished(self, rule_state) -> bool:
+    """The rule has nothing left to do (besides the env-step budget)."""
+    del rule_state
+    return False
+
+  # What the run reports.
+
+  def actor_hparams(self, hparams):
+    """The agent hyperparameters actors act with (exploration noise)."""
+    return hparams
+
+  def hparam_rows(self, hparams) -> list[dict]:
+    """Per-member hyperparameters as dicts, for logs and summaries."""
+    return hparam_rows(hparams)
+
+  def scalars(self, rule_state) -> dict:
+    """The rule's scalars for the logs (``rule/<name>``)."""
+    del rule_state
+    return {}
+
+  def summary(self, rule_state, run_dir: str) -> str:
+    """Lines for the end-of-run summary ('' for none)."""
+    del rule_state, run_dir
+    return ''
+
+
+def hparam_rows(hparams) -> list[dict]:
+  """Per-member hyperparameters as ``[{name: float}]`` (gathered over
+  processes)."""
+  arrays = {k: whole_value(v) for k, v in hparams._asdict().items()}
+  n = len(next(iter(arrays.values())))
+  return [{k: float(v[i]) for k, v in arrays.items()} for i in range(n)]

@@ -1,0 +1,86 @@
+"""Every registered rule keeps the contract of ``fastpbrl/rules/base.py``:
+settings only on the rule, all bookkeeping in a state of arrays with a key
+(what a checkpoint stores), presets of its own config class; and the
+registry finds rules by name and by ``module:Class``, refusing what is not
+one with one line."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from fastpbrl import rules
+from fastpbrl.build import initial_population, make_agent, make_env_spec
+from fastpbrl.rules import registry
+
+SMALL = dict(env='Pendulum-v1', population_size=4, hidden_sizes=(8, 8))
+
+
+@pytest.mark.parametrize('name', list(registry.BUILTIN))
+def test_builtin_rules_register_with_presets_of_their_config(name):
+  rule_cls = rules.get(name)
+  assert rule_cls.name == name and rule_cls.help
+  assert registry.ref_of(rule_cls) == name
+  assert rule_cls.presets
+  for preset in rule_cls.presets.values():
+    assert isinstance(preset, rule_cls.config_class)
+
+
+@pytest.mark.parametrize('name', list(registry.BUILTIN))
+def test_state_is_a_pytree_of_arrays_with_a_key(name):
+  rule_cls = rules.get(name)
+  fields = {f.name for f in dataclasses.fields(rule_cls.config_class)}
+  config = rule_cls.config_class(**{k: v for k, v in SMALL.items()
+                                    if k in fields})
+  rule = rule_cls.from_config(config)
+  agent = make_agent(rule.config, make_env_spec(rule.config.env))
+  rule.prepare(agent)
+  learner = rule.make_learner(agent, 1)
+  _, _, rule_state = initial_population(rule.config, rule, agent, learner)
+  assert hasattr(rule_state, '_fields') and 'key' in rule_state._fields
+  for leaf in jax.tree.leaves(rule_state):
+    assert isinstance(leaf, (np.ndarray, jax.Array)), (name, type(leaf))
+
+
+def test_registry_refuses_what_is_not_a_rule():
+  with pytest.raises(ValueError, match='subclass of fastpbrl.rules.Rule'):
+    rules.register(object)
+
+  class Nameless(rules.Rule):
+    pass
+
+  with pytest.raises(ValueError, match='name must be non-empty'):
+    rules.register(Nameless)
+
+  class Taken(rules.Rule):
+    name = 'pbt'
+
+  with pytest.raises(ValueError, match="'pbt' is already registered by"):
+    rules.register(Taken)
+
+  class Command(rules.Rule):
+    name = 'evaluate'
+
+  with pytest.raises(ValueError, match='is a fastpbrl command'):
+    rules.register(Command)
+
+
+def test_unknown_refs_get_one_line():
+  with pytest.raises(ValueError, match="'nope' is unknown; choose one of"):
+    rules.get('nope')
+  with pytest.raises(ValueError, match='cannot import no_such_module'):
+    rules.get('no_such_module:Rule')
+  with pytest.raises(ValueError, match='has no Rule class'):
+    rules.get('fastpbrl.rules.base:Nothing')
+
+
+def test_train_refuses_an_unregistered_rule_class():
+  from fastpbrl.api import rule_class
+  from fastpbrl.config import ConfigError
+
+  class Unregistered(rules.Rule):
+    name = 'unregistered-here'
+
+  with pytest.raises(ConfigError, match='is not registered'):
+    rule_class(Unregistered)

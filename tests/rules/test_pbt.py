@@ -1,0 +1,197 @@
+"""PBT's rule through its contract (``decide`` on hand-built observations,
+no run): a member is ready only once an evaluation of the policy it trained
+since its last decision has come in, however fast its update steps pass;
+the whole population decides at once; the state checkpoints as a pytree."""
+
+import copy
+import dataclasses
+
+import jax
+import numpy as np
+
+from fastpbrl import search_space as ss
+from fastpbrl.actors.actor import EpisodeRecord
+from fastpbrl.build import initial_population, make_agent, make_env_spec
+from fastpbrl.checkpoint import Checkpointer
+from fastpbrl.resume import like
+from fastpbrl.rules.base import Observation
+from fastpbrl.rules.pbt import PBT, PBTRunConfig, fitness_of, record
+
+N = 4
+
+
+class Run:
+  """A rule and what the loop would keep for it: the state, hparams, and
+  the policy versions (the loop's ``apply``, reduced to what PBT uses)."""
+
+  def __init__(self, **overrides):
+    config = PBTRunConfig(env='Pendulum-v1', population_size=N,
+                          hidden_sizes=(8, 8), batch_size=4, steps_per_call=10,
+                          env_steps=10_000, warmup_steps=100, ready_after=20,
+                          eval_every=20, fraction=0.25, **overrides)
+    self.rule = PBT(config)
+    self.agent = make_agent(config, make_env_spec(config.env))
+    self.rule.prepare(self.agent)
+    learner = self.rule.make_learner(self.agent, 1)
+    self.state, self.hparams, self.rule_state = initial_population(
+        config, self.rule, self.agent, learner)
+    self.update_steps, self.version = 0, 1
+    self.first_version = np.zeros(N, np.int64)
+    self.marked_at = np.zeros(N, np.int64)
+    self.events = []
+
+  def call(self, update_steps, evaluations=(), started_under=None):
+    """One learner call: ``evaluations`` are (member, return) pairs of
+    evaluations that started under ``started_under`` (default: the version
+    now acted with)."""
+    self.update_steps += update_steps
+    version = self.version if started_under is None else started_under
+    episodes = tuple(
+        EpisodeRecord(m, float(r), 200, True, 100, version,
+                      start_policy_version=version)._asdict()
+        for m, r in evaluations
+        if version >= self.first_version[m])
+    observation = Observation(
+        calls=0, update_steps=self.update_steps,
+        member_update_steps=np.full(N, self.update_steps),
+        env_steps=100, episodes=episodes, marked_at=self.marked_at.copy(),
+        state=self.state, hparams=self.hparams)
+    self.rule_state, decision = self.rule.decide(self.rule_state, observation)
+    if decision.state is not None:
+      self.state, self.hparams = decision.state, decision.hparams
+    if decision.renewed is not None:
+      self.first_version[decision.renewed] = self.version + 1
+    if decision.mark is not None:
+      self.marked_at[decision.mark] = self.version
+    self.events += list(decision.events)
+    self.version += 1  # this call's weights are published
+    return decision
+
+
+def test_no_exploit_on_evaluations_of_untrained_policies():
+  run = Run()
+  # Right after the warm-up the limiter grants its burst: one call holds
+  # far more than --ready-after update steps, and the only evaluations are
+  # the warm-up's, of the initial policies (version 1).
+  first = run.call(200, [(0, -900.0), (1, -100.0), (2, -900.0), (3, -900.0)],
+                   started_under=1)
+  assert first.renewed.all() and first.mark.all()  # they score nobody
+  assert int(run.rule_state.exploits) == 0
+  assert not run.rule_state.evaluated.any()
+  assert np.isnan(run.rule_state.history).all()
+  # Still no evaluation of a trained policy: no decision, however many steps.
+  run.call(200)
+  assert int(run.rule_state.exploits) == 0
+  # Evaluations of trained policies come in: now PBT decides.
+  run.call(10, [(0, -900.0), (1, -100.0), (2, -500.0), (3, -400.0)])
+  assert int(run.rule_state.exploits) == 1  # the bottom 25%, 0, copies 1
+  assert not run.rule_state.evaluated.any()
+  # The next decision waits for evaluations that start after this one.
+  run.call(50, [(m, -100.0) for m in range(N)], started_under=run.version - 1)
+  assert int(run.rule_state.exploits) == 1
+
+
+def test_the_whole_population_decides_at_once():
+  run = Run()
+  run.call(200)  # the first call: warm-up evaluations score nobody
+  # Members 0 and 1 are evaluated first; member 0 is the worst so far, but
+  # nobody decides before every member has an evaluation.
+  run.call(30, [(0, -900.0), (1, -100.0)])
+  assert int(run.rule_state.exploits) == 0
+  assert run.rule_state.evaluated[:2].all()
+  run.call(10, [(2, -50.0)])
+  assert int(run.rule_state.exploits) == 0 and run.events == []
+  # Member 3 comes in last and is the worst: the one decision replaces it
+  # (the bottom 25% of four) by the best, member 2, which it inherits the
+  # fitness history of.
+  decision = run.call(10, [(3, -1000.0)])
+  assert int(run.rule_state.exploits) == 1
+  assert [(e['member'], e['parent']) for e in run.events] == [(3, 2)]
+  assert decision.renewed.tolist() == [False, False, False, True]
+  assert decision.mark.all() and not run.rule_state.evaluated.any()
+  assert [e[1]['event'] for e in decision.logs] == ['exploit']
+  np.testing.assert_array_equal(run.rule_state.history[3],
+                                run.rule_state.history[2])  # copied values
+
+
+def test_lineage_starts_once_per_run_not_per_resume():
+  run = Run()
+  first = run.call(10)
+  assert [e['event'] for _, e in first.logs] == ['init'] * N
+  assert [e['member'] for _, e in first.logs] == list(range(N))
+  # A resume: versions restart, the first call marks again, but the
+  # lineage already holds the init events.
+  run.rule_state = run.rule.resumed(run.rule_state)
+  again = run.call(10)
+  assert again.mark.all() and again.logs == ()
+
+
+def test_fitness_is_the_mean_of_the_last_window_values_oldest_first():
+  history = np.full((2, 3), np.nan)
+  for value in (1.0, 2.0, 3.0, 4.0):
+    history = record(history, 0, value)
+  assert history[0].tolist() == [2.0, 3.0, 4.0]  # the oldest dropped
+  fitness = fitness_of(history)
+  # The same float32 mean a list of [2, 3, 4] gives: exact.
+  assert fitness[0] == np.float32(np.mean([2.0, 3.0, 4.0]))
+  assert np.isnan(fitness[1])  # never evaluated
+
+
+def test_decide_changes_neither_its_inputs_nor_the_rule():
+  run = Run()
+  run.call(200)
+  run.call(30, [(m, -100.0 * (m + 1)) for m in range(N)])
+  attributes = dict(run.rule.__dict__)
+  before = copy.deepcopy(run.rule_state)
+  settings = copy.deepcopy(run.rule.config)
+  observation = Observation(
+      calls=3, update_steps=run.update_steps + 30,
+      member_update_steps=np.full(N, run.update_steps + 30), env_steps=100,
+      episodes=tuple(EpisodeRecord(m, -1.0, 200, True, 100, run.version,
+                                   start_policy_version=run.version)._asdict()
+                     for m in range(N)),
+      marked_at=run.marked_at.copy(), state=run.state, hparams=run.hparams)
+  kept = copy.deepcopy((observation.episodes, observation.marked_at))
+  first = run.rule.decide(run.rule_state, observation)
+  second = run.rule.decide(run.rule_state, observation)
+  same = lambda a, b: np.array_equal(a, b, equal_nan=True)  # noqa: E731
+  assert jax.tree.all(jax.tree.map(same, first[0], second[0]))
+  assert [e for e in first[1].events] == [e for e in second[1].events]
+  assert run.rule.config == settings
+  assert run.rule.__dict__.keys() == attributes.keys()
+  assert all(run.rule.__dict__[k] is v for k, v in attributes.items())
+  assert jax.tree.all(jax.tree.map(same, run.rule_state, before))
+  assert (observation.episodes, observation.marked_at.tolist()) == (
+      kept[0], kept[1].tolist())
+
+
+def test_state_round_trips_through_a_checkpoint(tmp_path):
+  run = Run()
+  run.call(200)
+  run.call(30, [(m, -100.0 * (m + 1)) for m in range(N)])
+  assert int(run.rule_state.exploits) == 1
+  checkpointer = Checkpointer(str(tmp_path))
+  try:
+    checkpointer.save(1, run.state, {'hparams': run.hparams,
+                                     'rule': run.rule_state}, {})
+    template = Run()
+    _, extra, _ = checkpointer.restore(
+        template.state, {'hparams': template.hparams,
+                         'rule': template.rule_state})
+  finally:
+    checkpointer.close()
+  restored = like(template.rule_state, extra['rule'])
+  assert type(restored) is type(run.rule_state)
+  for name, value in run.rule_state._asdict().items():
+    got = getattr(restored, name)
+    assert type(got) is type(value), name
+    np.testing.assert_array_equal(got, value, err_msg=name)  # stored exactly
+
+
+def test_explore_resamples_where_the_population_started():
+  run = Run()
+  near = ss.near(run.rule.space, run.agent.default_hparams())
+  assert run.rule.exploit.resample_space == near
+  prior = PBT(dataclasses.replace(run.rule.config, init_hparams='prior'))
+  prior.prepare(run.agent)
+  assert prior.exploit.resample_space is None  # the whole search space

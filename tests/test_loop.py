@@ -1,0 +1,79 @@
+"""The loop's side of a rule decision (``fastpbrl.loop.apply``): episodes
+that started under weights a decision replaced leave the rule's
+observations, counted from the version the new weights go out as; marks
+record the version now acted with; logs and events reach their files and
+the callbacks."""
+
+import json
+
+import numpy as np
+
+from fastpbrl import loop as loop_lib
+from fastpbrl.callbacks import Loop
+from fastpbrl.config import RunConfig
+from fastpbrl.distributed import Processes
+from fastpbrl.rules.base import Decision, Rule
+
+
+class Pipeline:
+  """Version 6 written; the last call's parameters still with the
+  publisher thread: they land as version 7 once waited for."""
+
+  policy_version = 6
+  restarted = None
+
+  def wait_published(self, timeout=None):
+    self.policy_version = 7
+    return True
+
+  def restart_members(self, members):
+    self.restarted = list(members)
+
+
+def _parts(tmp_path):
+  rule_run = loop_lib.RuleRun(Rule(RunConfig(population_size=3)), None, 3,
+                              str(tmp_path))
+  return loop_lib.Parts(rule_run, None, Pipeline(), Processes(None, 3), None,
+                        None, None, None, None)
+
+
+def _loop(episodes):
+  return Loop(config=RunConfig(population_size=3), run_dir='', agent=None,
+              learner=None, state=None, hparams=None,
+              member_update_steps=np.zeros(3, np.int64),
+              episodes=[{'member': m, 'start_policy_version': v}
+                        for m, v in episodes])
+
+
+def test_renewed_members_drop_episodes_started_under_their_old_weights(
+    tmp_path):
+  parts = _parts(tmp_path)
+  loop = _loop([(0, 0), (1, 0)])
+  assert len(parts.rule_run.observation(loop).episodes) == 2
+  loop_lib.apply(parts, loop, Decision(renewed=np.array([False, True, False]),
+                                       mark=np.array([True, False, False])))
+  # Member 1's new weights go out as version 8, after the pending version 7
+  # of its old weights: episodes started under 7 or older are dropped.
+  assert loop.policy_version == 7
+  loop = _loop([(0, 5), (1, 7), (1, 8)])
+  observation = parts.rule_run.observation(loop)
+  assert [(e['member'], e['start_policy_version'])
+          for e in observation.episodes] == [(0, 5), (1, 8)]
+  assert observation.marked_at.tolist() == [7, 0, 0]
+  assert len(loop.episodes) == 3  # the callbacks and logs see every one
+
+
+def test_restarts_logs_and_events(tmp_path):
+  parts = _parts(tmp_path)
+  loop = _loop([])
+  event = {'event': 'x', 'step': 1, 'env_steps': 2}
+  loop_lib.apply(parts, loop, Decision(
+      restart=np.array([True, False, True]), events=(event,),
+      logs=(('a.jsonl', {'b': 1, 'a': 2}), ('c.csv', {'x': 1, 'y': 0.5}),
+            ('c.csv', {'x': 2, 'y': 1.5}))))
+  assert parts.pipeline.restarted == [0, 2]
+  assert parts.rule_run.take_events() == [event]
+  assert parts.rule_run.take_events() == []
+  with open(tmp_path / 'a.jsonl') as f:
+    assert [json.loads(line) for line in f] == [{'a': 2, 'b': 1}]
+  assert (tmp_path / 'c.csv').read_text() == 'x,y\n1,0.5\n2,1.5\n'
