@@ -49,15 +49,10 @@ FROM_WEIGHTS = ('mean_policy_return',)
 
 
 def _rule(name: str):
-  """The rule, agent, learner and initial population of the recorded run."""
+  """The rule, learner and initial population of the recorded run."""
   rule_cls = rules.get(name)
   rule = rule_cls.from_config(rule_cls.config_class(**COMMON, **RULES[name]))
-  config = rule.config
-  agent = build.make_agent(config, build.make_env_spec(config.env))
-  rule.prepare(agent)
-  learner = rule.make_learner(agent, agent.config.steps_per_call)
-  state, hparams, rule_state = build.initial_population(config, rule, agent,
-                                                        learner)
+  _, learner, state, hparams, rule_state = build.assemble(rule)
   return rule, learner, state, hparams, rule_state
 
 
@@ -127,14 +122,14 @@ def replay(name: str, recording: str) -> dict:
 
 
 def write_result(outcome: dict, folder: str, recorded_with: str) -> None:
-  """Adds ``outcome`` to ``folder/replay.json`` (one entry per rule) and
-  regenerates ``replay.md`` from it."""
+  """Adds ``outcome`` to ``folder/replay.json`` (one entry per rule and
+  recording's code) and regenerates ``replay.md`` from it."""
   path = os.path.join(folder, 'replay.json')
   results = {}
   if os.path.exists(path):
     with open(path) as f:
       results = json.load(f)
-  results[outcome['rule']] = {
+  results[f"{outcome['rule']} recorded with {recorded_with}"] = {
       **outcome, 'recorded_with': recorded_with,
       'replayed_with': code_version(), 'machine': machine(),
       'date': datetime.date.today().isoformat(),

@@ -1,22 +1,11 @@
-"""Alias of ``fastpbrl seeds`` (the installed command), kept so that
-``python -m experiments.seeds`` works from a checkout; the rule is
-``fastpbrl/rules/seeds.py``."""
+"""Alias of ``fastpbrl seeds``, kept so that ``python -m experiments.seeds``
+works from a checkout; the rule is ``fastpbrl/rules/seeds.py``."""
 
 import sys
-from typing import Optional, Sequence
 
-from fastpbrl import cli
-from fastpbrl.rules import registry
+from experiments._alias import alias, as_command
 
-RULE = registry.get('seeds')
-PRESETS = RULE.presets
-
-
-def main(argv: Optional[Sequence[str]] = None):
-  """``fastpbrl seeds`` with ``argv``."""
-  return cli.train_command(RULE, argv, prog='fastpbrl seeds')
-
+RULE, PRESETS, main = alias('seeds')
 
 if __name__ == '__main__':
-  from fastpbrl.commands import main as fastpbrl_main
-  sys.exit(fastpbrl_main(['seeds', *sys.argv[1:]]))  # as `fastpbrl seeds`
+  sys.exit(as_command('seeds', sys.argv[1:]))

@@ -196,12 +196,8 @@ def restore_run(run_dir: str):
   values.update(run_dir=None, resume=None, progress=False)
   rule = rule_cls.from_config(config_cls(**values))
   config = rule.config
-  agent = build.make_agent(config, build.make_env_spec(config.env))
-  rule.prepare(agent)
-  learner = rule.make_learner(agent, agent.config.steps_per_call)
   # Templates shaped as in ``run``: the restore overwrites every value.
-  state, hparams, rule_state = build.initial_population(config, rule, agent,
-                                                        learner)
+  agent, learner, state, hparams, rule_state = build.assemble(rule)
   checkpointer = Checkpointer(run_dir)
   try:
     if checkpointer.restore_meta().get('rule_format') != RULE_FORMAT:

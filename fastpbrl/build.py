@@ -185,3 +185,16 @@ def initial_population(config: RunConfig, rule, agent, learner):
       agent, learner.init(k_init, hparams), hparams, k_population))
   state, hparams = shard_state(learner, state, hparams)
   return state, hparams, rule_state
+
+
+def assemble(rule):
+  """``(agent, learner, state, hparams, rule_state)``: what ``rule`` runs
+  with in one process on one device, built from ``rule.config`` (to read a
+  run's checkpoint into, or to drive a rule outside a run)."""
+  config = rule.config
+  agent = make_agent(config, make_env_spec(config.env))
+  rule.prepare(agent)
+  learner = rule.make_learner(agent, agent.config.steps_per_call)
+  state, hparams, rule_state = initial_population(config, rule, agent,
+                                                  learner)
+  return agent, learner, state, hparams, rule_state
