@@ -8,8 +8,11 @@ The Python API (``fastpbrl/api.py``, imported on first use so that
 * ``evaluate(run_dir, member='best', episodes=10, video_dir=None, seed=0)``;
 * ``Callback``: hooks ``after_call(loop)`` and ``after_rule_decision(loop,
   event)`` for ``train(..., callbacks=[...])`` and ``run``;
-* ``fastpbrl.run.run(config, driver, callbacks=())``: the loop itself.
+* ``fastpbrl.run.run(config, rule, callbacks=())``: the loop itself;
+* ``fastpbrl.rules``: the rule contract and registry (``register``).
 """
+
+import importlib
 
 __version__ = '0.1.0'
 
@@ -28,9 +31,9 @@ def __getattr__(name):
   if name == 'run':
     # ``fastpbrl.run`` is the run-loop module; its ``run`` function is
     # ``fastpbrl.run.run`` (an attribute lookup here returns the module).
-    import importlib  # noqa: PLC0415
     return importlib.import_module('fastpbrl.run')
   if name in _API:
-    import importlib  # noqa: PLC0415
     return getattr(importlib.import_module(_API[name]), name)
+  if name in ('agents', 'rules'):  # fastpbrl.rules.register after import
+    return importlib.import_module(f'fastpbrl.{name}')
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

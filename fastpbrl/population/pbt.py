@@ -33,12 +33,12 @@ Departures and additions:
   the rule's key), so that it does not replay its parent's randomness.
 * Optionally, replaced members' optimizer states are reset.
 * Explore may resample from a narrower distribution than the search space
-  (``resample_space``): the driver passes the region the population started
+  (``resample_space``): the rule passes the region the population started
   from (``search_space.near`` around the defaults for ``--init-hparams
   near-defaults``), reading the paper's "resampled from the originally
   defined prior distribution" as the initial one; perturbations still
   reach the whole space.
-* The driver (``fastpbrl.rules.pbt``) decides for the whole population at
+* The rule (``fastpbrl.rules.pbt``) decides for the whole population at
   once, as the 2022 paper does ("the entire population evolves at
   intervals of 100,000 update steps"), once every member has been
   evaluated since the last decision; Jaderberg et al.'s members decide

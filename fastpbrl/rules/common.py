@@ -36,7 +36,7 @@ def validate_space(config: RunConfig, space: ss.SearchSpace,
       source = f'--search-space {path}'
     elif space == agent_spec(config.agent).default_search_space:
       source = f'the default search space of --agent {config.agent}'
-    else:  # a space passed to the driver in code
+    else:  # a space passed to the rule in code
       source = 'the search space'
     raise ConfigError(f'{source}: {e}') from None
 
