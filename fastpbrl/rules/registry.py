@@ -20,7 +20,6 @@ resume and ``fastpbrl.load_policy`` find the rule again.
 from __future__ import annotations
 
 import importlib
-from typing import Optional
 
 from fastpbrl.imports import find, known_names
 from fastpbrl.rules.base import Rule
@@ -127,11 +126,3 @@ def ref_of(rule_cls: type) -> str:
 def builtins() -> list[type]:
   """Every built-in rule class (imports their modules)."""
   return [get(name) for name in BUILTIN]
-
-
-def lookup(ref: str) -> Optional[type]:
-  """``get(ref)``, or None where ``ref`` is neither a known name nor has
-  a ``:`` (so a caller can try its other meanings)."""
-  if ref in _REGISTRY or ref in BUILTIN or ':' in ref:
-    return get(ref)
-  return None
