@@ -16,8 +16,11 @@ its own members (fitness) are gathered with ``allgather_members`` so every
 process calls the rule with the same values and the same key, and so takes
 the same decision.
 
-The run loop uses all this through ``Processes`` (below): ``fastpbrl pbt``
-and ``fastpbrl seeds`` run over several processes unchanged. Launch:
+The run loop uses all this through ``Processes`` (below): every built-in
+rule runs over several processes unchanged. For the shared-replay rules
+(CEM-RL, DvD) each process's shared replay holds its own members'
+transitions, so a critic step's batch is stratified by process (see the
+README's "Several processes"). Launch:
 ``python -m fastpbrl.launch --num-processes 2 -- fastpbrl pbt ...`` (or
 ``-- python my_run.py``) on one machine (``fastpbrl.launch`` sets the
 variables below), or one task per node or per GPU under SLURM (see
@@ -445,6 +448,18 @@ class Processes:
             env_steps=int(row[4]), policy_version=int(row[5]),
             start_policy_version=int(row[6]), true_objective=float(row[7])))
     return out
+
+  def gather_text(self, text: str) -> list[str]:
+    """Every process's ``text``, process 0's first (e.g. the sizes of the
+    logs each writes, for a checkpoint)."""
+    if not self.several:
+      return [text]
+    raw = np.frombuffer(text.encode(), np.uint8)
+    sizes = allgather_host(np.asarray([raw.size], np.int64))[:, 0]
+    padded = np.zeros((max(int(sizes.max()), 1),), np.uint8)
+    padded[:raw.size] = raw
+    gathered = allgather_host(padded)
+    return [bytes(row[:size]).decode() for row, size in zip(gathered, sizes)]
 
   def broadcast_text(self, text: str, limit: int = 4096) -> str:
     """Process 0's ``text`` in every process (a run folder's path)."""

@@ -13,6 +13,7 @@ shapes of a freshly built run; ``Saver.save`` writes one from the loop.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -77,6 +78,15 @@ def truncate_logs(run_dir: str, sizes: dict) -> None:
         f.truncate(size)
 
 
+def own_log_sizes(meta: dict, index: int) -> dict:
+  """The sizes of process ``index``'s logs at a checkpoint with ``meta``
+  (before several processes had their own, only process 0's were kept)."""
+  sizes = meta.get('process_log_sizes')
+  if sizes is not None and index < len(sizes):
+    return sizes[index]
+  return meta.get('log_sizes', {}) if index == 0 else {}
+
+
 class Restored(NamedTuple):
   """A run as its last checkpoint left it."""
 
@@ -88,10 +98,11 @@ class Restored(NamedTuple):
 
 
 def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
-            env_spec, learner, fresh: Restored, main: bool) -> Restored:
+            env_spec, learner, fresh: Restored, processes,
+            own_dir: str) -> Restored:
   """The last checkpoint of ``config.resume``, read into the shapes of
-  ``fresh`` (the newly built run); process 0 (``main``) cuts the logs
-  back to the checkpoint."""
+  ``fresh`` (the newly built run); each process cuts the logs it writes
+  (in ``own_dir``) back to their sizes at the checkpoint."""
   saved_meta = checkpointer.restore_meta()
   if saved_meta.get('rule_format') != RULE_FORMAT:
     raise ConfigError(
@@ -113,8 +124,7 @@ def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
   rule_state = rule.resumed(like(fresh.rule_state, extra['rule']))
   counters = meta['counters']
   replay_state = meta.get('replay')
-  if main:
-    truncate_logs(config.resume, meta.get('log_sizes', {}))
+  truncate_logs(own_dir, own_log_sizes(meta, processes.index))
   log.info('resumed %s at call %d (%d env steps per member)%s', config.resume,
            counters['calls'], counters['env_steps'],
            '' if replay_state is not None else
@@ -150,7 +160,8 @@ class Saver:
   pipeline: Any
   logger: Any  # fastpbrl.logging.RunLogger (its wall time)
   processes: Any  # fastpbrl.distributed.Processes
-  run_dir: str
+  run_dir: str  # the run's folder, where the checkpoints go
+  own_dir: str  # where this process writes its logs
   resumed_env_steps: np.ndarray  # [N]
 
   def save(self, loop: Loop) -> None:
@@ -164,6 +175,9 @@ class Saver:
     start = time.monotonic()
     member_steps = (self.resumed_env_steps
                     + self.processes.members(self.pipeline.env_steps))
+    # Each process's own logs (process p's copies in processes/<p>).
+    sizes = [json.loads(text) for text in self.processes.gather_text(
+        json.dumps(log_sizes(self.own_dir, self.rule_run.rule.log_files)))]
     self.checkpointer.save(
         loop.calls, loop.state,
         {'hparams': loop.hparams, 'rule': self.rule_run.state},
@@ -174,7 +188,7 @@ class Saver:
                       'diverged': loop.diverged,
                       'wall_time': self.logger.wall_time},
          'rule_format': RULE_FORMAT, 'rule': self.rule_run.rule.name,
-         'log_sizes': log_sizes(self.run_dir, self.rule_run.rule.log_files),
+         'log_sizes': sizes[0], 'process_log_sizes': sizes,
          'replay_rows': (None if replay is None else
                          self.pipeline.replay.state_rows(replay))},
         replay=replay)

@@ -144,7 +144,7 @@ def _train(built: Built, start: resume.Restored,
     stack.push(_closing(checkpointer.close))
     if config.resume:
       start = resume.restore(checkpointer, config, rule, built.env_spec,
-                             built.learner, start, processes.main)
+                             built.learner, start, processes, own_dir)
     write_config(built, own_dir)
     logger, hparams_log, rule_log = open_logs(stack, built, own_dir,
                                               start.counters)
@@ -154,7 +154,8 @@ def _train(built: Built, start: resume.Restored,
     rule_run = loop_lib.RuleRun(rule, start.rule_state,
                                 config.population_size, own_dir)
     saver = resume.Saver(checkpointer, config, rule_run, pipeline, logger,
-                         processes, run_dir, resumed_env_steps(built, start))
+                         processes, run_dir, own_dir,
+                         resumed_env_steps(built, start))
     pipeline.publish(
         processes.local_view(built.learner.policy_params(loop.state)),
         processes.local_view(rule.actor_hparams(loop.hparams)))

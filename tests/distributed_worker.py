@@ -12,6 +12,15 @@ device, unsharded, for the test to compare with. ``pbt_step`` is the
 multi-process PBT recipe the worker runs (the run loop's own is
 ``fastpbrl.distributed.Processes``).
 
+``python -m tests.distributed_worker OUT_DIR shared`` does the same for the
+shared-critic rules: CEM-RL's and DvD's shared-critic updates (one program
+over both processes' members: the critic loss's mean over members and
+DvD's kernel over every member's actions cross processes), then per
+generation CEM-RL's distribution update and next sample on the global
+policies and DvD's logged action distance, as ``fastpbrl.rules.cemrl`` and
+``fastpbrl.rules.dvd`` compute them; ``shared_reference()`` is the same
+in one process.
+
 Both compute in float64 (states, hyperparameters and batches cast with
 ``numerics.as_float64``), so that the two programs, which sum in different
 orders, agree to ``numerics.TRAJECTORY`` (``tests/numerics.py``, rule 2);
@@ -32,7 +41,10 @@ from jax.sharding import Mesh
 from fastpbrl import distributed, sharding
 from fastpbrl import search_space as ss
 from fastpbrl.agents import td3
-from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
+                              population_hparams)
+from fastpbrl.population import cem as cem_lib
+from fastpbrl.population import dvd as dvd_lib
 from fastpbrl.population import pbt as pbt_lib
 from fastpbrl.types import random_transitions
 from tests import numerics
@@ -147,6 +159,15 @@ def pbt_step(exploit, key, state, hparams, local_fitness, ready, mesh: Mesh):
   return result, dict(fitness=fitness, **decision)
 
 
+def write(out_dir: str, prefix: str, info, out: dict) -> None:
+  """``out`` as ``OUT_DIR/<prefix>_<process id>.json`` (written whole)."""
+  path = os.path.join(out_dir, f'{prefix}_{info.process_id}.json')
+  with open(path + '.tmp', 'w') as f:
+    json.dump(out, f)
+  os.replace(path + '.tmp', path)
+  os.write(1, f'OK process {info.process_id} of {info.num_processes}\n'.encode())
+
+
 def distributed_run(out_dir: str) -> None:
   jax.config.update('jax_enable_x64', True)
   info = distributed.initialize_from_env()
@@ -188,11 +209,7 @@ def distributed_run(out_dir: str) -> None:
          'rows': rows.tolist(), 'decisions': decisions,
          'state': tree_dict(distributed.to_local(state)),
          'hparams': tree_dict(distributed.to_local(hparams))}
-  path = os.path.join(out_dir, f'process_{info.process_id}.json')
-  with open(path + '.tmp', 'w') as f:
-    json.dump(out, f)
-  os.replace(path + '.tmp', path)
-  os.write(1, f'OK process {info.process_id} of {info.num_processes}\n'.encode())
+  write(out_dir, 'process', info, out)
 
 
 def reference() -> dict:
@@ -223,5 +240,96 @@ def reference() -> dict:
           'hparams': tree_dict(hparams)}
 
 
+def shared_critics(a):
+  """``{name: (SharedCritic, hparams)}`` as the CEM-RL and DvD rules build
+  them (their ``shared_critic_update`` and ``initial_hparams``)."""
+  base = hparams_of(a)
+  return {
+      'cemrl': (cem_lib.with_rl_schedule(a.shared_critic, N // 2),
+                cem_lib.rl_hparams(
+                    base, train_until=STEPS * CALLS * GENERATIONS - 1)),
+      'dvd': (dvd_lib.with_diversity(a.shared_critic,
+                                     a.shared_critic.policy_apply, 1.0,
+                                     num_states=BATCH),
+              dvd_lib.dvd_hparams(base, 0.5)),
+  }
+
+
+PROBE = np.random.default_rng(SEED).normal(size=(5, 3))  # Pendulum states
+
+
+def shared_generations(a, name, learner, state, hparams, batches, gather):
+  """``GENERATIONS`` x (``CALLS`` learner calls, then the rule's host step):
+  CEM-RL's distribution update on the fitness table and a new sample
+  loaded into the policies; DvD's mean pairwise action distance on fixed
+  states. ``batches(call)`` gives a call's batch, ``gather`` a value's
+  whole host copy. Returns the final state and what each generation
+  decided or measured."""
+  distance = jax.jit(lambda s: dvd_lib.mean_pairwise_action_distance(
+      jax.vmap(a.shared_critic.policy_apply, in_axes=(0, None))(
+          learner.shared.policy_params(s), np.asarray(PROBE))))
+  flat, _ = cem_lib.flatten_population(state.policy)
+  cem = cem_lib.init(flat[0])
+  measured = []
+  for generation in range(GENERATIONS):
+    for call in range(CALLS):
+      state, _ = learner.update(state, hparams,
+                                batches(generation * CALLS + call))
+    if name == 'dvd':
+      measured.append(float(gather(distance(state))))
+      continue
+    flat, unravel = cem_lib.flatten_population(state.policy)
+    cem = cem_lib.update(cem, flat, jax.numpy.asarray(TABLE[generation],
+                                                      jax.numpy.float64))
+    key = jax.random.fold_in(jax.random.PRNGKey(SEED + 2), generation)
+    state = cem_lib.load_policies(state, cem_lib.sample(key, cem, N), unravel)
+    measured.append(gather(cem.mean).tolist())
+  return state, measured
+
+
+def shared_run(out_dir: str) -> None:
+  jax.config.update('jax_enable_x64', True)
+  info = distributed.initialize_from_env()
+  mesh = distributed.global_population_mesh()
+  rows = distributed.member_rows(mesh, N)
+  local = distributed.local_members(N, mesh)
+  a = agent()
+  out = {'process_id': info.process_id, 'rows': rows.tolist()}
+  for name, (shared, all_hparams) in shared_critics(a).items():
+    learner = SharedCriticLearner(shared, STEPS, mesh=mesh)
+    hparams = distributed.to_global(
+        jax.tree.map(lambda x: np.asarray(x)[local], all_hparams), mesh, N)
+    state = numerics.as_float64(learner.init(
+        replicate(jax.random.PRNGKey(SEED), mesh), hparams))
+    state, measured = shared_generations(
+        a, name, learner, state, hparams,
+        lambda call: distributed.to_global(batch_rows(a, call, rows), mesh,
+                                           N),
+        sharding.whole_value)
+    assert learner.compilations == 1, (name, learner.compilations)
+    out[name] = {'measured': measured,
+                 'state': tree_dict(distributed.to_local(state))}
+  write(out_dir, 'shared', info, out)
+
+
+def shared_reference() -> dict:
+  """``shared_run`` in this process, one device, no mesh."""
+  a = agent()
+  rows = np.arange(N)
+  out = {}
+  for name, (shared, hparams) in shared_critics(a).items():
+    learner = SharedCriticLearner(shared, STEPS)
+    state = numerics.as_float64(learner.init(jax.random.PRNGKey(SEED),
+                                             hparams))
+    state, measured = shared_generations(
+        a, name, learner, state, hparams,
+        lambda call: batch_rows(a, call, rows), np.asarray)
+    out[name] = {'measured': measured, 'state': tree_dict(state)}
+  return out
+
+
 if __name__ == '__main__':
-  distributed_run(sys.argv[1])
+  if sys.argv[2:] == ['shared']:
+    shared_run(sys.argv[1])
+  else:
+    distributed_run(sys.argv[1])

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from fastpbrl import resume
 from fastpbrl.agents import td3
 from fastpbrl.checkpoint import CheckpointError, Checkpointer
 from fastpbrl.learner import PopulationLearner, population_hparams
@@ -91,3 +92,20 @@ def test_a_save_that_would_not_fit_is_refused_before_writing(
   with pytest.raises(CheckpointError, match=r'No space left on device\); '
                      r'the checkpoint of call 1 is intact'):
     ckpt.check_space()
+
+
+def test_each_process_cuts_its_own_logs_back(tmp_path):
+  """A checkpoint keeps every process's log sizes (process p writes its
+  own copies); a resume cuts each process's files to its own. A checkpoint
+  that kept only process 0's leaves the others' files as they are."""
+  meta = {'log_sizes': {'hparams.csv': 3},
+          'process_log_sizes': [{'hparams.csv': 3}, {'hparams.csv': 5}]}
+  assert resume.own_log_sizes(meta, 0) == {'hparams.csv': 3}
+  assert resume.own_log_sizes(meta, 1) == {'hparams.csv': 5}
+  old = {'log_sizes': {'hparams.csv': 3}}
+  assert resume.own_log_sizes(old, 0) == {'hparams.csv': 3}
+  assert resume.own_log_sizes(old, 1) == {}
+  path = tmp_path / 'hparams.csv'
+  path.write_text('a\nbcdefg\n')
+  resume.truncate_logs(str(tmp_path), resume.own_log_sizes(meta, 1))
+  assert path.read_text() == 'a\nbcd'

@@ -107,13 +107,57 @@ def test_two_processes_agree_and_equal_one_process(tmp_path):
         np.testing.assert_allclose(got, want, err_msg=path, **final[part])
 
 
-RUN_FLAGS = ['-m', 'experiments.pbt', '--env', 'Pendulum-v1',
-             '--population-size', '4', '--warmup-steps', '100',
-             '--hidden-sizes', '8', '8', '--batch-size', '8',
-             '--steps-per-call', '10', '--ready-after', '100',
-             '--eval-every', '100', '--eval-episodes', '1', '--num-actors', '1',
+@pytest.mark.slow
+def test_shared_critic_rules_over_two_processes_equal_one_process(tmp_path):
+  """2 processes x 2 CPU devices, 4 members: CEM-RL's and DvD's shared
+  critic trained as one program over both processes' members, CEM-RL's
+  distribution update and new generation on the global policies, DvD's
+  action distance: the values of the one-process run, in float64."""
+  env = {**ENV, 'XLA_FLAGS': os.environ.get('XLA_FLAGS', '') +
+         ' --xla_force_host_platform_device_count=2'}
+  proc = subprocess.run(
+      LAUNCH + ['--num-processes', '2', '--timeout', '280', '--grace', '5',
+                '--', sys.executable, '-m', 'tests.distributed_worker',
+                str(tmp_path), 'shared'],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+  outs = [json.loads((tmp_path / f'shared_{i}.json').read_text())
+          for i in range(2)]
+  assert [o['rows'] for o in outs] == [[0, 1], [2, 3]]
+  with numerics.float64():
+    ref = distributed_worker.shared_reference()
+  for name in ('cemrl', 'dvd'):
+    # The same gathered values in both processes, exactly.
+    assert outs[0][name]['measured'] == outs[1][name]['measured'], name
+    # Two programs summing in other orders, through 2 generations of Adam
+    # steps and CEM updates: rule 2.
+    np.testing.assert_allclose(outs[0][name]['measured'],
+                               ref[name]['measured'], err_msg=name,
+                               **numerics.TRAJECTORY)
+    for path, want in ref[name]['state'].items():
+      got = [np.asarray(o[name]['state'][path]) for o in outs]
+      want = np.asarray(want)
+      # Per-member leaves are split between the processes; the shared
+      # critic and the step counter are whole in each.
+      if got[0].shape == want.shape:
+        np.testing.assert_array_equal(got[0], got[1], err_msg=path)
+        got = got[0]
+      else:
+        got = np.concatenate(got)
+      assert got.shape == want.shape, (name, path, got.shape, want.shape)
+      if np.issubdtype(want.dtype, np.integer):
+        np.testing.assert_array_equal(got, want, err_msg=f'{name} {path}')
+      else:
+        np.testing.assert_allclose(got, want, err_msg=f'{name} {path}',
+                                   **numerics.TRAJECTORY)
+
+
+RUN_FLAGS = ['--env', 'Pendulum-v1', '--population-size', '4',
+             '--warmup-steps', '100', '--hidden-sizes', '8', '8',
+             '--batch-size', '8', '--steps-per-call', '10',
+             '--eval-episodes', '1', '--num-actors', '1',
              '--replay-capacity', '2000', '--checkpoint-every', '5',
-             '--fraction', '0.5', '--no-progress', '--track', 'none']
+             '--no-progress', '--track', 'none']
 DEADLINE_S = 900  # generous: a loaded 2-core machine runs this slowly
 
 
@@ -125,31 +169,83 @@ def wait_for(condition, what: str, proc) -> None:
     time.sleep(0.5)
 
 
-def exploits(path) -> list:
+def lines(path) -> list:
+  """The complete lines of a log file ([] while it does not exist)."""
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    lines = [json.loads(line) for line in f if line.endswith('\n')]
-  return [e for e in lines if e['event'] == 'exploit']
+    return [line for line in f if line.endswith('\n')]
+
+
+def exploits(path) -> list:
+  return [e for e in map(json.loads, lines(path)) if e['event'] == 'exploit']
+
+
+def rows(path) -> list:
+  """A CSV log's data rows."""
+  return lines(path)[1:]
+
+
+class TwoProcessCase(types.SimpleNamespace):
+  """A rule's short run over 2 processes: its flags, the budget flag
+  (``--env-steps`` per member, or CEM-RL's ``--total-env-steps``), when
+  it has decided enough to be stopped (a function of the run folder), and
+  the logs that record its decisions (each process writes its own)."""
+
+
+TWO_PROCESS = {
+    'pbt': TwoProcessCase(
+        flags=['--ready-after', '100', '--eval-every', '100',
+               '--fraction', '0.5'],
+        budget='--env-steps', per_member=1,
+        decided=lambda d: exploits(os.path.join(d, 'lineage.jsonl')),
+        logs=('lineage.jsonl', 'hparams.csv')),
+    # One generation takes about 3,000 env steps in all here.
+    'cemrl': TwoProcessCase(
+        flags=['--mean-eval-episodes', '1', '--eval-every', '100'],
+        budget='--total-env-steps', per_member=4,
+        decided=lambda d: rows(os.path.join(d, 'mean_policy.csv')),
+        logs=('mean_policy.csv', 'rule.csv', 'hparams.csv')),
+    # Bandit rounds of 10 calls (100 env steps per member), each scored.
+    'dvd': TwoProcessCase(
+        flags=['--bandit-every', '10', '--eval-every', '100'],
+        budget='--env-steps', per_member=1,
+        decided=lambda d: len(rows(os.path.join(d, 'rule.csv'))) >= 6,
+        logs=('rule.csv', 'hparams.csv')),
+    # Phases of 100 update steps: slots report, losers restart (a fifth
+  # configuration launched).
+    'hypertrick': TwoProcessCase(
+        flags=['--num-workers', '8', '--num-phases', '3',
+               '--phase-update-steps', '100', '--eval-every', '100'],
+        budget='--env-steps', per_member=1,
+        decided=lambda d: any(
+            line.split(',')[2:] == ['workers_launched', '5.0\n']
+            for line in rows(os.path.join(d, 'rule.csv'))),
+        logs=('hparams.csv', 'rule.csv')),
+}
 
 
 @pytest.mark.slow
-def test_pbt_run_over_two_processes_stops_on_sigterm_and_resumes(tmp_path):
-  """``fastpbrl pbt`` itself over 2 processes (1 CPU device each, members
-  0-1 in process 0, 2-3 in process 1, each with its own actors and
-  replay): both take the same PBT decisions (their lineage files are
-  equal), a SIGTERM to the launcher stops both after the same call with a
-  checkpoint (143), and the run resumes over 2 processes to its end."""
+@pytest.mark.parametrize('rule', sorted(TWO_PROCESS))
+def test_rule_over_two_processes_stops_on_sigterm_and_resumes(tmp_path, rule):
+  """``fastpbrl <rule>`` itself over 2 processes (1 CPU device each,
+  members 0-1 in process 0, 2-3 in process 1, each with its own actors
+  and replay): both take the same decisions (the logs each writes of
+  them are equal), a SIGTERM to the launcher stops both after the same
+  call with a checkpoint (143), and the run resumes over 2 processes to
+  its end, deciding alike again."""
+  case = TWO_PROCESS[rule]
   run_dir = str(tmp_path / 'run')
-  lineage = os.path.join(run_dir, 'lineage.jsonl')
+  command = [sys.executable, '-m', f'experiments.{rule}']
   proc = subprocess.Popen(
-      LAUNCH + ['--num-processes', '2', '--grace', '300', '--',
-                sys.executable, *RUN_FLAGS, '--env-steps', '1000000',
-                '--run-dir', run_dir],
+      LAUNCH + ['--num-processes', '2', '--grace', '300', '--', *command,
+                *RUN_FLAGS, *case.flags, case.budget,
+                str(1_000_000 * case.per_member), '--run-dir', run_dir],
       cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True)
   try:
-    wait_for(lambda: exploits(lineage), 'PBT exploit', proc)
+    wait_for(lambda: case.decided(run_dir) and os.path.isdir(
+        os.path.join(run_dir, 'checkpoints')), f'a {rule} decision', proc)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=DEADLINE_S)
   finally:
@@ -163,12 +259,17 @@ def test_pbt_run_over_two_processes_stops_on_sigterm_and_resumes(tmp_path):
   stopped = re.findall(r'SIGTERM: stopped after learner call (\d+) '
                        r'\((\d+) env steps per member\)', out)
   assert len(stopped) == 2 and stopped[0] == stopped[1], out[-5000:]
-  env_steps = int(stopped[0][1])
+  assert f'resume with: fastpbrl {rule} --resume {run_dir}' in out
+  other = os.path.join(run_dir, 'processes', '1')
+  before = {name: lines(os.path.join(run_dir, name)) for name in case.logs}
+  for name in case.logs:
+    assert before[name] == lines(os.path.join(other, name)), name
 
+  env_steps = int(stopped[0][1])
   proc = subprocess.run(
-      LAUNCH + ['--num-processes', '2', '--grace', '300', '--',
-                sys.executable, '-m', 'experiments.pbt', '--resume', run_dir,
-                '--env-steps', str(env_steps + 300), '--no-progress'],
+      LAUNCH + ['--num-processes', '2', '--grace', '300', '--', *command,
+                '--resume', run_dir, case.budget,
+                str((env_steps + 300) * case.per_member), '--no-progress'],
       cwd=REPO, env=ENV, capture_output=True, text=True, timeout=DEADLINE_S)
   out = proc.stdout + proc.stderr
   assert proc.returncode == 0, out[-5000:]
@@ -180,9 +281,13 @@ def test_pbt_run_over_two_processes_stops_on_sigterm_and_resumes(tmp_path):
   returns = json.loads(open(os.path.join(run_dir, 'final_returns.json')).read())
   assert len(returns['final_returns']) == 4
   assert all(np.isfinite(returns['final_returns']))
-  # Every decision, before and after the resume, taken alike in both.
-  other = os.path.join(run_dir, 'processes', '1', 'lineage.jsonl')
-  assert exploits(lineage) and exploits(lineage) == exploits(other)
+  # Every decision, before and after the resume, taken alike in both (each
+  # process cut its own logs back to the checkpoint and redid the rest).
+  for name in case.logs:
+    after = lines(os.path.join(run_dir, name))
+    assert after == lines(os.path.join(other, name)), name
+  assert len(lines(os.path.join(run_dir, 'hparams.csv'))) > len(
+      before['hparams.csv'])
   # Process 0's logs hold every member's episodes (gathered).
   members = sorted(os.listdir(os.path.join(run_dir, 'members')))
   assert len(members) == 4, members
@@ -205,6 +310,7 @@ def test_processes_of_a_single_process_change_nothing():
                            evaluation=True, env_steps=300, policy_version=4)]
   assert p.episodes(records) == records
   assert p.broadcast_text('/tmp/run') == '/tmp/run'
+  assert p.gather_text('{"hparams.csv": 12}') == ['{"hparams.csv": 12}']
   # A process's pipeline streams: process 0's are the run seed's own (as
   # with one process), every other process's its own.
   assert pipeline_seed(5, 0) == pipeline_seed(5, 0, 0) == 5

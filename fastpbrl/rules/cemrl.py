@@ -34,6 +34,7 @@ from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows, split_key)
 from fastpbrl.rules.common import check_shared_critic
 from fastpbrl.rules.registry import register
+from fastpbrl.sharding import whole_value
 
 MEAN_POLICY = 'mean_policy.csv'
 
@@ -186,7 +187,6 @@ class CEMRL(Rule):
   shared_critic = True
   shared_replay = True
   min_population = 2
-  multi_process = False
   log_files = (MEAN_POLICY,)
 
   def __init__(self, config: CEMRLRunConfig):
@@ -302,7 +302,7 @@ class CEMRL(Rule):
     # one to finish: a call's steps are active while step < train_until
     # (``cem_lib.with_rl_schedule``), each adding one.
     num_steps = obs.update_steps - int(rule_state.update_steps)
-    train_until = int(np.asarray(obs.hparams.train_until)[0])
+    train_until = int(whole_value(obs.hparams.train_until)[0])
     critic_steps = int(rule_state.critic_steps)
     critic_steps = min(critic_steps + num_steps, max(critic_steps, train_until))
     rule_state = rule_state._replace(
@@ -311,7 +311,7 @@ class CEMRL(Rule):
     if not rule_state.evaluating:
       if critic_steps < train_until:
         return rule_state, Decision()
-      device_steps = int(obs.state.step)  # a rule decision: may sync
+      device_steps = int(whole_value(obs.state.step))  # a decision: may sync
       if device_steps != critic_steps:
         raise RuntimeError(f'CEM-RL counted {critic_steps} shared critic '
                            f'steps but the state has {device_steps}')

@@ -35,6 +35,7 @@ from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows)
 from fastpbrl.rules.common import check_evaluations_per, check_shared_critic
 from fastpbrl.rules.registry import register
+from fastpbrl.sharding import whole_value
 
 # Learner calls between two measurements of the logged diversity figure
 # (the loop logs rule scalars every 10 calls).
@@ -170,7 +171,6 @@ class DvD(Rule):
   shared_critic = True
   shared_replay = True
   min_population = 2
-  multi_process = False
 
   def __init__(self, config: DvDRunConfig):
     super().__init__(config)
@@ -266,7 +266,7 @@ class DvD(Rule):
 
   def hparam_rows(self, hparams) -> list[dict]:
     rows = hparam_rows(hparams.agent)
-    for row, lam in zip(rows, np.asarray(hparams.diversity_weight)):
+    for row, lam in zip(rows, whole_value(hparams.diversity_weight)):
       row['diversity_weight'] = float(lam)
     return rows
 
@@ -274,7 +274,8 @@ class DvD(Rule):
     obs = observation
     if obs.calls % _DIVERSITY_EVERY == 0:
       rule_state = rule_state._replace(diversity=np.asarray(
-          float(self.distance(obs.state, self.probe_states)), np.float64))
+          float(whole_value(self.distance(obs.state, self.probe_states))),
+          np.float64))
     if self.config.lambda_mode == 'schedule':
       lam = self.schedule(obs.update_steps)
     else:

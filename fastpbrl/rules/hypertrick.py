@@ -94,7 +94,6 @@ class HyperTrick(Rule):
   help = 'HyperTrick: phased search with early termination'
   config_class = HyperTrickRunConfig
   presets = PRESETS
-  multi_process = False
 
   def __init__(self, config: HyperTrickRunConfig,
                space: Optional[ss.SearchSpace] = None):

@@ -170,7 +170,6 @@ class PBT(Rule):
   config_class = PBTRunConfig
   presets = PRESETS
   min_population = 2
-  multi_process = True
   log_files = (LINEAGE,)
 
   def __init__(self, config: PBTRunConfig,

@@ -162,7 +162,7 @@ def test_is_registered_with_its_presets():
   assert CEMRL.config_class is CEMRLRunConfig
   assert list(CEMRL.presets) == ['small', 'paper']
   assert CEMRL.shared_critic and CEMRL.shared_replay
-  assert not CEMRL.multi_process
+  assert CEMRL.multi_process
   assert CEMRL.log_files == ('mean_policy.csv',)
 
 

@@ -10,8 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from fastpbrl import rules
+from fastpbrl import build, rules
 from fastpbrl.build import initial_population, make_agent, make_env_spec
+from fastpbrl.config import ConfigError, RunConfig
 from fastpbrl.rules import registry
 
 SMALL = dict(env='Pendulum-v1', population_size=4, hidden_sizes=(8, 8))
@@ -84,3 +85,21 @@ def test_train_refuses_an_unregistered_rule_class():
 
   with pytest.raises(ConfigError, match='is not registered'):
     rule_class(Unregistered)
+
+
+def test_a_rule_that_cannot_run_over_processes_is_refused(monkeypatch):
+  """Over several processes, a rule with ``multi_process = False`` is
+  refused before anything starts, in one line naming it; every built-in
+  rule runs there."""
+  class Local(rules.Rule):
+    name = 'local-only'
+    multi_process = False
+
+  several = type('Several', (), dict(several=True, count=2))
+  monkeypatch.setattr(build.distributed, 'Processes',
+                      lambda mesh, n: several())
+  with pytest.raises(ConfigError,
+                     match='^fastpbrl local-only does not run over 2 '
+                           'processes yet$'):
+    build.check_processes(RunConfig(), Local(RunConfig()), None)
+  assert all(rules.get(name).multi_process for name in registry.BUILTIN)

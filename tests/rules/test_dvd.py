@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from fastpbrl import resume
+from fastpbrl import distributed, resume
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.agents import td3
 from fastpbrl.build import initial_population, make_agent, make_env_spec
@@ -331,7 +331,8 @@ def test_checkpoint_from_before_the_rule_contract_is_refused(tmp_path):
   try:
     with pytest.raises(ConfigError, match='start a new run'):
       resume.restore(checkpointer, config, run.rule, run.agent.env_spec,
-                     run.learner, fresh, main=False)
+                     run.learner, fresh, distributed.Processes(None, 4),
+                     str(tmp_path))
   finally:
     checkpointer.close()
 

@@ -288,7 +288,7 @@ def test_registered_with_the_command_presets():
   assert registry.get('hypertrick') is HyperTrick
   assert list(HyperTrick.presets) == ['small', 'paper'] and (
       HyperTrick.presets is PRESETS)
-  assert not HyperTrick.multi_process
+  assert HyperTrick.multi_process
 
 
 @pytest.mark.parametrize('overrides, message', [
