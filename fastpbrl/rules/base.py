@@ -32,6 +32,13 @@ process of a multi-process run (each decides from the same gathered
 observation), and testable without a run: build an ``Observation``, call
 ``decide``, look at the ``Decision``.
 
+Over several processes (``fastpbrl.launch``) ``observation.state`` and
+``observation.hparams`` are global arrays of which each process holds only
+its own members' rows: jitted functions take them as they are, and a
+value the host needs (a hyperparameter, a step counter) is read with
+``fastpbrl.sharding.whole_value``, which gathers it (``np.asarray`` would
+refuse). A rule that cannot run there sets ``multi_process = False``.
+
 To add a rule: subclass ``Rule`` in a file of your own, give it a ``name``,
 a ``config_class`` (a ``fastpbrl.config.RunConfig`` subclass: its fields
 are the command's flags) and ``presets``, override what it needs, and decorate it
