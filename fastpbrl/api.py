@@ -21,7 +21,6 @@ Nothing here is jittable; ``Policy`` jits the agent's ``act`` once.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Optional, Sequence, Union
 
@@ -33,7 +32,7 @@ from acme import specs
 from fastpbrl import build, distributed
 from fastpbrl.callbacks import Callback
 from fastpbrl.checkpoint import Checkpointer
-from fastpbrl.config import ConfigError
+from fastpbrl.config import ConfigError, saved_config, saved_settings
 from fastpbrl.envs import make_env
 from fastpbrl.evaluation import evaluation_seeds
 from fastpbrl.finish import RunResult
@@ -78,24 +77,33 @@ class TrainResult:
   run: RunResult  # everything else: final returns, hparams, counters...
 
 
-def train(rule: Union[str, type] = 'pbt', *,
+def train(rule: Union[str, type, None] = None, *,
           callbacks: Sequence[Callback] = (),
           **config_fields: Any) -> TrainResult:
   """Trains a population with ``rule`` and returns where its best member is.
 
+      fastpbrl.train('pbt', env='Hopper-v5', env_steps=50_000)
+      fastpbrl.train(resume='runs/pbt-td3-Hopper-v5-...')  # a stopped run
+
   Args:
-    rule: ``pbt``, ``cemrl``, ``dvd``, ``hypertrick``, ``seeds``, a rule
-      of your own as ``module:Class``, or its (registered) class.
+    rule: ``pbt`` (the default for a new run), ``cemrl``, ``dvd``,
+      ``hypertrick``, ``seeds``, a rule of your own as ``module:Class``, or
+      its (registered) class. With ``resume`` it defaults to the run's own.
     callbacks: ``fastpbrl.Callback`` instances (``after_call(loop)``,
       ``after_rule_decision(loop, event)``).
     **config_fields: the rule's settings, named as the command's flags with
       ``_`` for ``-`` (``env_steps=600``, ``hidden_sizes=(16, 16)``); the
-      rest keep their defaults (``fastpbrl <rule> --help``).
+      rest keep their defaults (``fastpbrl <rule> --help``). With
+      ``resume=DIR`` the rest are the settings the run saved, as
+      ``fastpbrl <rule> --resume DIR`` takes them.
 
   Raises:
     ConfigError: an unknown rule or setting, or an invalid value (the
       message names it as the flag: ``--env-steps must be > 0``).
   """
+  resume = config_fields.get('resume')
+  if rule is None:
+    rule = saved_rule(resume) if resume else 'pbt'
   rule_cls = rule_class(rule)
   config_cls = rule_cls.config_class
   fields = {f.name for f in dataclasses.fields(config_cls)}
@@ -107,7 +115,12 @@ def train(rule: Union[str, type] = 'pbt', *,
   if 'hidden_sizes' in config_fields:
     config_fields['hidden_sizes'] = tuple(config_fields['hidden_sizes'])
   distributed.initialize_if_launched()  # under fastpbrl.launch or srun
-  rule_obj = rule_cls.from_config(config_cls(**config_fields))
+  if resume:  # what the command's --resume does: the saved settings
+    config = dataclasses.replace(saved_config(resume, config_cls()),
+                                 **config_fields)
+  else:
+    config = config_cls(**config_fields)
+  rule_obj = rule_cls.from_config(config)
   result = run(rule_obj.config, rule_obj, callbacks=callbacks)
   best = int(np.argmax(result.final_returns))
   lineage_path = os.path.join(result.run_dir, 'lineage.jsonl')
@@ -132,14 +145,14 @@ def latest_checkpoint(run_dir: str) -> str:
   return os.path.join(checkpointer.directory, str(step))
 
 
-def _saved_config(run_dir: str) -> dict:
-  path = os.path.join(run_dir, 'config.json')
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except FileNotFoundError:
-    raise ConfigError(f'{run_dir!r} has no config.json: not a fastpbrl run '
-                      'folder') from None
+def saved_rule(run_dir: str) -> str:
+  """The ref of the rule that ran in ``run_dir`` (from its config.json)."""
+  ref = saved_settings(run_dir, flag='run folder').get('rule')
+  if ref is None:
+    raise ConfigError(f'{run_dir!r}: its config.json names no rule (a run of '
+                      'an earlier fastpbrl, which kept its rules\' state '
+                      'another way)')
+  return ref
 
 
 def best_member(run_dir: str) -> int:
@@ -181,20 +194,11 @@ def restore_run(run_dir: str):
     ``(config, agent, rule, learner, state, hparams)``, the stacked
     training state and hyperparameters as the run last saved them.
   """
-  saved = _saved_config(run_dir)
-  ref = saved.get('rule')
-  if ref is None:
-    raise ConfigError(f'{run_dir!r}: its config.json names no rule (a run of '
-                      'an earlier fastpbrl, which kept its rules\' state '
-                      'another way)')
-  rule_cls = rule_class(ref)
-  config_cls = rule_cls.config_class
-  names = {f.name for f in dataclasses.fields(config_cls)}
-  values = {k: tuple(v) if isinstance(v, list) else v
-            for k, v in saved.items() if k in names}
+  rule_cls = rule_class(saved_rule(run_dir))
   # The folder is read, not written: no run-dir / resume checks.
-  values.update(run_dir=None, resume=None, progress=False)
-  rule = rule_cls.from_config(config_cls(**values))
+  rule = rule_cls.from_config(dataclasses.replace(
+      saved_config(run_dir, rule_cls.config_class()), run_dir=None,
+      resume=None, progress=False))
   config = rule.config
   # Templates shaped as in ``run``: the restore overwrites every value.
   agent, learner, state, hparams, rule_state = build.assemble(rule)

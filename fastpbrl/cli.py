@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import difflib
 import logging
 import os
 import sys
@@ -20,7 +20,7 @@ from typing import Mapping, Optional, Sequence, TypeVar
 import tyro
 
 from fastpbrl import distributed
-from fastpbrl.config import ConfigError, StorageError
+from fastpbrl.config import ConfigError, StorageError, saved_config
 from fastpbrl.run import run
 from fastpbrl.signals import ForcedExit, RunInterrupted
 
@@ -33,17 +33,24 @@ def parse(presets: Mapping[str, C], description: str,
   """Parses ``argv`` into a copy of the chosen preset's config."""
   argv = list(sys.argv[1:] if argv is None else argv)
   names = list(presets)
-  pre = argparse.ArgumentParser(add_help=False)
-  pre.add_argument('--preset', choices=names, default=names[0])
+  pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+  pre.add_argument('--preset', default=names[0])
   pre.add_argument('--resume', default=None)
   try:
     known, rest = pre.parse_known_args(argv)
-  except SystemExit:
-    raise SystemExit(f'--preset must be one of {", ".join(names)}') from None
+  except argparse.ArgumentError as e:  # --preset or --resume with no value
+    raise SystemExit(f'error: {e}') from None
+  if known.preset not in presets:
+    raise SystemExit(f'error: --preset {known.preset!r} is not one of '
+                     f'{", ".join(names)}')
+  check_flags(type(presets[names[0]]), rest, prog)
   default = presets[known.preset]
   source = f'--preset {known.preset}'
   if known.resume is not None:
-    default = _saved_config(known.resume, default)
+    try:
+      default = saved_config(known.resume, default)
+    except ConfigError as e:
+      raise SystemExit(f'error: {e}') from None
     rest += ['--resume', known.resume]
     source = f'the settings saved in {known.resume}'
   description = (f'{description}\n\n--preset {{{",".join(names)}}} picks the '
@@ -53,23 +60,31 @@ def parse(presets: Mapping[str, C], description: str,
                   description=description, prog=prog)
 
 
-def _saved_config(run_dir: str, like: C) -> C:
-  """The config a run saved in ``run_dir/config.json``, as ``like``'s type."""
-  path = os.path.join(run_dir, 'config.json')
-  try:
-    with open(path) as f:
-      saved = json.load(f)
-  except FileNotFoundError:
-    raise SystemExit(f'error: --resume {run_dir!r}: no config.json there '
-                     '(is it a fastpbrl run directory?)') from None
-  fields = {f.name: f for f in dataclasses.fields(like)}
-  values = {}
-  for name, value in saved.items():
-    if name in fields:
-      if isinstance(value, list):
-        value = tuple(value)
-      values[name] = value
-  return dataclasses.replace(like, **values)
+def known_flags(config_class) -> list[str]:
+  """The flags ``tyro`` makes of ``config_class``'s fields (``--x-y``,
+  and ``--no-x-y`` for a bool), with ``--help``."""
+  flags = ['--help', '--preset', '--resume']
+  for field in dataclasses.fields(config_class):
+    name = field.name.replace('_', '-')
+    flags.append(f'--{name}')
+    if field.type in (bool, 'bool'):
+      flags.append(f'--no-{name}')
+  return flags
+
+
+def check_flags(config_class, argv: Sequence[str],
+                prog: Optional[str]) -> None:
+  """Refuses, in one line with the nearest flags, a flag that
+  ``config_class`` has not."""
+  flags = known_flags(config_class)
+  for arg in argv:
+    flag = arg.split('=', 1)[0]
+    if not flag.startswith('--') or flag in flags or flag == '--':
+      continue
+    near = difflib.get_close_matches(flag, flags, n=2, cutoff=0.75)
+    hint = (f'did you mean {" or ".join(near)}?' if near else
+            f'{prog or "the command"} --help lists the flags')
+    raise SystemExit(f'error: unknown flag {flag}; {hint}')
 
 
 def train_command(rule_cls, argv: Optional[Sequence[str]] = None,

@@ -15,12 +15,14 @@ import json
 import math
 import os
 import shlex
-from typing import Optional
+from typing import Optional, TypeVar
 
 from fastpbrl import agents as agents_lib
 from fastpbrl import sharding, tracking
 from fastpbrl.agents.networks import NETWORK_INITS
 from fastpbrl.replay.device import LOCATIONS as REPLAY_LOCATIONS
+
+C = TypeVar('C', bound='RunConfig')
 
 
 @dataclasses.dataclass
@@ -192,10 +194,7 @@ def check_resume(config: RunConfig, rule_ref: str) -> None:
   """Raises ``ConfigError`` if ``--resume`` would continue another kind of
   run (another rule, env, agent, population or network size), or one that
   cannot be resumed."""
-  path = os.path.join(config.resume, 'config.json')
-  check(os.path.exists(path), f'--resume {config.resume!r}: no config.json')
-  with open(path) as f:
-    saved = json.load(f)
+  saved = saved_settings(config.resume)
   saved_ref = saved.get('rule')
   check(saved_ref is not None,
         f'--resume {config.resume!r}: its config.json names no rule (a run '
@@ -213,6 +212,28 @@ def check_resume(config: RunConfig, rule_ref: str) -> None:
     check(now == before,
           f'--{name.replace("_", "-")} {now} differs from the resumed run\'s '
           f'{before}; a resume cannot change it')
+
+
+def saved_settings(run_dir: str, flag: str = '--resume') -> dict:
+  """The settings a run saved in ``run_dir/config.json`` (its rule's ref
+  under ``rule``)."""
+  path = os.path.join(run_dir, 'config.json')
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    raise ConfigError(f'{flag} {run_dir!r}: no config.json there (is it a '
+                      'fastpbrl run folder?)') from None
+
+
+def saved_config(run_dir: str, like: C) -> C:
+  """``like`` (a ``RunConfig`` of the run's rule) with the settings saved
+  in ``run_dir``; saved names that are not ``like``'s fields (the rule's
+  ref) are left out."""
+  names = {f.name for f in dataclasses.fields(like)}
+  values = {k: tuple(v) if isinstance(v, list) else v
+            for k, v in saved_settings(run_dir).items() if k in names}
+  return dataclasses.replace(like, **values)
 
 
 def resume_command(rule_ref: str, run_dir: str) -> str:

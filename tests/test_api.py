@@ -5,6 +5,8 @@ rollout; the README's example, run as written."""
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 
@@ -19,6 +21,7 @@ from fastpbrl.logging import read_final_returns
 from fastpbrl.plots import hparam_lines, read_hparams_csv
 from fastpbrl.population import pbt as pbt_lib
 from tests import numerics
+from tests.test_preemption import finish, wait_for_checkpoint
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
 pytestmark = [pytest.mark.slow, pytest.mark.numeric]
@@ -203,3 +206,49 @@ def test_readme_example_is_the_file_and_runs(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'best member' in out.stdout and 'action [' in out.stdout
   assert os.listdir(tmp_path / 'runs')[0].startswith('pbt-td3-Pendulum-v1-')
+
+
+def saved_settings(run_dir) -> dict:
+  """A run's config.json, less what names its folder."""
+  with open(os.path.join(run_dir, 'config.json')) as f:
+    saved = json.load(f)
+  return {k: v for k, v in saved.items()
+          if k not in ('run_dir', 'resume', 'progress')}
+
+
+def test_train_resume_continues_with_the_saved_settings(tmp_path):
+  """A 2-member PBT run of the command, stopped by SIGTERM after a
+  checkpoint; ``fastpbrl.train(resume=DIR)`` and nothing else finishes it
+  with the settings it started with, as ``fastpbrl pbt --resume DIR``
+  finishes a copy of it."""
+  flags = ['--population-size', '2', '--env-steps', '1500',
+           '--warmup-steps', '200', '--hidden-sizes', '16', '12',
+           '--batch-size', '16', '--steps-per-call', '10', '--eval-every',
+           '200', '--eval-episodes', '1', '--num-actors', '1',
+           '--replay-capacity', '5000', '--ready-after', '200',
+           '--checkpoint-every', '5', '--no-progress', '--track', 'none']
+  by_api, by_command = str(tmp_path / 'api'), str(tmp_path / 'command')
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'experiments.pbt', *flags, '--run-dir', by_api],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  wait_for_checkpoint(proc, by_api)
+  os.kill(proc.pid, signal.SIGTERM)
+  _, err = finish(proc)
+  assert proc.returncode == 143, err
+  started = saved_settings(by_api)
+  shutil.copytree(by_api, by_command)
+
+  result = fastpbrl.train(resume=by_api)
+  proc = subprocess.run(
+      [sys.executable, '-m', 'experiments.pbt', '--resume', by_command],
+      cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-5000:]
+  assert result.run_dir == by_api
+  assert saved_settings(by_api) == saved_settings(by_command) == started
+  assert started['population_size'] == 2
+  assert started['hidden_sizes'] == [16, 12]
+  for run_dir in (by_api, by_command):
+    returns = read_final_returns(run_dir)
+    assert len(returns['final_returns']) == 2, run_dir
+    assert returns['env_steps'] >= 1500, run_dir

@@ -74,6 +74,17 @@ def _one_line_error(argv, capsys):
     (['evaluate', 'no/such/run'], "RUN_DIR 'no/such/run' has no config.json"),
     (['pbt', '--population-size', '1', '--no-progress'],
      '--population-size must be >= 2'),
+    (['pbt', '--preset', 'huge'],
+     "--preset 'huge' is not one of small, paper, atari"),
+    (['pbt', '--preset'], 'argument --preset: expected one argument'),
+    (['pbt', '--populaton-size', '3'],
+     'unknown flag --populaton-size; did you mean --population-size?'),
+    (['seeds', '--no-progres'], 'unknown flag --no-progres; did you mean '
+     '--no-progress or --progress?'),
+    (['dvd', '--learning-rate=3'], 'unknown flag --learning-rate; fastpbrl '
+     'dvd --help lists the flags'),
+    (['pbt', '--resume', 'no/such/run'],
+     "--resume 'no/such/run': no config.json there"),
 ])
 def test_bad_input_is_one_line_with_status_2(argv, message, capsys):
   assert message in _one_line_error(argv, capsys)
