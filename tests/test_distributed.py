@@ -212,6 +212,11 @@ TWO_PROCESS = {
         budget='--env-steps', per_member=1,
         decided=lambda d: len(rows(os.path.join(d, 'rule.csv'))) >= 6,
         logs=('rule.csv', 'hparams.csv')),
+    # No decisions: the members train side by side over the processes.
+    'seeds': TwoProcessCase(
+        flags=['--eval-every', '100'], budget='--env-steps', per_member=1,
+        decided=lambda d: len(rows(os.path.join(d, 'hparams.csv'))) >= 8,
+        logs=('hparams.csv',)),
     # Phases of 100 update steps: slots report, losers restart (a fifth
   # configuration launched).
     'hypertrick': TwoProcessCase(
