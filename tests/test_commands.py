@@ -10,8 +10,11 @@ import tomllib
 
 import pytest
 
-from fastpbrl import commands, rules
+from fastpbrl import agents, commands, rules
+from fastpbrl.build import make_env_spec
 from fastpbrl.commands import bench
+from fastpbrl.rules import registry
+from fastpbrl.rules.hypertrick import PRESETS as PRESETS_HT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,6 +88,9 @@ def _one_line_error(argv, capsys):
      'dvd --help lists the flags'),
     (['pbt', '--resume', 'no/such/run'],
      "--resume 'no/such/run': no config.json there"),
+    (['info', 'nope'], "'nope' is neither an agent (td3, sac, dqn"),
+    (['info', '--bogus'], 'unknown argument --bogus'),
+    (['info', 'dqn'], '--env Pendulum-v1: DQN needs a Discrete action space'),
 ])
 def test_bad_input_is_one_line_with_status_2(argv, message, capsys):
   assert message in _one_line_error(argv, capsys)
@@ -191,3 +197,39 @@ def test_write_json_atomic_replaces_whole_files(tmp_path):
   with open(path) as f:  # a failed write leaves the old file whole
     assert json.load(f) == {'final_returns': [2.0, 3.0]}
   assert os.listdir(tmp_path) == ['final_returns.json']
+
+
+def test_info_lists_every_agent_and_rule(capsys):
+  assert commands.main(['info']) == 0
+  out = capsys.readouterr().out
+  for name in (*agents.known(), *registry.BUILTIN):
+    assert f'\n  {name} ' in out, name
+
+
+def test_info_of_an_agent_is_its_defaults_and_search_space(capsys):
+  assert commands.main(['info', 'dqn', '--env', 'CartPole-v1']) == 0
+  rows = [line.split(None, 2) for line in
+          capsys.readouterr().out.splitlines()[2:]]
+  spec = agents.get('dqn')
+  defaults = spec.make_agent(make_env_spec('CartPole-v1'),
+                             spec.config()).default_hparams()
+  space = dict(spec.default_search_space.distributions)
+  assert [r[0] for r in rows] == list(defaults._fields)
+  for field, default, searched in rows:
+    assert float(default) == pytest.approx(float(getattr(defaults, field)),
+                                           rel=1e-5), field  # printed %g
+    if field in space:
+      dist = space[field]
+      assert searched.endswith(f'[{dist.low:g}, {dist.high:g}]'), field
+    else:
+      assert searched == 'fixed', field
+
+
+def test_info_of_a_rule_is_how_its_presets_differ(capsys):
+  assert commands.main(['info', 'hypertrick']) == 0
+  lines = capsys.readouterr().out.splitlines()
+  paper = PRESETS_HT['paper']
+  line = next(x for x in lines if x.startswith('  paper: '))
+  assert f'--population-size {paper.population_size}' in line
+  assert f'--env {paper.env}' in line
+  assert '--agent' not in line  # the same in both presets

@@ -6,6 +6,7 @@ this package with a ``main(argv)``:
 
     fastpbrl pbt|cemrl|dvd|hypertrick|seeds [flags]   train (``--help`` lists the flags)
     fastpbrl mymod:MyRule [flags]                      train with a rule of your own
+    fastpbrl info [AGENT|RULE] [--env ENV]            agents, rules, hyperparameters, presets
     fastpbrl evaluate RUN_DIR [--member best|INDEX] [--episodes K] [--video-dir DIR]
     fastpbrl bench [flags]                             the learner update-speed benchmark
 
@@ -25,6 +26,9 @@ from fastpbrl.rules import registry
 
 # Commands that are not rules: name -> (module, one line for --help).
 COMMANDS = {
+    'info': ('fastpbrl.commands.info',
+             'the agents and rules; an agent\'s hyperparameters, a rule\'s '
+             'presets'),
     'evaluate': ('fastpbrl.commands.evaluate',
                  'mean and std of return of a trained member (and a video)'),
     'bench': ('fastpbrl.commands.bench',
