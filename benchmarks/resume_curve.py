@@ -5,7 +5,7 @@ Host-side script. Trains ``--population-size`` independent TD3 members
 killed with SIGKILL (no chance to save anything) once it has passed half of
 its budget and then resumed from its last checkpoint with
 ``--checkpoint-replay``. Asynchronous actors make two runs of one seed
-drift apart anyway (README, "what is reproducible"), so the test is whether
+drift apart anyway (docs/guides/preemption.md, "What is reproducible"), so the test is whether
 the resumed run's returns lie within the members' own spread, the seed
 noise. Prints both final evaluations and writes a plot of the two mean
 return curves.

@@ -20,7 +20,7 @@ The run loop uses all this through ``Processes`` (below): every built-in
 rule runs over several processes unchanged. For the shared-replay rules
 (CEM-RL, DvD) each process's shared replay holds its own members'
 transitions, so a critic step's batch is stratified by process (see the
-README's "Several processes"). Launch:
+docs/guides/scale.md). Launch:
 ``python -m fastpbrl.launch --num-processes 2 -- fastpbrl pbt ...`` (or
 ``-- python my_run.py``) on one machine (``fastpbrl.launch`` sets the
 variables below), or one task per node or per GPU under SLURM (see

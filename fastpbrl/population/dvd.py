@@ -41,7 +41,7 @@ keep a fixed kernel. A shorter one (``sigma = 0.3``, so that the push
 relaxes once members act about as far apart as fresh policies do) was
 measured on HalfCheetah-v5: the bandit then chose lambda 0 for most of the
 run and the members ended no more diverse than with lambda 0
-(``docs/learning-benchmark.md``), so the default stays 1.
+(``docs/benchmarks/learning-log.md``), so the default stays 1.
 
 Departures from the paper:
 
@@ -101,7 +101,7 @@ skipping the latest, which looks like an off-by-one) and as soon as one
 previous round exists (theirs waits for 5). ``relative_gain_reward``
 (``--bandit-reward relative-gain``) is an alternative that was tried and
 measured, not the default: it did not learn better
-(``docs/learning-benchmark.md``).
+(``docs/benchmarks/learning-log.md``).
 ``PiecewiseLinear`` is the alternative of Flajolet et al. 2022: a schedule
 instead of the bandit. The bandit's state (windowed rewards, its numpy
 ``PCG64`` generator) and a round's returns are fixed-shape arrays

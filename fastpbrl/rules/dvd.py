@@ -86,7 +86,7 @@ class DvDRunConfig(RunConfig):
   rounds, 0 if lower, 0.5 on a tie; relative-gain: 1 if its gain over the
   previous round beats the median gain of the previous --bandit-lookback
   rounds (an experiment: it did not learn better, see
-  docs/learning-benchmark.md)."""
+  docs/benchmarks/learning-log.md)."""
   bandit_lookback: int = 5
   """Bandit: previous rounds a round is compared with (--bandit-reward)."""
   bandit_window: int = 50

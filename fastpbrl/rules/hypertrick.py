@@ -58,7 +58,7 @@ class HyperTrickRunConfig(RunConfig):
   """Hyperparameters of every configuration: prior (sampled) or defaults."""
   search_space: Optional[str] = None
   """A JSON (or YAML) file of the prior the configurations are sampled from
-  (format: README, "Search space from a file"); default: the agent's
+  (format: docs/guides/search-spaces.md); default: the agent's
   registered space."""
 
 

@@ -82,7 +82,7 @@ class PBTRunConfig(RunConfig):
   whole search space either way."""
   search_space: Optional[str] = None
   """A JSON (or YAML) file of the hyperparameters to search and their priors
-  (format: README, "Search space from a file"; example:
+  (format: docs/guides/search-spaces.md; example:
   examples/search_space.json); default: the agent's registered space."""
   rerun_lineage: Optional[str] = None
   """A lineage.jsonl of an earlier PBT run: re-run one member's schedule alone."""

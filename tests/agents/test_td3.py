@@ -234,7 +234,7 @@ def test_bad_batch_shape_is_a_clear_error(agent):
 
 
 def test_same_seed_and_batches_give_bitwise_equal_states(agent):
-  """The learner is deterministic on CPU: what the README promises for a
+  """The learner is deterministic on CPU: what the docs promise for a
   fixed seed and fixed batches."""
   learner = PopulationLearner(agent, num_steps=5)
   hparams = population_hparams(agent, 2, exploration_noise=[0.1, 0.3])
