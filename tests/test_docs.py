@@ -1,0 +1,85 @@
+"""The documentation: every relative link of README.md and docs/ resolves
+in the repository (a page, a source file, a result file), every anchor to
+a heading of its page, and the MkDocs site builds in strict mode."""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = [os.path.join(ROOT, 'README.md'), os.path.join(ROOT, 'CHANGELOG.md'),
+         *sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'),
+                           recursive=True))]
+LINK = re.compile(r'\]\(([^)\s]+)\)')
+FENCE = re.compile(r'^```.*?^```', re.S | re.M)
+
+
+def links(path: str) -> list[str]:
+  """The relative links of a Markdown page, outside code blocks."""
+  with open(path) as f:
+    text = FENCE.sub('', f.read())
+  return [target for target in LINK.findall(text)
+          if not re.match(r'[a-z]+:', target)]
+
+
+def slug(heading: str) -> str:
+  """A heading's anchor as MkDocs's ``toc`` makes it: lower case, no
+  punctuation, runs of spaces and hyphens as one hyphen."""
+  text = re.sub(r'[`*]', '', heading).strip().lower()
+  text = re.sub(r'[^\w\s-]', '', text)
+  return re.sub(r'[\s-]+', '-', text).strip('-')
+
+
+def anchors(path: str) -> set[str]:
+  with open(path) as f:
+    text = FENCE.sub('', f.read())
+  return {slug(line.lstrip('#')) for line in text.splitlines()
+          if re.match(r'#{1,6} ', line)}
+
+
+def test_slug_is_mkdocs_toc_slug():
+  assert slug('The data path on a GPU (NVIDIA H100)') == (
+      'the-data-path-on-a-gpu-nvidia-h100')
+  assert slug('Fault injection, and a run killed and resumed') == (
+      'fault-injection-and-a-run-killed-and-resumed')
+  assert slug('`fastpbrl info`: agents') == 'fastpbrl-info-agents'
+
+
+@pytest.mark.parametrize('page', PAGES,
+                         ids=[os.path.relpath(p, ROOT) for p in PAGES])
+def test_every_relative_link_resolves(page):
+  broken = []
+  for target in links(page):
+    path, _, anchor = target.partition('#')
+    resolved = (os.path.normpath(os.path.join(os.path.dirname(page), path))
+                if path else page)
+    if not os.path.exists(resolved):
+      broken.append(f'{target} (no {os.path.relpath(resolved, ROOT)})')
+    elif anchor and resolved.endswith('.md') and (
+        anchor not in anchors(resolved)):
+      broken.append(f'{target} (no heading #{anchor})')
+  assert not broken, f'{os.path.relpath(page, ROOT)}: {broken}'
+
+
+def test_the_readme_is_one_page_without_commits():
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    readme = f.read()
+  assert len(readme.splitlines()) < 200
+  # A commit hash: 7 to 40 hex digits with at least one letter and digit.
+  hashes = [w for w in re.findall(r'\b[0-9a-f]{7,40}\b', readme)
+            if re.search(r'[a-f]', w) and re.search(r'\d', w)]
+  assert not hashes, hashes
+
+
+def test_the_site_builds_in_strict_mode(tmp_path):
+  pytest.importorskip('mkdocs', reason='the test (or docs) extra')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'mkdocs', 'build', '--strict', '--site-dir',
+       str(tmp_path / 'site')], cwd=ROOT, capture_output=True, text=True,
+      timeout=600, env={**os.environ, 'NO_MKDOCS_2_WARNING': '1'})
+  assert proc.returncode == 0, proc.stderr[-5000:]
+  assert (tmp_path / 'site' / 'guides' / 'add-a-rule' / 'index.html').exists()
