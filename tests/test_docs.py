@@ -2,6 +2,7 @@
 in the repository (a page, a source file, a result file), every anchor to
 a heading of its page, and the MkDocs site builds in strict mode."""
 
+import dataclasses
 import glob
 import os
 import re
@@ -9,6 +10,9 @@ import subprocess
 import sys
 
 import pytest
+
+from fastpbrl import cli_reference
+from fastpbrl.rules.pbt import PBTRunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = [os.path.join(ROOT, 'README.md'), os.path.join(ROOT, 'CHANGELOG.md'),
@@ -83,3 +87,23 @@ def test_the_site_builds_in_strict_mode(tmp_path):
       timeout=600, env={**os.environ, 'NO_MKDOCS_2_WARNING': '1'})
   assert proc.returncode == 0, proc.stderr[-5000:]
   assert (tmp_path / 'site' / 'guides' / 'add-a-rule' / 'index.html').exists()
+
+
+def test_the_cli_reference_is_the_generated_one():
+  """``docs/reference/cli.md`` is what ``python -m fastpbrl.cli_reference``
+  prints: regenerate it when a flag changes."""
+  with open(os.path.join(ROOT, 'docs', 'reference', 'cli.md')) as f:
+    assert f.read() == cli_reference.markdown(), (
+        'docs/reference/cli.md is stale: python -m fastpbrl.cli_reference '
+        '> docs/reference/cli.md')
+
+
+def test_the_cli_reference_has_every_flag_and_its_help_text():
+  page = cli_reference.markdown()
+  docs = cli_reference.field_docs(PBTRunConfig)
+  for field in dataclasses.fields(PBTRunConfig):
+    assert f'`--{field.name.replace("_", "-")}' in page, field.name
+  # The text --help shows for a flag (the field's docstring), whole.
+  assert docs['ready_after'].startswith('Update steps between two '
+                                        'exploit/explore decisions')
+  assert ' '.join(docs['ready_after'].split()) in page
