@@ -87,6 +87,12 @@ def test_the_site_builds_in_strict_mode(tmp_path):
       timeout=600, env={**os.environ, 'NO_MKDOCS_2_WARNING': '1'})
   assert proc.returncode == 0, proc.stderr[-5000:]
   assert (tmp_path / 'site' / 'guides' / 'add-a-rule' / 'index.html').exists()
+  with open(tmp_path / 'site' / 'reference' / 'api' / 'index.html') as f:
+    api = f.read()
+  # mkdocstrings rendered the docstrings it was pointed at.
+  for name in ('fastpbrl.api.train', 'fastpbrl.rules.base.Rule.decide',
+               'fastpbrl.callbacks.Callback.after_call'):
+    assert f'id="{name}"' in api, name
 
 
 def test_the_cli_reference_is_the_generated_one():
