@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import gymnasium as gym
 import jax
@@ -92,8 +92,9 @@ def train(rule: Union[str, type, None] = None, *,
     callbacks: ``fastpbrl.Callback`` instances (``after_call(loop)``,
       ``after_rule_decision(loop, event)``).
     **config_fields: the rule's settings, named as the command's flags with
-      ``_`` for ``-`` (``env_steps=600``, ``hidden_sizes=(16, 16)``); the
-      rest keep their defaults (``fastpbrl <rule> --help``). With
+      ``_`` for ``-`` (``env_steps=600``, ``hidden_sizes=(16, 16)``,
+      ``hparams={'policy_lr': 1e-3}`` for the agent's); the rest keep
+      their defaults (``fastpbrl <rule> --help``). With
       ``resume=DIR`` the rest are the settings the run saved, as
       ``fastpbrl <rule> --resume DIR`` takes them.
 
@@ -114,6 +115,9 @@ def train(rule: Union[str, type, None] = None, *,
                       f'{registry.ref_of(rule_cls)} --help')
   if 'hidden_sizes' in config_fields:
     config_fields['hidden_sizes'] = tuple(config_fields['hidden_sizes'])
+  if isinstance(config_fields.get('hparams'), Mapping):  # {'policy_lr': 1e-3}
+    config_fields['hparams'] = tuple(
+        f'{k}={v!r}' for k, v in config_fields['hparams'].items())
   distributed.initialize_if_launched()  # under fastpbrl.launch or srun
   if resume:  # what the command's --resume does: the saved settings
     config = dataclasses.replace(saved_config(resume, config_cls()),

@@ -19,7 +19,8 @@ import jax
 
 from fastpbrl import agents as agents_lib
 from fastpbrl import distributed, sharding
-from fastpbrl.config import ConfigError, RunConfig, agent_spec, check
+from fastpbrl.config import (ConfigError, RunConfig, agent_spec, check,
+                             parse_hparams)
 from fastpbrl.envs import make_env
 from fastpbrl.rules.base import Population
 from fastpbrl.types import make_env_spec as spec_of
@@ -68,7 +69,13 @@ def make_agent(config: RunConfig, env_spec):
     raise ConfigError(f'--agent {config.agent} on --env {config.env}: {e}') from None
   if spec.image_run_settings and len(env_spec.observations.shape) == 3:
     warn_image_run_settings(config, spec)
-  return agent
+  values = parse_hparams(config.hparams)
+  if not values:
+    return agent
+  try:
+    return agents_lib.with_defaults(agent, **values)
+  except ValueError as e:
+    raise ConfigError(f'--hparams: {e}') from None
 
 
 def warn_image_run_settings(config: RunConfig, spec) -> None:

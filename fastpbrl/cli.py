@@ -83,7 +83,9 @@ def check_flags(config_class, argv: Sequence[str],
       continue
     near = difflib.get_close_matches(flag, flags, n=2, cutoff=0.75)
     hint = (f'did you mean {" or ".join(near)}?' if near else
-            f'{prog or "the command"} --help lists the flags')
+            f'{prog or "the command"} --help lists the flags; an agent\'s '
+            'hyperparameter is set with --hparams NAME=VALUE (fastpbrl info '
+            'AGENT lists them)')
     raise SystemExit(f'error: unknown flag {flag}; {hint}')
 
 

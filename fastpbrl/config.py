@@ -54,6 +54,11 @@ class RunConfig:
   from the warm-up's end: ratio x (env steps - warm-up) in all)."""
   num_actors: Optional[int] = None
   """Actor processes (default: CPU cores minus one, at least 1)."""
+  hparams: tuple[str, ...] = ()
+  """The agent's hyperparameters as NAME=VALUE (e.g. policy_lr=1e-3
+  discount=0.98): every member's defaults. Seeds trains with them; PBT and
+  HyperTrick start from them and keep those outside the search space
+  fixed. fastpbrl info AGENT lists the names."""
   hidden_sizes: tuple[int, ...] = (256, 256)
   """MLP widths of policies and critics (TD3/SAC) or of the Q-MLP (DQN): the
   config field the agent registered as its hidden sizes."""
@@ -136,6 +141,7 @@ def as_flag_error(error: ValueError, config) -> ConfigError:
 def validate(config: RunConfig, min_population: int = 1) -> None:
   """Raises ``ConfigError`` naming the flag and the allowed range."""
   agent_spec(config.agent)
+  parse_hparams(config.hparams)
   check(config.population_size >= min_population,
         f'--population-size must be >= {min_population} for this rule, got '
         f'{config.population_size}')
@@ -184,6 +190,26 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
     check(not os.listdir(config.run_dir),
           f'--run-dir {config.run_dir!r} is not empty: pass --resume '
           f'{config.run_dir} to continue that run, or choose a new directory')
+
+
+def parse_hparams(items) -> dict[str, float]:
+  """``--hparams NAME=VALUE ...`` as ``{name: value}``; which names the
+  agent has is checked once it is built (``build.make_agent``)."""
+  values = {}
+  for item in items:
+    name, sep, text = str(item).partition('=')
+    check(sep == '=' and name.strip() != '',
+          f'--hparams {item!r}: expected NAME=VALUE, e.g. policy_lr=1e-3')
+    try:
+      value = float(text)
+    except ValueError:
+      value = math.nan
+    check(math.isfinite(value),
+          f'--hparams {item}: {text!r} is not a finite number')
+    check(name.strip() not in values,
+          f'--hparams sets {name.strip()} twice')
+    values[name.strip()] = value
+  return values
 
 
 # Settings that fix the shapes of a checkpoint: a resume cannot change them.

@@ -476,6 +476,13 @@ def perturb(key: PRNGKey, space: SearchSpace, hparams: HParams,
   return _apply_constraint(space, hparams._replace(**values))
 
 
+def contains(dist: Distribution, value: float) -> bool:
+  """Whether one value lies in ``dist``'s support (host-side)."""
+  if isinstance(dist, Categorical):
+    return float(value) in dist.values
+  return dist.low <= float(value) <= dist.high
+
+
 def within_bounds(space: SearchSpace, hparams: HParams) -> jax.Array:
   """``[N]`` bool: every field of the space lies in its support (categorical
   values must be one of the values)."""

@@ -187,6 +187,13 @@ def test_train_refuses_unknown_settings_naming_them():
     fastpbrl.train('ppo')
   with pytest.raises(fastpbrl.ConfigError, match='--env-steps must be > 0'):
     fastpbrl.train('seeds', env_steps=0)
+  # Hyperparameters as a dict: checked as --hparams is, before any process.
+  with pytest.raises(fastpbrl.ConfigError, match="td3 has no hyperparameter "
+                     "'policy_learning_rate'; did you mean policy_lr?"):
+    fastpbrl.train('seeds', hparams={'policy_learning_rate': 1e-3})
+  with pytest.raises(fastpbrl.ConfigError, match='--hparams discount=2 is '
+                     'outside the search space'):
+    fastpbrl.train('pbt', hparams={'discount': 2})
 
 
 def test_readme_example_is_the_file_and_runs(tmp_path):

@@ -85,7 +85,15 @@ def _one_line_error(argv, capsys):
     (['seeds', '--no-progres'], 'unknown flag --no-progres; did you mean '
      '--no-progress or --progress?'),
     (['dvd', '--learning-rate=3'], 'unknown flag --learning-rate; fastpbrl '
-     'dvd --help lists the flags'),
+     'dvd --help lists the flags; an agent\'s hyperparameter is set with '
+     '--hparams NAME=VALUE'),
+    (['seeds', '--hparams', 'learning_rate=1', '--no-progress'],
+     "--hparams: td3 has no hyperparameter 'learning_rate'"),
+    (['seeds', '--hparams', 'policy_lr'],
+     "--hparams 'policy_lr': expected NAME=VALUE"),
+    (['seeds', '--hparams', 'discount=x'], "'x' is not a finite number"),
+    (['pbt', '--hparams', 'policy_lr=0.5', '--no-progress'],
+     '--hparams policy_lr=0.5 is outside the search space'),
     (['pbt', '--resume', 'no/such/run'],
      "--resume 'no/such/run': no config.json there"),
     (['info', 'nope'], "'nope' is neither an agent (td3, sac, dqn"),

@@ -77,6 +77,8 @@ and action bounds that ``init`` does; ``init`` then takes ``(key, hparams)``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 from typing import Any, Callable, Generic, Optional, TypeVar
 
 import jax
@@ -177,6 +179,33 @@ class SharedCritic:
 def scalar_hparams(hparams_cls: type, **values: float):
   """Builds a hyperparameter ``NamedTuple`` of float32 scalar arrays."""
   return hparams_cls(**{k: jnp.asarray(v, jnp.float32) for k, v in values.items()})
+
+
+def with_defaults(agent: Agent, **values: float) -> Agent:
+  """``agent`` whose ``default_hparams()`` has ``values`` for the fields
+  they name, the others as they were.
+
+  Raises:
+    ValueError: a name that is not one of the agent's hyperparameters
+      (with the nearest ones).
+  """
+  defaults = agent.default_hparams()
+  for name in values:
+    if name not in defaults._fields:
+      near = difflib.get_close_matches(name, defaults._fields, n=1)
+      hint = f'did you mean {near[0]}? ' if near else ''
+      raise ValueError(f'{agent.name} has no hyperparameter {name!r}; '
+                       f'{hint}its hyperparameters: '
+                       f'{", ".join(defaults._fields)}')
+  changed = defaults._replace(**{
+      k: jnp.asarray(v, jnp.asarray(getattr(defaults, k)).dtype)
+      for k, v in values.items()})
+  return dataclasses.replace(agent, default_hparams=functools.partial(
+      _constant, changed))
+
+
+def _constant(value):
+  return value
 
 
 def stack_hparams(hparams: HParams, population_size: int) -> HParams:

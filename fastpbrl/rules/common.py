@@ -11,7 +11,8 @@ from __future__ import annotations
 
 
 from fastpbrl import search_space as ss
-from fastpbrl.config import ConfigError, RunConfig, agent_spec, check
+from fastpbrl.config import (ConfigError, RunConfig, agent_spec, check,
+                             parse_hparams)
 
 
 def search_space_of(config: RunConfig) -> ss.SearchSpace:
@@ -27,7 +28,15 @@ def search_space_of(config: RunConfig) -> ss.SearchSpace:
 
 def validate_space(config: RunConfig, space: ss.SearchSpace,
                    defaults) -> None:
-  """Every field of the space is a hyperparameter of the agent."""
+  """Every field of the space is a hyperparameter of the agent, and a
+  value ``--hparams`` gives a searched field lies in its range."""
+  given = parse_hparams(getattr(config, 'hparams', ()))
+  for name, value in given.items():
+    if name in space.fields and not ss.contains(space[name], value):
+      raise ConfigError(
+          f'--hparams {name}={value:g} is outside the search space '
+          f'({name}: {space[name]}); the rule starts from it and searches '
+          'within the space: widen it with --search-space')
   try:
     ss.validate(space, defaults)
   except ValueError as e:

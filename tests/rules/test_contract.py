@@ -103,3 +103,31 @@ def test_a_rule_that_cannot_run_over_processes_is_refused(monkeypatch):
                            'processes yet$'):
     build.check_processes(RunConfig(), Local(RunConfig()), None)
   assert all(rules.get(name).multi_process for name in registry.BUILTIN)
+
+
+@pytest.mark.parametrize('name', list(registry.BUILTIN))
+def test_hparams_flag_sets_every_members_defaults(name):
+  """``--hparams`` replaces the agent's defaults for every rule: a field
+  outside the search space (tau) is the given value in every member;
+  a searched one (policy_lr) is every member's where the rule trains at
+  the defaults, member 0's under PBT's near-defaults start."""
+  rule_cls = rules.get(name)
+  fields = {f.name for f in dataclasses.fields(rule_cls.config_class)}
+  config = rule_cls.config_class(
+      **{k: v for k, v in SMALL.items() if k in fields},
+      hparams=('tau=0.01', 'policy_lr=0.001'))
+  rule = rule_cls.from_config(config)
+  agent = make_agent(rule.config, make_env_spec(rule.config.env))
+  rule.prepare(agent)
+  n = rule.config.population_size
+  hparams = rule.initial_hparams(jax.random.PRNGKey(0), agent, n)
+  agent_hparams = getattr(hparams, 'agent', hparams)  # CEM-RL, DvD wrap them
+  # float32 of the given values, exactly.
+  np.testing.assert_array_equal(agent_hparams.tau, np.float32(0.01))
+  policy_lr = np.asarray(agent_hparams.policy_lr)
+  if name in ('seeds', 'cemrl', 'dvd'):
+    np.testing.assert_array_equal(policy_lr, np.float32(0.001))
+  elif name == 'pbt':  # near-defaults: member 0 at them, the rest near
+    assert policy_lr[0] == np.float32(0.001)
+    assert np.all((policy_lr >= 0.001 / 1.25 * (1 - 1e-6))
+                  & (policy_lr <= 0.001 * 1.25 * (1 + 1e-6))), policy_lr
