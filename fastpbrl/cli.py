@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import logging
 import os
 import sys
@@ -20,7 +21,8 @@ from typing import Mapping, Optional, Sequence, TypeVar
 import tyro
 
 from fastpbrl import distributed
-from fastpbrl.config import ConfigError, StorageError, saved_config
+from fastpbrl.config import (ConfigError, StorageError, file_config,
+                             saved_config)
 from fastpbrl.run import run
 from fastpbrl.signals import ForcedExit, RunInterrupted
 
@@ -36,6 +38,8 @@ def parse(presets: Mapping[str, C], description: str,
   pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
   pre.add_argument('--preset', default=names[0])
   pre.add_argument('--resume', default=None)
+  pre.add_argument('--config', default=None)
+  pre.add_argument('--print-config', action='store_true')
   try:
     known, rest = pre.parse_known_args(argv)
   except argparse.ArgumentError as e:  # --preset or --resume with no value
@@ -46,24 +50,37 @@ def parse(presets: Mapping[str, C], description: str,
   check_flags(type(presets[names[0]]), rest, prog)
   default = presets[known.preset]
   source = f'--preset {known.preset}'
-  if known.resume is not None:
-    try:
+  if known.resume is not None and known.config is not None:
+    raise SystemExit('error: --config and --resume: a resume takes the '
+                     'run\'s saved settings; give changes as flags')
+  try:
+    if known.config is not None:
+      default = file_config(known.config, default)
+      source = f'--preset {known.preset} with {known.config}'
+    if known.resume is not None:
       default = saved_config(known.resume, default)
-    except ConfigError as e:
-      raise SystemExit(f'error: {e}') from None
-    rest += ['--resume', known.resume]
-    source = f'the settings saved in {known.resume}'
+      rest += ['--resume', known.resume]
+      source = f'the settings saved in {known.resume}'
+  except ConfigError as e:
+    raise SystemExit(f'error: {e}') from None
   description = (f'{description}\n\n--preset {{{",".join(names)}}} picks the '
-                 f'defaults; with --resume DIR they are the killed run\'s saved '
-                 f'settings. Other flags override them. Now: {source}.')
-  return tyro.cli(type(default), default=default, args=rest,
-                  description=description, prog=prog)
+                 'defaults; --config FILE (JSON or YAML, e.g. a run\'s '
+                 'config.json) overrides them; with --resume DIR they are the '
+                 'killed run\'s saved settings. Other flags override them; '
+                 '--print-config prints the result and exits. Now: '
+                 f'{source}.')
+  config = tyro.cli(type(default), default=default, args=rest,
+                    description=description, prog=prog)
+  if known.print_config:
+    print(json.dumps(dataclasses.asdict(config), indent=2))
+    raise SystemExit(0)
+  return config
 
 
 def known_flags(config_class) -> list[str]:
   """The flags ``tyro`` makes of ``config_class``'s fields (``--x-y``,
   and ``--no-x-y`` for a bool), with ``--help``."""
-  flags = ['--help', '--preset', '--resume']
+  flags = ['--help', '--preset', '--resume', '--config', '--print-config']
   for field in dataclasses.fields(config_class):
     name = field.name.replace('_', '-')
     flags.append(f'--{name}')

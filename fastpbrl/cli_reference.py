@@ -64,8 +64,11 @@ def markdown() -> str:
            'Generated from the config classes by `python -m '
            'fastpbrl.cli_reference`; `fastpbrl RULE --help` shows the same '
            'text. A preset (`--preset NAME`) changes the defaults, which '
-           '`fastpbrl info RULE` lists; `--resume DIR` takes the run\'s '
-           'saved settings as defaults.', '',
+           '`fastpbrl info RULE` lists; `--config FILE` (JSON or YAML: '
+           'setting names to values, a run\'s `config.json` included) '
+           'overrides them; `--resume DIR` takes the run\'s saved settings '
+           'as defaults; flags override all of these, and '
+           '`--print-config` prints the result without running.', '',
            '## Flags of every rule', '',
            *flag_table(RunConfig(), shared)]
   for rule in registry.builtins():

@@ -11,6 +11,7 @@ disk did.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -18,7 +19,7 @@ import shlex
 from typing import Optional, TypeVar
 
 from fastpbrl import agents as agents_lib
-from fastpbrl import sharding, tracking
+from fastpbrl import settings_file, sharding, tracking
 from fastpbrl.agents.networks import NETWORK_INITS
 from fastpbrl.replay.device import LOCATIONS as REPLAY_LOCATIONS
 
@@ -260,6 +261,61 @@ def saved_config(run_dir: str, like: C) -> C:
   values = {k: tuple(v) if isinstance(v, list) else v
             for k, v in saved_settings(run_dir).items() if k in names}
   return dataclasses.replace(like, **values)
+
+
+# What a run's config.json holds besides the settings.
+RUN_RECORD_KEYS = ('rule', 'not_resumable')
+
+
+def file_config(path: str, like: C) -> C:
+  """``like`` with the settings of a JSON or YAML file (``--config``): a
+  mapping of setting names (as the flags, ``-`` or ``_``) to values; a
+  run's ``config.json`` is one. A name ``like`` has not is refused."""
+  try:
+    values = settings_file.read(path)
+  except ValueError as e:
+    raise ConfigError(f'--config {path}: {e}') from None
+  check(isinstance(values, dict),
+        f'--config {path}: expected a mapping of settings to values, got '
+        f'{type(values).__name__}')
+  types = {f.name: f.type for f in dataclasses.fields(like)}
+  names = list(types)
+  settings = {}
+  for key, value in values.items():
+    name = str(key).lstrip('-').replace('-', '_')
+    if name in RUN_RECORD_KEYS or name in ('run_dir', 'resume'):
+      continue  # a run's record, or its folder: not carried to a new run
+    if name not in names:
+      near = difflib.get_close_matches(name, names, n=1)
+      raise ConfigError(f'--config {path}: no setting {key!r}'
+                        + (f'; did you mean {near[0]}?' if near else ''))
+    value = tuple(value) if isinstance(value, list) else value
+    check(fits(types[name], value),
+          f'--config {path}: {key} must be {types[name]}, got {value!r}')
+    settings[name] = value
+  return dataclasses.replace(like, **settings)
+
+
+# A setting's type (as the config classes annotate it) -> the Python types
+# its value may have (an int is a float; a bool is not an int).
+_SCALARS = {'int': (int,), 'float': (int, float), 'str': (str,),
+            'bool': (bool,)}
+
+
+def fits(annotation: str, value) -> bool:
+  """Whether ``value`` (from a settings file) is of a config field's
+  annotated type: a scalar, ``Optional[...]`` of one, or ``tuple[X, ...]``."""
+  annotation = str(annotation)
+  if annotation.startswith('Optional['):
+    return value is None or fits(annotation[9:-1], value)
+  if annotation.startswith('tuple['):
+    inner = annotation[6:].split(',')[0]
+    return isinstance(value, tuple) and all(fits(inner, v) for v in value)
+  kinds = _SCALARS.get(annotation)
+  if kinds is None:
+    return True  # a type of a user's config: left to the rule's checks
+  return isinstance(value, kinds) and (annotation == 'bool'
+                                       or not isinstance(value, bool))
 
 
 def resume_command(rule_ref: str, run_dir: str) -> str:

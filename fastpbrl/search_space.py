@@ -40,14 +40,13 @@ one from a JSON or YAML file (``--search-space``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 
+from fastpbrl import settings_file
 from fastpbrl.types import PRNGKey
 
 HParams = Any  # a NamedTuple of scalar (one member) or [N] (population) arrays
@@ -588,25 +587,4 @@ def load(path: str) -> SearchSpace:
     ValueError: one line: an unreadable file, bad syntax, or a field whose
       distribution is wrong (see ``from_dict``).
   """
-  yaml_file = os.path.splitext(path)[1].lower() in ('.yaml', '.yml')
-  try:
-    with open(path) as f:
-      text = f.read()
-  except OSError as e:
-    raise ValueError(f'cannot read it: {e.strerror}') from None
-  if yaml_file:
-    try:
-      import yaml  # noqa: PLC0415 (optional)
-    except ImportError:
-      raise ValueError('a YAML file needs PyYAML (pip install pyyaml); or '
-                       'write the space as JSON') from None
-    try:
-      entries = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-      raise ValueError('not valid YAML: ' + ' '.join(str(e).split())) from None
-  else:
-    try:
-      entries = json.loads(text)
-    except json.JSONDecodeError as e:
-      raise ValueError(f'not valid JSON: {e}') from None
-  return from_dict(entries)
+  return from_dict(settings_file.read(path))

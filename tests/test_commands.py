@@ -1,6 +1,7 @@
 """The installed ``fastpbrl`` command: dispatch, one-line errors (status 2),
 run-folder names, custom env modules, and the atomic JSON writer."""
 
+import dataclasses
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from fastpbrl.build import make_env_spec
 from fastpbrl.commands import bench
 from fastpbrl.rules import registry
 from fastpbrl.rules.hypertrick import PRESETS as PRESETS_HT
+from fastpbrl.rules.pbt import PRESETS as PBT_PRESETS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,6 +99,10 @@ def _one_line_error(argv, capsys):
     (['pbt', '--resume', 'no/such/run'],
      "--resume 'no/such/run': no config.json there"),
     (['info', 'nope'], "'nope' is neither an agent (td3, sac, dqn"),
+    (['pbt', '--config', 'no/such.json'],
+     '--config no/such.json: cannot read it'),
+    (['pbt', '--config', 'x.json', '--resume', 'y'],
+     '--config and --resume: a resume takes the run\'s saved settings'),
     (['info', '--bogus'], 'unknown argument --bogus'),
     (['info', 'dqn'], '--env Pendulum-v1: DQN needs a Discrete action space'),
 ])
@@ -241,3 +247,51 @@ def test_info_of_a_rule_is_how_its_presets_differ(capsys):
   assert f'--population-size {paper.population_size}' in line
   assert f'--env {paper.env}' in line
   assert '--agent' not in line  # the same in both presets
+
+
+def print_config(argv, capsys) -> dict:
+  assert commands.main(argv) == 0
+  return json.loads(capsys.readouterr().out)
+
+
+def test_config_file_then_flags_then_print(tmp_path, capsys):
+  """``--config`` (YAML here) overrides the preset, flags override it, and
+  ``--print-config`` prints the result without running."""
+  path = tmp_path / 'run.yaml'
+  path.write_text('env: Hopper-v5\npopulation-size: 6\n'
+                  'hparams: [tau=0.01]\nhidden_sizes: [64, 64]\n')
+  got = print_config(['pbt', '--preset', 'paper', '--config', str(path),
+                      '--env-steps', '5000', '--print-config'], capsys)
+  paper = dataclasses.asdict(PBT_PRESETS['paper'])
+  want = {**paper, 'env': 'Hopper-v5', 'population_size': 6,
+          'hparams': ['tau=0.01'], 'hidden_sizes': [64, 64],
+          'env_steps': 5000}
+  assert got == json.loads(json.dumps(want))
+
+
+def test_a_runs_config_json_is_a_config_file(tmp_path, capsys):
+  """What a run saves (its settings, its rule's ref, its folder) starts a
+  new run with the same settings, in a folder of its own."""
+  settings = dataclasses.asdict(dataclasses.replace(
+      PBT_PRESETS['small'], seed=7, fraction=0.5, hidden_sizes=(32, 32),
+      run_dir='runs/old', progress=False))
+  (tmp_path / 'config.json').write_text(json.dumps(
+      {**settings, 'rule': 'pbt', 'not_resumable': ''}))
+  got = print_config(['pbt', '--config', str(tmp_path / 'config.json'),
+                      '--print-config'], capsys)
+  assert got == json.loads(json.dumps({**settings, 'run_dir': None}))
+
+
+@pytest.mark.parametrize('text, message', [
+    ('{"populaton_size": 3}',
+     "no setting 'populaton_size'; did you mean population_size?"),
+    ('{"population_size": "six"}', "population_size must be int, got 'six'"),
+    ('{"seed": true}', 'seed must be int, got True'),
+    ('{"hidden_sizes": [16, "x"]}', 'hidden_sizes must be tuple[int, ...]'),
+    ('[1, 2]', 'expected a mapping of settings to values, got list'),
+    ('{"env": ', 'not valid JSON'),
+])
+def test_a_bad_config_file_is_one_line(tmp_path, capsys, text, message):
+  path = tmp_path / 'bad.json'
+  path.write_text(text)
+  assert message in _one_line_error(['pbt', '--config', str(path)], capsys)
