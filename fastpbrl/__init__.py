@@ -4,7 +4,9 @@ The Python API (``fastpbrl/api.py``, imported on first use so that
 ``import fastpbrl`` stays light):
 
 * ``train(rule='pbt', **settings) -> TrainResult``: train a population;
-* ``load_policy(run_dir, member='best') -> Policy``: ``policy(obs) -> action``;
+* ``load_policy(run_dir, member='best') -> Policy``: ``policy(obs) -> action``,
+  ``policy.predict(obs, deterministic=True)`` (Stable-Baselines3's),
+  ``policy.save(path)`` (one member alone; ``load_policy(path)`` reads it);
 * ``evaluate(run_dir, member='best', episodes=10, video_dir=None, seed=0)``;
 * ``Callback``: hooks ``after_call(loop)`` and ``after_rule_decision(loop,
   event)`` for ``train(..., callbacks=[...])`` and ``run``;
@@ -19,7 +21,7 @@ __version__ = '0.1.0'
 _API = {
     'train': 'fastpbrl.api', 'load_policy': 'fastpbrl.api',
     'evaluate': 'fastpbrl.api', 'best_member': 'fastpbrl.api',
-    'TrainResult': 'fastpbrl.api', 'Policy': 'fastpbrl.api',
+    'TrainResult': 'fastpbrl.api', 'Policy': 'fastpbrl.policy',
     'Evaluation': 'fastpbrl.api', 'Callback': 'fastpbrl.callbacks',
     'ConfigError': 'fastpbrl.config', 'RunConfig': 'fastpbrl.config',
 }

@@ -27,7 +27,6 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import gymnasium as gym
 import jax
 import numpy as np
-from acme import specs
 
 from fastpbrl import build, distributed
 from fastpbrl.callbacks import Callback
@@ -37,12 +36,12 @@ from fastpbrl.envs import make_env
 from fastpbrl.evaluation import evaluation_seeds
 from fastpbrl.finish import RunResult
 from fastpbrl.logging import FINAL_RETURNS, read_final_returns
+from fastpbrl.policy import Policy
 from fastpbrl.population.pbt import read_lineage
 from fastpbrl.resume import RULE_FORMAT
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Rule
 from fastpbrl.run import run
-from fastpbrl.types import scale_action
 
 Member = Union[str, int]
 
@@ -218,58 +217,24 @@ def restore_run(run_dir: str):
   return config, agent, rule, learner, state, extra['hparams']
 
 
-class Policy:
-  """A trained member's evaluation policy: ``policy(observation) ->
-  action`` on numpy arrays, one observation (shape of the env's
-  observations) or a batch (a leading axis); actions in the env's own
-  units (scaled to its action bounds, or integer actions).
-
-  Attributes:
-    member: the member's index in its run.
-    env_id: the env it was trained on (``config.env``).
-  """
-
-  def __init__(self, agent, policy_params, hparams, member: int, env_id: str,
-               seed: int = 0):
-    self.member = member
-    self.env_id = env_id
-    self._agent = agent
-    self._params = policy_params
-    self._hparams = hparams
-    self._key = jax.random.PRNGKey(seed)  # DQN's epsilon-greedy draws
-    self._act = jax.jit(lambda p, obs, key, h: agent.act(p, obs, key, h, False))
-
-  def __call__(self, observation) -> np.ndarray:
-    spec = self._agent.env_spec
-    obs = np.asarray(observation, dtype=spec.observations.dtype)
-    shape = tuple(spec.observations.shape)
-    single = obs.shape == shape
-    if single:
-      obs = obs[None]
-    elif obs.shape[1:] != shape:
-      raise ValueError(f'observation of shape {obs.shape}: expected {shape} '
-                       f'or [batch, *{shape}]')
-    self._key, key = jax.random.split(self._key)
-    actions = np.asarray(self._act(self._params, obs, key, self._hparams))
-    if not isinstance(spec.actions, specs.DiscreteArray):
-      actions = scale_action(actions, spec.actions)
-    return actions[0] if single else actions
-
-
 def load_policy(run_dir: str, member: Member = 'best', seed: int = 0
                 ) -> Policy:
   """The evaluation policy of ``member`` (``'best'`` or an index) of the
-  run in ``run_dir``, from its latest checkpoint.
+  run in ``run_dir``, from its latest checkpoint; or, given a file that
+  ``Policy.save`` wrote, that policy.
 
   ``seed`` seeds the policy's own random draws (DQN's evaluation epsilon);
   TD3 and SAC act deterministically.
   """
+  if os.path.isfile(run_dir):  # one member's policy, saved by Policy.save
+    return Policy.load(run_dir, seed=seed)
   config, agent, rule, learner, state, hparams = restore_run(run_dir)
   index = resolve_member(run_dir, member, config.population_size)
   take = lambda x: jax.numpy.asarray(x)[index]  # noqa: E731
   params = jax.tree.map(take, learner.policy_params(state))
   acting = jax.tree.map(take, rule.actor_hparams(hparams))
-  return Policy(agent, params, acting, index, config.env, seed)
+  return Policy(agent, params, acting, index, config.env, seed,
+                agent_ref=config.agent)
 
 
 @dataclasses.dataclass

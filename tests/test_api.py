@@ -149,6 +149,46 @@ def test_load_policy_acts_like_evaluate_single_or_batched(trained):
     policy(np.zeros(4))
 
 
+def test_predict_is_sb3s_and_explores_when_asked(trained):
+  """``predict`` returns ``(action, None)`` as Stable-Baselines3's does:
+  the evaluation action when deterministic, else the member's training
+  exploration (TD3: Gaussian noise of its exploration_noise, clipped)."""
+  result, _ = trained
+  policy = fastpbrl.load_policy(result.run_dir, member=1)
+  batch = np.tile(np.float32([[0.3, -0.9, 0.5]]), (400, 1))
+  action, state = policy.predict(batch)
+  assert state is None
+  # The same program on the same inputs: exact.
+  np.testing.assert_array_equal(action, policy(batch))
+  noisy, _ = policy.predict(batch, deterministic=False)
+  assert noisy.shape == (400, 1) and np.all(np.abs(noisy) <= 2.0)
+  # Noise of std sigma (in [-1, 1] units) times the action scale 2, clipped
+  # at the bounds: the spread is positive and at most 2 sigma.
+  sigma = float(np.asarray(policy._hparams.exploration_noise))
+  spread = float(np.std(noisy - action))
+  assert 0 < spread <= 2 * sigma * (1 + 4 / np.sqrt(2 * 400)), (spread, sigma)
+
+
+def test_save_and_load_one_members_policy(trained, tmp_path):
+  """``Policy.save`` writes one member alone (kilobytes, not the
+  population's checkpoint); ``load_policy`` of the file acts exactly as the
+  policy it was saved from."""
+  result, _ = trained
+  policy = fastpbrl.load_policy(result.run_dir, member=3)
+  path = str(tmp_path / 'member3.npz')
+  policy.save(path)
+  assert os.path.getsize(path) < 100_000
+  loaded = fastpbrl.load_policy(path)
+  assert (loaded.member, loaded.env_id, loaded.agent_ref) == (3, 'Pendulum-v1',
+                                                               'td3')
+  batch = np.random.default_rng(1).normal(size=(16, 3)).astype(np.float32)
+  # The same parameters through the same program: exact.
+  np.testing.assert_array_equal(loaded(batch), policy(batch))
+  (tmp_path / 'junk.npz').write_bytes(b'not a policy')
+  with pytest.raises(fastpbrl.ConfigError, match='not a policy file'):
+    fastpbrl.load_policy(str(tmp_path / 'junk.npz'))
+
+
 def test_evaluate_command_prints_mean_and_std(trained, capsys):
   result, _ = trained
   assert commands.main(['evaluate', result.run_dir, '--episodes', '2',

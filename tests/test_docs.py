@@ -91,6 +91,7 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     api = f.read()
   # mkdocstrings rendered the docstrings it was pointed at.
   for name in ('fastpbrl.api.train', 'fastpbrl.rules.base.Rule.decide',
+               'fastpbrl.policy.Policy.predict',
                'fastpbrl.callbacks.Callback.after_call'):
     assert f'id="{name}"' in api, name
 
