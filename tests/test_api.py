@@ -169,6 +169,29 @@ def test_predict_is_sb3s_and_explores_when_asked(trained):
   assert 0 < spread <= 2 * sigma * (1 + 4 / np.sqrt(2 * 400)), (spread, sigma)
 
 
+def test_sb3_evaluate_policy_runs_a_member(trained):
+  """Stable-Baselines3's own ``evaluate_policy`` (``.[torch]`` extra) plays
+  a member through ``predict``: the returns its wrapper records are those
+  of our own evaluation of the same episodes."""
+  evaluation = pytest.importorskip(
+      'stable_baselines3.common.evaluation', reason='the .[torch] extra')
+  vec_env = pytest.importorskip('stable_baselines3.common.vec_env')
+  result, _ = trained
+  policy = fastpbrl.load_policy(result.run_dir, member=0)
+  env = vec_env.DummyVecEnv([lambda: gym.make('Pendulum-v1')])
+  env.seed(int(evaluation_seeds(3, 0, 1)[0]))  # its first reset's seed
+  returns, _ = evaluation.evaluate_policy(policy, env, n_eval_episodes=1,
+                                          return_episode_rewards=True,
+                                          warn=False)
+  ours = fastpbrl.evaluate(result.run_dir, member=0, episodes=1, seed=3)
+  # The same policy program, env and reset seed. SB3's vectorized env keeps
+  # each reward as float32 (one rounding each; Pendulum's rewards all have
+  # one sign, so the sum's relative error is at most one float32 rounding),
+  # then sums as ours does: rule 1 with k = 2 in float32.
+  np.testing.assert_allclose(returns, ours.returns,
+                             rtol=numerics.rounding_rtol(2, np.float32))
+
+
 def test_save_and_load_one_members_policy(trained, tmp_path):
   """``Policy.save`` writes one member alone (kilobytes, not the
   population's checkpoint); ``load_policy`` of the file acts exactly as the
