@@ -9,7 +9,9 @@ The Python API (``fastpbrl/api.py``, imported on first use so that
   ``policy.save(path)`` (one member alone; ``load_policy(path)`` reads it);
 * ``evaluate(run_dir, member='best', episodes=10, video_dir=None, seed=0)``;
 * ``Callback``: hooks ``after_call(loop)`` and ``after_rule_decision(loop,
-  event)`` for ``train(..., callbacks=[...])`` and ``run``;
+  event)`` for ``train(..., callbacks=[...])`` and ``run``; ``loop.stop()``
+  ends a run early, as ``StopAtReturn(threshold)`` and ``TimeLimit(seconds)``
+  do;
 * ``fastpbrl.run.run(config, rule, callbacks=())``: the loop itself;
 * ``fastpbrl.rules``: the rule contract and registry (``register``).
 """
@@ -23,6 +25,7 @@ _API = {
     'evaluate': 'fastpbrl.api', 'best_member': 'fastpbrl.api',
     'TrainResult': 'fastpbrl.api', 'Policy': 'fastpbrl.policy',
     'Evaluation': 'fastpbrl.api', 'Callback': 'fastpbrl.callbacks',
+    'StopAtReturn': 'fastpbrl.callbacks', 'TimeLimit': 'fastpbrl.callbacks',
     'ConfigError': 'fastpbrl.config', 'RunConfig': 'fastpbrl.config',
 }
 

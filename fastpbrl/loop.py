@@ -281,6 +281,10 @@ def train(parts: Parts, loop: Loop) -> None:
                        log_call(parts, loop, events))
     if stopping:
       break
+    if parts.processes.any(loop.stop_reason is not None):
+      log.info('a callback ended the run after learner call %d: %s',
+               loop.calls, loop.stop_reason or 'in another process')
+      break
     if config.checkpoint_every and loop.calls % config.checkpoint_every == 0:
       read_back(parts, loop, divergence, pending)
       pending = None

@@ -278,6 +278,21 @@ def test_readme_example_is_the_file_and_runs(tmp_path):
   assert os.listdir(tmp_path / 'runs')[0].startswith('pbt-td3-Pendulum-v1-')
 
 
+def test_a_callback_ends_the_run_as_a_spent_budget(tmp_path):
+  """``TimeLimit`` ends a run early: it stops after the call the limit
+  passed, with a checkpoint, a final evaluation and the summary, as a
+  spent budget would."""
+  tiny = {**TINY, 'env_steps': 100_000, 'eval_every': 100_000}
+  del tiny['ready_after'], tiny['fraction']
+  result = fastpbrl.train('seeds', population_size=2, callbacks=[
+      fastpbrl.TimeLimit(1e-6)], run_dir=str(tmp_path / 'run'), **tiny)
+  assert result.run.calls == 2  # the first call starts the clock
+  assert result.run.env_steps < 100_000
+  assert len(result.run.final_returns) == 2
+  assert os.path.exists(os.path.join(result.run_dir, 'summary.txt'))
+  assert os.path.basename(result.checkpoint) == '2'
+
+
 def saved_settings(run_dir) -> dict:
   """A run's config.json, less what names its folder."""
   with open(os.path.join(run_dir, 'config.json')) as f:

@@ -7,9 +7,10 @@ the callbacks."""
 import json
 
 import numpy as np
+import pytest
 
 from fastpbrl import loop as loop_lib
-from fastpbrl.callbacks import Loop
+from fastpbrl.callbacks import Loop, StopAtReturn, TimeLimit
 from fastpbrl.config import RunConfig
 from fastpbrl.distributed import Processes
 from fastpbrl.rules.base import Decision, Rule
@@ -77,3 +78,47 @@ def test_restarts_logs_and_events(tmp_path):
   with open(tmp_path / 'a.jsonl') as f:
     assert [json.loads(line) for line in f] == [{'a': 2, 'b': 1}]
   assert (tmp_path / 'c.csv').read_text() == 'x,y\n1,0.5\n2,1.5\n'
+
+
+def _evaluations(loop, pairs):
+  loop.episodes = [{'member': m, 'episode_return': r, 'evaluation': True}
+                   for m, r in pairs]
+  loop.episodes.append({'member': 0, 'episode_return': 1e9,
+                        'evaluation': False})  # training: never counts
+
+
+def test_stop_at_return_needs_one_whole_evaluation_above_it():
+  loop = _loop([])
+  loop.config = RunConfig(population_size=3, eval_episodes=3)
+  stop = StopAtReturn(-100.0)
+  _evaluations(loop, [(1, -90.0), (1, -95.0)])  # 2 of member 1's 3 episodes
+  stop.after_call(loop)
+  assert loop.stop_reason is None
+  _evaluations(loop, [(2, -50.0), (1, -130.0)])  # member 1: mean -105
+  stop.after_call(loop)
+  assert loop.stop_reason is None
+  # Member 1's last 3: -95, -130, -80 -> -101.7; then -130, -80, -60 -> -90.
+  _evaluations(loop, [(1, -80.0)])
+  stop.after_call(loop)
+  assert loop.stop_reason is None
+  _evaluations(loop, [(1, -60.0)])
+  stop.after_call(loop)
+  assert loop.stop_reason == ('member 1 reached a mean evaluation return of '
+                              '-90.0 >= -100')
+  loop.stop('later')  # the first reason stays
+  assert loop.stop_reason.startswith('member 1')
+
+
+def test_time_limit_counts_from_the_first_call():
+  now = [100.0]
+  limit = TimeLimit(5, clock=lambda: now[0])
+  loop = _loop([])
+  limit.after_call(loop)  # the first call starts the clock
+  now[0] = 104.9
+  limit.after_call(loop)
+  assert loop.stop_reason is None
+  now[0] = 105.0
+  limit.after_call(loop)
+  assert loop.stop_reason == 'the time limit of 5 s was reached'
+  with pytest.raises(ValueError, match='seconds > 0'):
+    TimeLimit(0)
