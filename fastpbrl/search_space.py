@@ -518,6 +518,21 @@ FILE_KINDS = {
     'discount': (Discount, ('low', 'high')),
     'categorical': (Categorical, ('values',)),
 }
+# Ray Tune's and Optuna's spellings: tune.loguniform, tune.choice(categories),
+# suggest_categorical(choices).
+KIND_ALIASES = {'loguniform': 'log_uniform', 'choice': 'categorical'}
+VALUES_ALIASES = ('categories', 'choices')
+
+
+def _normalized(entry: Mapping) -> dict:
+  """A file entry with Ray Tune's or Optuna's spellings as ours."""
+  entry = dict(entry)
+  entry['kind'] = KIND_ALIASES.get(entry['kind'], entry['kind'])
+  if entry['kind'] == 'categorical':
+    for alias in VALUES_ALIASES:
+      if alias in entry and 'values' not in entry:
+        entry['values'] = entry.pop(alias)
+  return entry
 
 
 def from_dict(entries: Any) -> SearchSpace:
@@ -539,10 +554,11 @@ def from_dict(entries: Any) -> SearchSpace:
     if not isinstance(entry, Mapping) or 'kind' not in entry:
       raise ValueError(f'{where}: expected {{"kind": one of {kinds}, ...}}, '
                        f'got {entry!r}')
+    entry = _normalized(entry)
     kind = entry['kind']
     if kind not in FILE_KINDS:
       raise ValueError(f'{where}: kind {kind!r} is unknown; choose one of '
-                       f'{kinds}')
+                       f'{kinds} (or loguniform, choice)')
     cls, keys = FILE_KINDS[kind]
     given = [k for k in entry if k != 'kind']
     unknown = [k for k in given if k not in keys]

@@ -340,6 +340,19 @@ def test_search_space_file_reads_every_kind(tmp_path):
   assert ss.load(path).fields == ('policy_lr',)
 
 
+def test_search_space_file_takes_ray_tune_and_optuna_spellings():
+  """Ray Tune's ``loguniform`` and ``choice(categories)`` and Optuna's
+  ``choices`` read as ours."""
+  space = ss.from_dict({
+      'policy_lr': {'kind': 'loguniform', 'low': 1e-4, 'high': 1e-3},
+      'policy_delay': {'kind': 'choice', 'categories': [0.5, 1]},
+      'tau': {'kind': 'categorical', 'choices': [0.005, 0.01]}})
+  assert dict(space.distributions) == {
+      'policy_lr': ss.LogUniform(1e-4, 1e-3),
+      'policy_delay': ss.Categorical((0.5, 1.0)),
+      'tau': ss.Categorical((0.005, 0.01))}
+
+
 def test_the_example_search_space_file_fits_td3():
   space = ss.load('examples/search_space.json')
   ss.validate(space, td3.default_hparams())
