@@ -5,6 +5,7 @@ rollout; the README's example, run as written."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -291,6 +292,22 @@ def test_a_callback_ends_the_run_as_a_spent_budget(tmp_path):
   assert len(result.run.final_returns) == 2
   assert os.path.exists(os.path.join(result.run_dir, 'summary.txt'))
   assert os.path.basename(result.checkpoint) == '2'
+
+
+def test_train_runs_where_main_has_no_file(tmp_path):
+  """A notebook's kernel has a ``__main__`` without a file, as ``python
+  -c`` has: the actor processes do not re-import it, and the run
+  finishes without a ``__main__`` guard."""
+  settings = {**TINY, 'population_size': 2, 'track': 'none',
+              'run_dir': str(tmp_path / 'run')}
+  code = ('import fastpbrl\n'
+          f'result = fastpbrl.train("pbt", **{settings!r})\n'
+          'print("best", result.best_member)\n')
+  proc = subprocess.run([sys.executable, '-c', code], cwd=str(tmp_path),
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-5000:]
+  assert re.search(r'^best [01]$', proc.stdout, re.M), proc.stdout
+  assert 'died' not in proc.stderr  # no actor failed to start
 
 
 def saved_settings(run_dir) -> dict:
