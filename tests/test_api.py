@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -22,7 +21,7 @@ from fastpbrl.logging import read_final_returns
 from fastpbrl.plots import hparam_lines, read_hparams_csv
 from fastpbrl.population import pbt as pbt_lib
 from tests import numerics
-from tests.test_preemption import finish, wait_for_checkpoint
+from tests.test_preemption import stopped_by_sigterm
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
 pytestmark = [pytest.mark.slow, pytest.mark.numeric]
@@ -330,14 +329,7 @@ def test_train_resume_continues_with_the_saved_settings(tmp_path):
            '--replay-capacity', '5000', '--ready-after', '200',
            '--checkpoint-every', '5', '--no-progress', '--track', 'none']
   by_api, by_command = str(tmp_path / 'api'), str(tmp_path / 'command')
-  proc = subprocess.Popen(
-      [sys.executable, '-m', 'experiments.pbt', *flags, '--run-dir', by_api],
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True)
-  wait_for_checkpoint(proc, by_api)
-  os.kill(proc.pid, signal.SIGTERM)
-  _, err = finish(proc)
-  assert proc.returncode == 143, err
+  stopped_by_sigterm(flags, by_api, 'experiments.pbt')
   started = saved_settings(by_api)
   shutil.copytree(by_api, by_command)
 

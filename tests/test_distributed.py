@@ -169,6 +169,20 @@ def wait_for(condition, what: str, proc) -> None:
     time.sleep(0.5)
 
 
+def sigterm_after(condition, what: str, proc) -> str:
+  """SIGTERM to ``proc`` once ``condition()`` holds; its output once it
+  exits (killed, if anything fails on the way)."""
+  try:
+    wait_for(condition, what, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=DEADLINE_S)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+  return out
+
+
 def lines(path) -> list:
   """The complete lines of a log file ([] while it does not exist)."""
   if not os.path.exists(path):
@@ -248,15 +262,8 @@ def test_rule_over_two_processes_stops_on_sigterm_and_resumes(tmp_path, rule):
                 str(1_000_000 * case.per_member), '--run-dir', run_dir],
       cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True)
-  try:
-    wait_for(lambda: case.decided(run_dir) and os.path.isdir(
-        os.path.join(run_dir, 'checkpoints')), f'a {rule} decision', proc)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=DEADLINE_S)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.communicate()
+  out = sigterm_after(lambda: case.decided(run_dir) and os.path.isdir(
+      os.path.join(run_dir, 'checkpoints')), f'a {rule} decision', proc)
   assert proc.returncode == 143, out[-5000:]
   assert 'process 0 of 2: members 0-1 of 4' in out, out[-5000:]
   assert 'process 1 of 2: members 2-3 of 4' in out, out[-5000:]

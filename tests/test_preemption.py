@@ -54,6 +54,20 @@ def wait_for_checkpoint(proc, run_dir):
     raise AssertionError(f'the run ended early:\n{proc.communicate()[1]}')
 
 
+def stopped_by_sigterm(args, run_dir, module='experiments.seeds') -> str:
+  """Runs ``python -m module args``, SIGTERMs it after its first
+  checkpoint in ``run_dir``, checks it exited with 143; its stderr."""
+  proc = subprocess.Popen(
+      [sys.executable, '-m', module, *args, '--run-dir', run_dir], cwd=REPO,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  wait_for_checkpoint(proc, run_dir)
+  os.kill(proc.pid, signal.SIGTERM)
+  _, err = finish(proc)
+  assert proc.returncode == 143, err
+  return err
+
+
 def finish(proc, timeout=300):
   try:
     return proc.communicate(timeout=timeout)
@@ -167,15 +181,8 @@ def test_every_rule_stops_on_sigterm_and_resumes(tmp_path, rule):
   rule's state pytree, runs to the end."""
   run_dir = str(tmp_path / 'run')
   budget = [] if rule == 'cemrl' else ['--env-steps', '100000']
-  proc = subprocess.Popen(
-      [sys.executable, '-m', f'experiments.{rule}', *FLAGS,
-       *RULE_FLAGS[rule], *budget, '--run-dir', run_dir], cwd=REPO,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True)
-  wait_for_checkpoint(proc, run_dir)
-  os.kill(proc.pid, signal.SIGTERM)
-  _, err = finish(proc)
-  assert proc.returncode == 143, err
+  err = stopped_by_sigterm([*FLAGS, *RULE_FLAGS[rule], *budget], run_dir,
+                           f'experiments.{rule}')
   line = last_line(err)
   assert f'resume with: fastpbrl {rule} --resume {run_dir}' in line, err
   env_steps = int(re.search(r'\((\d+) env steps per member\)', line)[1])

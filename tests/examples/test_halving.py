@@ -5,7 +5,6 @@ SIGTERM stop and its resume through the ``fastpbrl`` command."""
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 
@@ -18,7 +17,7 @@ from fastpbrl import rules
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.build import initial_population, make_agent, make_env_spec
 from fastpbrl.rules.base import Observation
-from tests.test_distributed import DEADLINE_S, wait_for
+from tests.test_distributed import DEADLINE_S, sigterm_after
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -106,14 +105,7 @@ def test_runs_stops_and_resumes_through_the_command(tmp_path):
       cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True)
   rule_csv = os.path.join(run_dir, 'rule.csv')
-  try:
-    wait_for(lambda: _restarts(rule_csv), 'a restart', proc)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=DEADLINE_S)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.communicate()
+  out = sigterm_after(lambda: _restarts(rule_csv), 'a restart', proc)
   assert proc.returncode == 143, out[-3000:]
   assert 'fastpbrl examples.halving:Halving --resume' in out, out[-3000:]
   with open(os.path.join(run_dir, 'config.json')) as f:
