@@ -48,7 +48,7 @@ SMALL = ['--env', 'Pendulum-v1', '--population-size', '2',
          '--warmup-steps', '200', '--hidden-sizes', '32', '32',
          '--batch-size', '32', '--steps-per-call', str(STEPS_PER_CALL),
          '--eval-every', '1000', '--eval-episodes', '1', '--num-actors', '1',
-         '--replay-capacity', '100000', '--checkpoint-every', '20',
+         '--replay-capacity', '100000', '--checkpoint-every', str(20 * STEPS_PER_CALL),
          '--no-progress']
 ACTOR_STARTED = re.compile(r'^(\S+ \S+) fastpbrl\.actors\.pool INFO actor '
                            r'(\d+) \(members .*\) started, pid (\d+)')
@@ -258,7 +258,7 @@ def kill_learner_during_save(out: str) -> Row:
   row = Row('kill -9 learner during a checkpoint save')
   run_dir = os.path.join(out, 'kill-during-save')
   run = Run(SMALL + ['--env-steps', '1000000', '--run-dir', run_dir,
-                     '--checkpoint-every', '10', '--checkpoint-replay'],
+                     '--checkpoint-every', str(10 * STEPS_PER_CALL), '--checkpoint-replay'],
             run_dir)
   folder = os.path.join(run_dir, 'checkpoints')
   try:
@@ -416,7 +416,7 @@ def full_disk(out: str) -> Row:
   try:
     run_dir = os.path.join(mount, 'run')
     run = Run(SMALL + ['--env-steps', '1000000', '--run-dir', run_dir,
-                       '--checkpoint-every', '10'], run_dir, log_dir=out)
+                       '--checkpoint-every', str(100 * STEPS_PER_CALL)], run_dir, log_dir=out)
     try:
       wait_for_checkpoint(run, 1)
       filler = os.path.join(mount, 'filler')

@@ -90,8 +90,8 @@ class Task:
   env_steps: int  # per member
   warmup_steps: int  # random-action steps per member first
   eval_every: int  # env steps per member between evaluations
-  ready_after: int  # PBT: update steps between decisions
-  phase_update_steps: int  # HyperTrick: update steps per phase
+  ready_after: int  # PBT: env steps per member between decisions
+  phase_env_steps: int  # HyperTrick: env steps per member per phase
 
 
 TASKS = {
@@ -200,7 +200,7 @@ def task_budget(args, task_name: str) -> Task:
   return Task(args.env_steps, max(1, int(task.warmup_steps * scale)),
               max(1, int(task.eval_every * scale)),
               max(1, int(task.ready_after * scale)),
-              max(1, int(task.phase_update_steps * scale)))
+              max(1, int(task.phase_env_steps * scale)))
 
 
 def result_path(out: str, task: str, method: str, seed: int,
@@ -259,11 +259,11 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
   if module_name == 'pbt':
     argv += ['--ready-after', str(task.ready_after)]
   if module_name == 'hypertrick':
-    argv += ['--phase-update-steps', str(task.phase_update_steps),
+    argv += ['--phase-env-steps', str(task.phase_env_steps),
              '--num-phases', '4', '--num-workers',
              str(2 * args.population_size)]
   if module_name == 'dvd' and '--lambda-mode' not in extra:
-    argv += ['--bandit-every', str(max(1, task.eval_every // 50))]
+    argv += ['--bandit-every', str(task.eval_every)]
   start = time.monotonic()
   result = module.main(argv)
   wall = time.monotonic() - start

@@ -63,7 +63,8 @@ def main(argv=None) -> int:
   parser.add_argument('--population-size', type=int, default=4)
   parser.add_argument('--env-steps', type=int, default=10_000)
   parser.add_argument('--eval-every', type=int, default=1000)
-  parser.add_argument('--checkpoint-every', type=int, default=50)
+  parser.add_argument('--checkpoint-every', type=int, default=2500,
+                      help='env steps per member between checkpoints')
   parser.add_argument('--seed', type=int, default=0)
   args = parser.parse_args(argv)
   out = os.path.abspath(args.out)

@@ -27,8 +27,8 @@ RULES = {
     'pbt': dict(env_steps=6000, warmup_steps=500, ready_after=500,
                 eval_every=500, fitness_window=3),
     'hypertrick': dict(env_steps=8000, warmup_steps=300, num_workers=8,
-                       num_phases=2, phase_update_steps=600, eval_every=500),
-    'dvd': dict(env_steps=5000, warmup_steps=500, bandit_every=4,
+                       num_phases=2, phase_env_steps=600, eval_every=500),
+    'dvd': dict(env_steps=5000, warmup_steps=500, bandit_every=200,
                 eval_every=200, steps_per_call=50),
     'cemrl': dict(total_env_steps=24000, warmup_steps=500),
 }

@@ -21,6 +21,7 @@ Nothing here is jittable; ``Policy`` jits the agent's ``act`` once.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -92,7 +93,9 @@ def train(rule: Union[str, type, None] = None, *,
       ``after_rule_decision(loop, event)``).
     **config_fields: the rule's settings, named as the command's flags with
       ``_`` for ``-`` (``env_steps=600``, ``hidden_sizes=(16, 16)``,
-      ``hparams={'policy_lr': 1e-3}`` for the agent's); the rest keep
+      ``hparams={'policy_lr': 1e-3}`` for the agent's, ``search_space=
+      {'policy_lr': {'kind': 'loguniform', 'low': 1e-4, 'high': 1e-3}}``
+      for the rule's, as in a search-space file); the rest keep
       their defaults (``fastpbrl <rule> --help``). With
       ``resume=DIR`` the rest are the settings the run saved, as
       ``fastpbrl <rule> --resume DIR`` takes them.
@@ -117,6 +120,10 @@ def train(rule: Union[str, type, None] = None, *,
   if isinstance(config_fields.get('hparams'), Mapping):  # {'policy_lr': 1e-3}
     config_fields['hparams'] = tuple(
         f'{k}={v!r}' for k, v in config_fields['hparams'].items())
+  if isinstance(config_fields.get('search_space'), Mapping):
+    # {'policy_lr': {'kind': 'loguniform', 'low': 1e-4, 'high': 1e-3}}: as
+    # --search-space takes it inline, so that config.json keeps it.
+    config_fields['search_space'] = json.dumps(config_fields['search_space'])
   distributed.initialize_if_launched()  # under fastpbrl.launch or srun
   if resume:  # what the command's --resume does: the saved settings
     config = dataclasses.replace(saved_config(resume, config_cls()),

@@ -20,7 +20,7 @@ from typing import Mapping, Optional, Sequence, TypeVar
 
 import tyro
 
-from fastpbrl import distributed
+from fastpbrl import cli_help, distributed
 from fastpbrl.config import (ConfigError, StorageError, file_config,
                              saved_config)
 from fastpbrl.run import run
@@ -63,12 +63,10 @@ def parse(presets: Mapping[str, C], description: str,
       source = f'the settings saved in {known.resume}'
   except ConfigError as e:
     raise SystemExit(f'error: {e}') from None
-  description = (f'{description}\n\n--preset {{{",".join(names)}}} picks the '
-                 'defaults; --config FILE (JSON or YAML, e.g. a run\'s '
-                 'config.json) overrides them; with --resume DIR they are the '
-                 'killed run\'s saved settings. Other flags override them; '
-                 '--print-config prints the result and exits. Now: '
-                 f'{source}.')
+  if '-h' in rest or '--help' in rest:
+    print(cli_help.help_text(default, prog or 'fastpbrl', description, names,
+                             source), end='')
+    raise SystemExit(0)
   config = tyro.cli(type(default), default=default, args=rest,
                     description=description, prog=prog)
   if known.print_config:
@@ -104,6 +102,9 @@ def check_flags(config_class, argv: Sequence[str],
             'hyperparameter is set with --hparams NAME=VALUE (fastpbrl info '
             'AGENT lists them)')
     raise SystemExit(f'error: unknown flag {flag}; {hint}')
+  problem = cli_help.check_values(config_class, argv)
+  if problem is not None:
+    raise SystemExit(f'error: {problem}')
 
 
 def train_command(rule_cls, argv: Optional[Sequence[str]] = None,

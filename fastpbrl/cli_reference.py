@@ -10,37 +10,11 @@ the code.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
-import textwrap
 
+from fastpbrl.cli_help import default_text, field_docs
 from fastpbrl.config import RunConfig
 from fastpbrl.rules import registry
-
-
-def field_docs(config_class) -> dict[str, str]:
-  """``{field: docstring}`` of ``config_class`` and its bases (a field's
-  own class wins), read from the source as ``tyro`` does."""
-  docs: dict[str, str] = {}
-  for cls in reversed(config_class.__mro__):
-    if not dataclasses.is_dataclass(cls):
-      continue
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    for node, after in zip(body, body[1:]):
-      if (isinstance(node, ast.AnnAssign)
-          and isinstance(node.target, ast.Name)
-          and isinstance(after, ast.Expr)
-          and isinstance(after.value, ast.Constant)
-          and isinstance(after.value.value, str)):
-        docs[node.target.id] = ' '.join(after.value.value.split())
-  return docs
-
-
-def default_text(value) -> str:
-  if isinstance(value, (tuple, list)):
-    return ' '.join(str(v) for v in value) or '(none)'
-  return 'None' if value is None else str(value)
 
 
 def flag_table(config, names) -> list[str]:

@@ -10,13 +10,14 @@ disk did.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import json
 import math
 import os
 import shlex
-from typing import Optional, TypeVar
+from typing import ClassVar, Literal, Mapping, Optional, TypeVar
 
 from fastpbrl import agents as agents_lib
 from fastpbrl import settings_file, sharding, tracking
@@ -63,7 +64,7 @@ class RunConfig:
   hidden_sizes: tuple[int, ...] = (256, 256)
   """MLP widths of policies and critics (TD3/SAC) or of the Q-MLP (DQN): the
   config field the agent registered as its hidden sizes."""
-  network_init: str = 'haiku'
+  network_init: Literal['haiku', 'torch'] = 'haiku'
   """How MLP weights start (TD3, SAC): 'haiku' (haiku's default, as in
   Acme: truncated normal of scale 1/sqrt(fan-in), zero biases) or 'torch'
   (PyTorch's, as in Stable-Baselines3 and the TD3/SAC reference code:
@@ -81,9 +82,9 @@ class RunConfig:
   eval_episodes: int = 5
   """Episodes per evaluation, played at once (one evaluation env each per
   member); their mean is one point of the return curve."""
-  checkpoint_every: int = 100
-  """Learner calls between checkpoints (0: only at the end and on
-  SIGINT/SIGTERM)."""
+  checkpoint_every: int = 5_000
+  """Env steps per member between checkpoints, rounded to whole learner
+  calls (0: only at the end and on SIGINT/SIGTERM)."""
   checkpoint_replay: bool = False
   """Also store the replay in each checkpoint, so a resume continues with
   the data the run had (off by default: up to GBs per checkpoint; its size
@@ -91,7 +92,7 @@ class RunConfig:
   actor_timeout: float = 120.0
   """Seconds without a heartbeat after which an actor process counts as
   hung and is killed and restarted."""
-  replay_location: str = 'auto'
+  replay_location: Literal['auto', 'host', 'device'] = 'auto'
   """Where the replay lives: host (numpy; batches sampled by a thread and
   copied to the device), device (sampled inside the compiled learner call)
   or auto (device on a GPU/TPU when the replay fits in half its memory,
@@ -107,10 +108,16 @@ class RunConfig:
   along the population axis): auto (every visible device if the population
   divides evenly by their count, else 1) or a count k (the first k; it must
   divide --population-size)."""
-  track: str = 'tensorboard'
+  track: Literal['tensorboard', 'wandb', 'mlflow', 'none'] = 'tensorboard'
   """Where scalars go besides the CSVs: tensorboard (event files in the run
   directory), wandb or mlflow (each with the TensorBoard files too; pip
   install 'fastpbrl[wandb]' / 'fastpbrl[mlflow]'), or none."""
+
+  # Interval settings whose unit was not env steps per member before
+  # fastpbrl 0.2: {field: (its name then, 'calls' or 'update_steps')}. A
+  # run's config.json saved then is read in today's unit (``saved_config``).
+  legacy_intervals: ClassVar[Mapping[str, tuple[str, str]]] = {
+      'checkpoint_every': ('checkpoint_every', 'calls')}
 
 
 class StorageError(RuntimeError):
@@ -121,6 +128,29 @@ class StorageError(RuntimeError):
 class ConfigError(ValueError):
   """An invalid setting, found before any process starts; the message names
   the flag and what it may be."""
+
+
+def steps_per_call_of(config: RunConfig) -> int:
+  """Update steps per learner call: ``--steps-per-call`` or the agent's."""
+  return config.steps_per_call or agent_spec(config.agent).config.steps_per_call
+
+
+def as_update_steps(env_steps: float, config: RunConfig) -> int:
+  """An interval in env steps per member (every interval flag's unit) as
+  update steps per member: x ``--update-to-data-ratio``, the pace the
+  learner keeps; at least 1 unless the interval is 0."""
+  if env_steps == 0:
+    return 0
+  return max(1, round(env_steps * config.update_to_data_ratio))
+
+
+def as_learner_calls(env_steps: float, config: RunConfig) -> int:
+  """An interval in env steps per member as whole learner calls (update
+  steps / steps per call); at least 1 unless the interval is 0."""
+  if env_steps == 0:
+    return 0
+  return max(1, round(env_steps * config.update_to_data_ratio
+                      / steps_per_call_of(config)))
 
 
 def check(ok: bool, message: str) -> None:
@@ -258,13 +288,37 @@ def saved_config(run_dir: str, like: C) -> C:
   in ``run_dir``; saved names that are not ``like``'s fields (the rule's
   ref) are left out."""
   names = {f.name for f in dataclasses.fields(like)}
+  saved = in_todays_units(saved_settings(run_dir), type(like))
   values = {k: tuple(v) if isinstance(v, list) else v
-            for k, v in saved_settings(run_dir).items() if k in names}
+            for k, v in saved.items() if k in names}
   return dataclasses.replace(like, **values)
 
 
 # What a run's config.json holds besides the settings.
-RUN_RECORD_KEYS = ('rule', 'not_resumable')
+RUN_RECORD_KEYS = ('rule', 'not_resumable', 'interval_unit')
+# ``interval_unit`` of a config.json whose intervals are env steps per member.
+INTERVAL_UNIT = 'env steps per member'
+
+
+def in_todays_units(saved: dict, config_class: type) -> dict:
+  """A run's saved settings with the intervals of a config.json written
+  before they were all env steps per member (no ``interval_unit`` in it)
+  converted: learner calls x steps per call / ratio, update steps / ratio
+  (``config_class.legacy_intervals`` names them)."""
+  if saved.get('interval_unit') == INTERVAL_UNIT or 'rule' not in saved:
+    return saved
+  saved = dict(saved)
+  ratio = float(saved.get('update_to_data_ratio') or 1.0)
+  steps_per_call = saved.get('steps_per_call') or (
+      agent_spec(saved.get('agent', 'td3')).config.steps_per_call)
+  for name, (old_name, unit) in config_class.legacy_intervals.items():
+    if old_name not in saved:
+      continue
+    value = saved.pop(old_name)
+    per = steps_per_call if unit == 'calls' else 1
+    saved[name] = int(round(value * per / ratio))
+  saved['interval_unit'] = INTERVAL_UNIT
+  return saved
 
 
 def file_config(path: str, like: C) -> C:
@@ -278,6 +332,7 @@ def file_config(path: str, like: C) -> C:
   check(isinstance(values, dict),
         f'--config {path}: expected a mapping of settings to values, got '
         f'{type(values).__name__}')
+  values = in_todays_units(values, type(like))  # an older run's config.json
   types = {f.name: f.type for f in dataclasses.fields(like)}
   names = list(types)
   settings = {}
@@ -304,10 +359,13 @@ _SCALARS = {'int': (int,), 'float': (int, float), 'str': (str,),
 
 def fits(annotation: str, value) -> bool:
   """Whether ``value`` (from a settings file) is of a config field's
-  annotated type: a scalar, ``Optional[...]`` of one, or ``tuple[X, ...]``."""
+  annotated type: a scalar, a ``Literal``, ``Optional[...]`` of one, or
+  ``tuple[X, ...]``."""
   annotation = str(annotation)
   if annotation.startswith('Optional['):
     return value is None or fits(annotation[9:-1], value)
+  if annotation.startswith('Literal['):
+    return value in ast.literal_eval(f'({annotation[8:-1]},)')
   if annotation.startswith('tuple['):
     inner = annotation[6:].split(',')[0]
     return isinstance(value, tuple) and all(fits(inner, v) for v in value)

@@ -10,7 +10,7 @@ One iteration, top to bottom (``train``):
     rule.decide(rule_state, observation)       the population rule
     apply the decision                         new state, hparams, replay copies
     callbacks, publish the new policies, logs
-    checkpoint every --checkpoint-every calls
+    checkpoint every --checkpoint-every env steps per member (whole calls)
 
 The previous call's results are read back only once the next call is
 dispatched, so the device is never idle while the host waits. Over several
@@ -28,6 +28,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 
 from fastpbrl.callbacks import Callback, Loop
+from fastpbrl.config import as_learner_calls
 from fastpbrl.logging import append_rows
 from fastpbrl.rules.base import Decision, Observation, Rule
 
@@ -260,6 +261,8 @@ def train(parts: Parts, loop: Loop) -> None:
   and the rule's last events reported before it returns."""
   rule_run, config = parts.rule_run, loop.config
   divergence = Divergence(config.population_size)
+  # Learner calls, not env steps, so that every process saves at one call.
+  checkpoint_calls = as_learner_calls(config.checkpoint_every, config)
   steps_before = loop.env_steps
   pending: Finished | None = None
   while not finished(rule_run, loop):
@@ -285,7 +288,7 @@ def train(parts: Parts, loop: Loop) -> None:
       log.info('a callback ended the run after learner call %d: %s',
                loop.calls, loop.stop_reason or 'in another process')
       break
-    if config.checkpoint_every and loop.calls % config.checkpoint_every == 0:
+    if checkpoint_calls and loop.calls % checkpoint_calls == 0:
       read_back(parts, loop, divergence, pending)
       pending = None
       parts.saver.save(loop)

@@ -33,8 +33,9 @@ from fastpbrl import loop as loop_lib
 from fastpbrl.actors.pool import exit_if_spawned_import
 from fastpbrl.callbacks import Callback, Loop
 from fastpbrl.checkpoint import CheckpointError, Checkpointer
-from fastpbrl.config import (ConfigError, RunConfig, StorageError,
-                             check_resume, resume_command, validate)
+from fastpbrl.config import (INTERVAL_UNIT, ConfigError, RunConfig,
+                             StorageError, check_resume, resume_command,
+                             validate)
 from fastpbrl.logging import HParamsLog, RuleLog, RunLogger, write_json_atomic
 from fastpbrl.pipeline import Pipeline
 from fastpbrl.rules import registry
@@ -188,6 +189,7 @@ def write_config(built: Built, own_dir: str) -> None:
   write_json_atomic(os.path.join(own_dir, 'config.json'),
                     {'rule': registry.ref_of(type(rule)),
                      'not_resumable': rule.not_resumable,
+                     'interval_unit': INTERVAL_UNIT,
                      **dataclasses.asdict(config)}, default=str)
   log.info('run %s: %s', built.run_dir,
            json.dumps(dataclasses.asdict(config), default=str))

@@ -327,7 +327,7 @@ def test_train_resume_continues_with_the_saved_settings(tmp_path):
            '--batch-size', '16', '--steps-per-call', '10', '--eval-every',
            '200', '--eval-episodes', '1', '--num-actors', '1',
            '--replay-capacity', '5000', '--ready-after', '200',
-           '--checkpoint-every', '5', '--no-progress', '--track', 'none']
+           '--checkpoint-every', '50', '--no-progress', '--track', 'none']
   by_api, by_command = str(tmp_path / 'api'), str(tmp_path / 'command')
   stopped_by_sigterm(flags, by_api, 'experiments.pbt')
   started = saved_settings(by_api)

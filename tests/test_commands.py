@@ -276,7 +276,8 @@ def test_a_runs_config_json_is_a_config_file(tmp_path, capsys):
       PBT_PRESETS['small'], seed=7, fraction=0.5, hidden_sizes=(32, 32),
       run_dir='runs/old', progress=False))
   (tmp_path / 'config.json').write_text(json.dumps(
-      {**settings, 'rule': 'pbt', 'not_resumable': ''}))
+      {**settings, 'rule': 'pbt', 'not_resumable': '',
+       'interval_unit': 'env steps per member'}))
   got = print_config(['pbt', '--config', str(tmp_path / 'config.json'),
                       '--print-config'], capsys)
   assert got == json.loads(json.dumps({**settings, 'run_dir': None}))

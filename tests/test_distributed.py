@@ -156,7 +156,7 @@ RUN_FLAGS = ['--env', 'Pendulum-v1', '--population-size', '4',
              '--warmup-steps', '100', '--hidden-sizes', '8', '8',
              '--batch-size', '8', '--steps-per-call', '10',
              '--eval-episodes', '1', '--num-actors', '1',
-             '--replay-capacity', '2000', '--checkpoint-every', '5',
+             '--replay-capacity', '2000', '--checkpoint-every', '50',
              '--no-progress', '--track', 'none']
 DEADLINE_S = 900  # generous: a loaded 2-core machine runs this slowly
 
@@ -222,7 +222,7 @@ TWO_PROCESS = {
         logs=('mean_policy.csv', 'rule.csv', 'hparams.csv')),
     # Bandit rounds of 10 calls (100 env steps per member), each scored.
     'dvd': TwoProcessCase(
-        flags=['--bandit-every', '10', '--eval-every', '100'],
+        flags=['--bandit-every', '100', '--eval-every', '100'],
         budget='--env-steps', per_member=1,
         decided=lambda d: len(rows(os.path.join(d, 'rule.csv'))) >= 6,
         logs=('rule.csv', 'hparams.csv')),
@@ -235,7 +235,7 @@ TWO_PROCESS = {
   # configuration launched).
     'hypertrick': TwoProcessCase(
         flags=['--num-workers', '8', '--num-phases', '3',
-               '--phase-update-steps', '100', '--eval-every', '100'],
+               '--phase-env-steps', '100', '--eval-every', '100'],
         budget='--env-steps', per_member=1,
         decided=lambda d: any(
             line.split(',')[2:] == ['workers_launched', '5.0\n']

@@ -111,6 +111,6 @@ def test_the_cli_reference_has_every_flag_and_its_help_text():
   for field in dataclasses.fields(PBTRunConfig):
     assert f'`--{field.name.replace("_", "-")}' in page, field.name
   # The text --help shows for a flag (the field's docstring), whole.
-  assert docs['ready_after'].startswith('Update steps between two '
+  assert docs['ready_after'].startswith('Env steps per member between two '
                                         'exploit/explore decisions')
   assert ' '.join(docs['ready_after'].split()) in page

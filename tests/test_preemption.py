@@ -23,7 +23,7 @@ FLAGS = ['--env', 'Pendulum-v1', '--population-size', '2',
          '--warmup-steps', '200', '--hidden-sizes', '16', '16',
          '--batch-size', '16', '--steps-per-call', '10', '--eval-every',
          '400', '--eval-episodes', '1', '--num-actors', '1',
-         '--replay-capacity', '20000', '--checkpoint-every', '5',
+         '--replay-capacity', '20000', '--checkpoint-every', '50',
          '--no-progress']
 LINE = re.compile(r'^(SIGTERM|SIGINT): stopped after learner call (\d+) '
                   r'\((\d+) env steps per member\); checkpoint in (\S+)/'
@@ -167,8 +167,8 @@ RULE_FLAGS = {
     'pbt': ['--ready-after', '100', '--eval-every', '100'],
     'cemrl': ['--population-size', '4', '--total-env-steps', '1000000',
               '--mean-eval-episodes', '1'],
-    'dvd': ['--bandit-every', '2', '--eval-every', '20'],
-    'hypertrick': ['--num-workers', '6', '--phase-update-steps', '100',
+    'dvd': ['--bandit-every', '20', '--eval-every', '20'],
+    'hypertrick': ['--num-workers', '6', '--phase-env-steps', '100',
                    '--eval-every', '100'],
     'seeds': [],
 }

@@ -113,7 +113,7 @@ FLAGS = ['-m', 'experiments.pbt', '--env', 'Pendulum-v1',
          '--hidden-sizes', '8', '8', '--batch-size', '8', '--steps-per-call',
          '10', '--ready-after', '100', '--eval-every', '100',
          '--eval-episodes', '1', '--num-actors', '1', '--replay-capacity',
-         '2000', '--checkpoint-every', '5', '--no-progress', '--track', 'none']
+         '2000', '--checkpoint-every', '50', '--no-progress', '--track', 'none']
 
 
 @pytest.mark.slow

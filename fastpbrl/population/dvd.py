@@ -94,7 +94,8 @@ averaged over the members), as the authors' ES code feeds the mean of the
 population's evaluations (``--bandit-score best`` scores a round by its best
 evaluation episode instead, which this code did before: on Pendulum-v1 it
 kept choosing lambda 0.5 while the population mean fell behind the lambda-0
-baseline). Departures: a round is ``--bandit-every`` learner calls rather
+baseline). Departures: a round is ``--bandit-every`` env steps per member
+(rounded to whole learner calls) rather
 than one ES iteration; a round is compared with the 5 rounds just before
 it (the authors' code compares with the 2nd to 6th rounds before it,
 skipping the latest, which looks like an off-by-one) and as soon as one

@@ -90,7 +90,7 @@ PRESETS = {
     # 10,000 warm-up steps in all (its start_steps).
     'paper': CEMRLRunConfig(env='HalfCheetah-v5', population_size=10,
                             total_env_steps=1_000_000, warmup_steps=1_000,
-                            checkpoint_every=500),
+                            checkpoint_every=25_000),
 }
 
 

@@ -9,6 +9,7 @@ replaced is the loop's business: ``Decision.renewed``.)
 
 from __future__ import annotations
 
+import json
 
 from fastpbrl import search_space as ss
 from fastpbrl.config import (ConfigError, RunConfig, agent_spec, check,
@@ -16,14 +17,21 @@ from fastpbrl.config import (ConfigError, RunConfig, agent_spec, check,
 
 
 def search_space_of(config: RunConfig) -> ss.SearchSpace:
-  """``--search-space FILE`` if given, else the agent's default space."""
+  """``--search-space``: a file, or the space itself as a JSON object (the
+  Python API passes a dict as one, so that config.json keeps it); if unset,
+  the agent's default space."""
   path = getattr(config, 'search_space', None)
   if path is None:
     return agent_spec(config.agent).default_search_space
   try:
+    if path.lstrip().startswith('{'):
+      return ss.from_dict(json.loads(path))
     return ss.load(path)
+  except json.JSONDecodeError as e:
+    raise ConfigError(f'--search-space: not a JSON object ({e})') from None
   except ValueError as e:
-    raise ConfigError(f'--search-space {path}: {e}') from None
+    source = 'the given space' if path.lstrip().startswith('{') else path
+    raise ConfigError(f'--search-space {source}: {e}') from None
 
 
 def validate_space(config: RunConfig, space: ss.SearchSpace,
@@ -42,7 +50,8 @@ def validate_space(config: RunConfig, space: ss.SearchSpace,
   except ValueError as e:
     path = getattr(config, 'search_space', None)
     if path:
-      source = f'--search-space {path}'
+      source = ('--search-space' if path.lstrip().startswith('{')
+                else f'--search-space {path}')
     elif space == agent_spec(config.agent).default_search_space:
       source = f'the default search space of --agent {config.agent}'
     else:  # a space passed to the rule in code
@@ -61,13 +70,12 @@ def check_shared_critic(rule: str, config: RunConfig) -> None:
         '(of the built-in agents only td3 does)')
 
 
-def check_evaluations_per(span_update_steps: float, config: RunConfig,
-                          span_flags: str) -> None:
-  """A rule that scores every span of update steps needs an evaluation
-  to start inside each span."""
-  span_env_steps = span_update_steps / config.update_to_data_ratio
+def check_evaluations_per(span_env_steps: float, config: RunConfig,
+                          span_flag: str) -> None:
+  """A rule that scores every span of ``span_env_steps`` env steps per
+  member needs an evaluation to start inside each span."""
   check(config.eval_every <= span_env_steps,
-        f'--eval-every {config.eval_every} is longer than one {span_flags} '
+        f'--eval-every {config.eval_every} is longer than one {span_flag} '
         f'span ({span_env_steps:.0f} env steps per member): spans would end '
         'without an evaluation to score them; lower --eval-every or lengthen '
         'the span')

@@ -22,14 +22,15 @@ departures.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import ClassVar, Literal, Mapping, NamedTuple, Optional
 
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.config import RunConfig, agent_spec, check
+from fastpbrl.config import (RunConfig, as_learner_calls,
+                             as_update_steps, check, steps_per_call_of)
 from fastpbrl.population import dvd as dvd_lib
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows)
@@ -59,7 +60,7 @@ class DvDRunConfig(RunConfig):
   agent: str = 'td3'
   """Agent with the shared-critic update this rule trains: td3 (SAC and DQN
   have none), or one of your own that registers it (module:attribute)."""
-  lambda_mode: str = 'bandit'
+  lambda_mode: Literal['bandit', 'schedule'] = 'bandit'
   """How the diversity weight is set: bandit (Thompson sampling over
   --lambda-arms, as in the DvD paper) or schedule (linear from
   --lambda-start to --lambda-end over --lambda-decay-steps update steps, as
@@ -71,16 +72,18 @@ class DvDRunConfig(RunConfig):
   lambda_end: float = 0.0
   """Schedule: lambda after --lambda-decay-steps."""
   lambda_decay_steps: int = 100_000
-  """Schedule: update steps over which lambda goes from start to end."""
-  bandit_every: int = 100
-  """Bandit: learner calls per round (one lambda per round); a round must
-  hold an evaluation (see --eval-every)."""
-  bandit_score: str = 'mean'
+  """Schedule: env steps per member over which lambda goes from start to
+  end (counted in update steps, x --update-to-data-ratio)."""
+  bandit_every: int = 5_000
+  """Bandit: env steps per member per round (one lambda per round), rounded
+  to whole learner calls; a round must hold an evaluation (see
+  --eval-every)."""
+  bandit_score: Literal['mean', 'best'] = 'mean'
   """Bandit: a round's return, which its reward compares: mean (the
   population mean: each member's mean evaluation return in the round,
   averaged over the members that evaluated; as the DvD authors' code) or best
   (the best evaluation episode in the round)."""
-  bandit_reward: str = 'improvement'
+  bandit_reward: Literal['improvement', 'relative-gain'] = 'improvement'
   """Bandit: a round's reward. improvement (the DvD paper's): 1 if its
   return (--bandit-score) beats the best of the previous --bandit-lookback
   rounds, 0 if lower, 0.5 on a tie; relative-gain: 1 if its gain over the
@@ -105,12 +108,17 @@ class DvDRunConfig(RunConfig):
   """States of the logged rule/mean_pairwise_action_distance: a fixed batch
   visited by uniformly random actions from resets seeded by --seed."""
 
+  legacy_intervals: ClassVar[Mapping[str, tuple[str, str]]] = {
+      **RunConfig.legacy_intervals,
+      'lambda_decay_steps': ('lambda_decay_steps', 'update_steps'),
+      'bandit_every': ('bandit_every', 'calls')}
+
 
 PRESETS = {
     'small': DvDRunConfig(),
     'paper': DvDRunConfig(env='Humanoid-v5', population_size=5,
                           env_steps=2_000_000, warmup_steps=25_000,
-                          eval_every=10_000, checkpoint_every=500,
+                          eval_every=10_000, checkpoint_every=25_000,
                           lambda_mode='schedule', lambda_decay_steps=500_000),
 }
 
@@ -196,11 +204,12 @@ class DvD(Rule):
           f'{config.bandit_window}')
     check(config.bandit_burn_in >= 0,
           f'--bandit-burn-in must be >= 0, got {config.bandit_burn_in}')
+    # A round is whole learner calls: its env steps as the calls hold them.
+    self.round_calls = as_learner_calls(config.bandit_every, config)
     if config.lambda_mode == 'bandit':
       check_evaluations_per(
-          config.bandit_every * (config.steps_per_call or
-                                 agent_spec(config.agent).config.steps_per_call),
-          config, '--bandit-every x --steps-per-call')
+          self.round_calls * steps_per_call_of(config)
+          / config.update_to_data_ratio, config, '--bandit-every')
     check(config.kernel_sigma > 0,
           f'--kernel-sigma must be > 0, got {config.kernel_sigma}')
     check(config.embedding_states >= 2,
@@ -209,7 +218,8 @@ class DvD(Rule):
           f'--diversity-states must be >= 1, got {config.diversity_states}')
     self.schedule = dvd_lib.PiecewiseLinear(
         ((0, config.lambda_start),
-         (config.lambda_decay_steps, config.lambda_end)))
+         (as_update_steps(config.lambda_decay_steps, config),
+          config.lambda_end)))
     self.bandit = dvd_lib.ThompsonBandit(
         config.lambda_arms, window=config.bandit_window or None,
         burn_in=config.bandit_burn_in)
@@ -304,7 +314,7 @@ class DvD(Rule):
     """Bandit bookkeeping after one call; the next round's lambda when a
     round ends, else None."""
     calls = int(rule_state.calls_in_round) + 1
-    if calls < self.config.bandit_every:
+    if calls < self.round_calls:
       return rule_state._replace(calls_in_round=np.asarray(calls,
                                                            np.int64)), None
     rule_state = rule_state._replace(calls_in_round=np.asarray(0, np.int64))

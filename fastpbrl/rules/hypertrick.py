@@ -18,13 +18,13 @@ and the departures.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import ClassVar, Literal, Mapping, NamedTuple, Optional
 
 import jax
 import numpy as np
 
 from fastpbrl import search_space as ss
-from fastpbrl.config import RunConfig, as_flag_error, check
+from fastpbrl.config import RunConfig, as_flag_error, as_update_steps, check
 from fastpbrl.population import hypertrick as hypertrick_lib
 from fastpbrl.rng import Pcg64State, pcg64_generator, pcg64_state
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
@@ -46,29 +46,35 @@ class HyperTrickRunConfig(RunConfig):
   """Configurations to try in total (each runs in a population slot)."""
   num_phases: int = 4
   """Phases per configuration; a configuration reports at each phase's end."""
-  phase_update_steps: int = 2_500
-  """Update steps per phase; a phase must hold an evaluation (--eval-every)."""
+  phase_env_steps: int = 2_500
+  """Env steps per member per phase (counted in the slot's own update
+  steps, x --update-to-data-ratio); a phase must hold an evaluation
+  (--eval-every)."""
   eval_every: int = 1_000
   """Env steps per member between evaluations (no-noise episodes)."""
   eviction_rate: float = 0.25
   """Target fraction of the configurations in a phase terminated at its end."""
   quantile: float = 0.5
   """A late reporter below this quantile of its phase's metrics is terminated."""
-  init_hparams: str = 'prior'
+  init_hparams: Literal['prior', 'defaults'] = 'prior'
   """Hyperparameters of every configuration: prior (sampled) or defaults."""
   search_space: Optional[str] = None
-  """A JSON (or YAML) file of the prior the configurations are sampled from
-  (format: docs/guides/search-spaces.md); default: the agent's
-  registered space."""
+  """A JSON (or YAML) file of the prior the configurations are sampled from,
+  or the same JSON object inline (format: docs/guides/search-spaces.md);
+  default: the agent's registered space."""
+
+  legacy_intervals: ClassVar[Mapping[str, tuple[str, str]]] = {
+      **RunConfig.legacy_intervals,
+      'phase_env_steps': ('phase_update_steps', 'update_steps')}
 
 
 PRESETS = {
     'small': HyperTrickRunConfig(),
     'paper': HyperTrickRunConfig(env='HalfCheetah-v5', population_size=8,
                                  num_workers=100, num_phases=5,
-                                 phase_update_steps=100_000,
+                                 phase_env_steps=100_000,
                                  env_steps=50_000_000, warmup_steps=25_000,
-                                 eval_every=10_000, checkpoint_every=500),
+                                 eval_every=10_000, checkpoint_every=25_000),
 }
 
 class HyperTrickState(NamedTuple):
@@ -98,9 +104,11 @@ class HyperTrick(Rule):
   def __init__(self, config: HyperTrickRunConfig,
                space: Optional[ss.SearchSpace] = None):
     super().__init__(config)
-    check(config.phase_update_steps >= 1, '--phase-update-steps must be >= 1')
-    check_evaluations_per(config.phase_update_steps, config,
-                          '--phase-update-steps')
+    check(config.phase_env_steps >= 1,
+          f'--phase-env-steps must be >= 1, got {config.phase_env_steps}')
+    self.phase_update_steps = as_update_steps(config.phase_env_steps, config)
+    check_evaluations_per(config.phase_env_steps, config,
+                          '--phase-env-steps')
     check(config.init_hparams in ('prior', 'defaults'),
           f'--init-hparams must be prior or defaults, got {config.init_hparams!r}')
     try:
@@ -162,7 +170,7 @@ class HyperTrick(Rule):
     due = [slot for slot in range(config.population_size)
            if scheduler.slot_worker[slot] >= 0
            and obs.member_update_steps[slot] - rule_state.phase_start[slot]
-           >= config.phase_update_steps]
+           >= self.phase_update_steps]
     if not due:
       return rule_state, Decision()
     # Departure from the paper, whose budget is a number of workers: ours is
@@ -172,9 +180,7 @@ class HyperTrick(Rule):
     # phase on the budget's last call and was restarted just before the
     # final evaluation). Such a slot keeps its worker and goes on training.
     left = config.env_steps - obs.env_steps
-    launch = left >= (config.warmup_steps
-                      + config.phase_update_steps
-                      / config.update_to_data_ratio)
+    launch = left >= config.warmup_steps + config.phase_env_steps
     phase_start = rule_state.phase_start.copy()
     reset = np.zeros((config.population_size,), bool)
     # Slots finish phases together here; report in a random order, as the

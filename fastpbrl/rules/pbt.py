@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import NamedTuple, Optional
+from typing import ClassVar, Literal, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +28,8 @@ import numpy as np
 
 from fastpbrl import search_space as ss
 from fastpbrl.agents import dqn
-from fastpbrl.config import ConfigError, RunConfig, as_flag_error, check
+from fastpbrl.config import (ConfigError, RunConfig, as_flag_error,
+                             as_update_steps, check)
 from fastpbrl.population import pbt as pbt_lib
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  split_key)
@@ -45,13 +46,16 @@ class PBTRunConfig(RunConfig):
   """PBT (Jaderberg et al. 2017) on top of the shared run settings."""
 
   ready_after: int = 2_500
-  """Update steps between two exploit/explore decisions, each taken for the
-  whole population at once (the 2022 paper: 100,000 on HalfCheetah); each
-  span must hold the start of an evaluation (see --eval-every)."""
+  """Env steps per member between two exploit/explore decisions, each taken
+  for the whole population at once (the 2022 paper: 100,000 update steps on
+  HalfCheetah, at one update per env step); each span must hold the start
+  of an evaluation (see --eval-every). Counted in update steps, x
+  --update-to-data-ratio, so that decisions fall on the same learner calls
+  in every run of a seed."""
   eval_every: int = 2_500
   """Env steps per member between evaluations (noise-free episodes of one
   frozen policy version); PBT's fitness is their mean."""
-  exploit: str = 'truncation'
+  exploit: Literal['truncation', 'tournament'] = 'truncation'
   """Exploit strategy: truncation or tournament (binary tournament)."""
   fraction: float = 0.3
   """Truncation: bottom fraction copies the top fraction, in (0, 0.5]."""
@@ -67,12 +71,13 @@ class PBTRunConfig(RunConfig):
   min_gap_relative: float = 0.0
   """... and by more than this fraction of the member's |fitness|."""
   no_mutation_before: int = 0
-  """No exploit/explore before this many update steps."""
+  """No exploit/explore before this many env steps per member."""
   fitness_window: int = 10
   """Fitness = mean of a member's last this-many evaluation returns."""
   true_objective: bool = False
   """Use the 'true_objective' the env reports in info at episode end as fitness."""
-  init_hparams: str = 'near-defaults'
+  init_hparams: Literal['near-defaults', 'prior', 'defaults'] = (
+      'near-defaults')
   """Initial hyperparameters: 'near-defaults' (member 0 at the agent's
   published defaults, the others within a factor 1.25 of them), 'prior'
   (sampled from the whole search space, as the 2022 paper does) or
@@ -81,29 +86,37 @@ class PBTRunConfig(RunConfig):
   defaults) or the whole search space (prior); perturbations reach the
   whole search space either way."""
   search_space: Optional[str] = None
-  """A JSON (or YAML) file of the hyperparameters to search and their priors
-  (format: docs/guides/search-spaces.md; example:
-  examples/search_space.json); default: the agent's registered space."""
+  """A JSON (or YAML) file of the hyperparameters to search and their priors,
+  or the same JSON object inline (format: docs/guides/search-spaces.md;
+  example: examples/search_space.json); default: the agent's registered
+  space."""
   rerun_lineage: Optional[str] = None
   """A lineage.jsonl of an earlier PBT run: re-run one member's schedule alone."""
   rerun_member: int = 0
   """With --rerun-lineage: the member whose hyperparameter schedule to re-run."""
 
+  legacy_intervals: ClassVar[Mapping[str, tuple[str, str]]] = {
+      **RunConfig.legacy_intervals,
+      'ready_after': ('ready_after', 'update_steps'),
+      'no_mutation_before': ('no_mutation_before', 'update_steps')}
+
 
 PRESETS = {
-    'small': PBTRunConfig(),
+    # About 3 minutes on 2 cores: Pendulum-v1's members solve it by about
+    # 7,500 env steps.
+    'small': PBTRunConfig(env_steps=10_000),
     'paper': PBTRunConfig(env='HalfCheetah-v5', population_size=80,
                           env_steps=1_000_000, warmup_steps=25_000,
                           ready_after=100_000, eval_every=10_000,
-                          checkpoint_every=500),
+                          checkpoint_every=25_000),
     # Nature DQN's schedule (Mnih et al. 2015, Extended Data Table 1; see
     # fastpbrl/agents/dqn.py): 50M frames = 12.5M agent steps per member,
     # one update per 4 steps, 50k random steps first, a 100k replay per
     # member (5.3 GiB each); PBT decides every 500k env steps.
     'atari': PBTRunConfig(agent='dqn', env='ALE/Pong-v5', population_size=4,
                           env_steps=12_500_000, **dqn.NATURE_ATARI_RUN,
-                          ready_after=125_000, eval_every=125_000,
-                          eval_episodes=5, checkpoint_every=2_500),
+                          ready_after=500_000, eval_every=125_000,
+                          eval_episodes=5, checkpoint_every=100_000),
 }
 
 
@@ -180,25 +193,30 @@ class PBT(Rule):
           f'{config.init_hparams!r}')
     check(config.fitness_window >= 1,
           f'--fitness-window must be >= 1, got {config.fitness_window}')
+    check(config.ready_after >= 0,
+          f'--ready-after must be >= 0 env steps, got {config.ready_after}')
+    check(config.no_mutation_before >= 0,
+          f'--no-mutation-before must be >= 0 env steps, got '
+          f'{config.no_mutation_before}')
     try:  # PBTConfig checks --exploit, --fraction, --resample-probability...
       self.pbt_config = pbt_lib.PBTConfig(
-          ready_after=config.ready_after, exploit=config.exploit,
+          ready_after=as_update_steps(config.ready_after, config),
+          exploit=config.exploit,
           fraction=config.fraction,
           resample_probability=config.resample_probability,
           reset_optimizers=config.reset_optimizers,
           copy_replay=config.copy_replay,
           min_gap_absolute=config.min_gap_absolute,
           min_gap_relative=config.min_gap_relative,
-          no_mutation_before=config.no_mutation_before)
+          no_mutation_before=as_update_steps(config.no_mutation_before,
+                                             config))
     except ValueError as e:
       raise as_flag_error(e, config) from None
-    total_updates = config.env_steps * config.update_to_data_ratio
-    check(config.ready_after + config.no_mutation_before <= total_updates,
+    check(config.ready_after + config.no_mutation_before <= config.env_steps,
           f'--ready-after {config.ready_after} (after --no-mutation-before '
-          f'{config.no_mutation_before}) is beyond the budget of about '
-          f'{total_updates:.0f} update steps per member (--env-steps x '
-          '--update-to-data-ratio): PBT would never exploit; lower it or '
-          'raise --env-steps')
+          f'{config.no_mutation_before}) is beyond the budget of '
+          f'--env-steps {config.env_steps}: PBT would never exploit; lower '
+          'it or raise --env-steps')
     check_evaluations_per(config.ready_after, config, '--ready-after')
     self.space = space or search_space_of(config)
     self.exploit = pbt_lib.CompiledExploitExplore(self.pbt_config, self.space)

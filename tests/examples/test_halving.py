@@ -28,7 +28,7 @@ FLAGS = ['--env', 'Pendulum-v1', '--population-size', '4', '--warmup-steps',
          '100', '--hidden-sizes', '8', '8', '--batch-size', '8',
          '--steps-per-call', '10', '--rung-update-steps', '100',
          '--eval-every', '100', '--eval-episodes', '1', '--num-actors', '1',
-         '--replay-capacity', '2000', '--checkpoint-every', '5',
+         '--replay-capacity', '2000', '--checkpoint-every', '50',
          '--no-progress', '--track', 'none']
 ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
 

@@ -13,7 +13,7 @@ from experiments import cemrl, dvd, hypertrick, pbt
     (pbt, ['--exploit', 'roulette'], '--exploit must be one of'),
     (pbt, ['--env', 'NoSuchEnv-v0'], "--env 'NoSuchEnv-v0' cannot be made"),
     (pbt, ['--warmup-steps', '50000'], '--warmup-steps .* must be below'),
-    (pbt, ['--init-hparams', 'zeros'], '--init-hparams must be near-defaults, prior or defaults'),
+    (pbt, ['--init-hparams', 'zeros'], '--init-hparams must be one of near-defaults, prior, defaults'),
     (pbt, ['--agent', 'dqn'], 'DQN needs a Discrete action space'),
     (pbt, ['--ready-after', '40000'],
      '--ready-after 40000 .* beyond the budget .* PBT would never exploit'),
@@ -35,9 +35,9 @@ from experiments import cemrl, dvd, hypertrick, pbt
     (hypertrick, ['--search-space', 'no/such/space.json'],
      '--search-space no/such/space.json: cannot read it'),
     (hypertrick, ['--eval-every', '5000'],
-     '--eval-every 5000 is longer than one --phase-update-steps span'),
+     '--eval-every 5000 is longer than one --phase-env-steps span'),
     (dvd, ['--bandit-every', '10'],
-     '--eval-every 5000 is longer than one --bandit-every x --steps-per-call'),
+     '--eval-every 5000 is longer than one --bandit-every span'),
 ])
 def test_bad_flag_exits_with_a_message_naming_it(module, argv, message,
                                                   tmp_path, monkeypatch):

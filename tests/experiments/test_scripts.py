@@ -15,7 +15,7 @@ from fastpbrl.population import pbt as pbt_lib
 TINY = ['--env', 'Pendulum-v1', '--env-steps', '1200', '--warmup-steps', '200',
         '--hidden-sizes', '16', '16', '--batch-size', '16',
         '--steps-per-call', '10', '--eval-every', '200', '--num-actors', '1',
-        '--replay-capacity', '5000', '--checkpoint-every', '20',
+        '--replay-capacity', '5000', '--checkpoint-every', '200',
         '--eval-episodes', '1',
         '--no-progress']
 
@@ -104,7 +104,7 @@ def test_pbt_rerun_of_one_members_schedule(tmp_path):
 
 def test_dvd_script(tmp_path):
   run_dir = str(tmp_path / 'dvd')
-  result = dvd.main(TINY + ['--population-size', '3', '--bandit-every', '20',
+  result = dvd.main(TINY + ['--population-size', '3', '--bandit-every', '200',
                             '--embedding-states', '8', '--run-dir', run_dir])
   _assert_run_outputs(run_dir, 3)
   assert all(np.isfinite(r['diversity_weight']) for r in result.hparams)
@@ -143,7 +143,7 @@ def test_cemrl_script(tmp_path):
 def test_hypertrick_script(tmp_path):
   run_dir = str(tmp_path / 'ht')
   hypertrick.main(TINY + ['--population-size', '2', '--num-workers', '4',
-                          '--num-phases', '2', '--phase-update-steps', '200',
+                          '--num-phases', '2', '--phase-env-steps', '200',
                           '--run-dir', run_dir])
   with open(os.path.join(run_dir, 'summary.txt')) as f:
     text = f.read()
@@ -226,7 +226,7 @@ def _run_rule_with_device_replay(rule, argv, run_dir):
       assert any(json.loads(line)['event'] == 'exploit' for line in f)
   elif rule == 'hypertrick':
     hypertrick.main(argv + ['--population-size', '2', '--num-workers', '4',
-                            '--num-phases', '2', '--phase-update-steps',
+                            '--num-phases', '2', '--phase-env-steps',
                             '200'])
   else:
     cemrl.main(argv + ['--population-size', '2', '--total-env-steps',

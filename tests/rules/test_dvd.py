@@ -29,7 +29,7 @@ N = 3
 def _config(**overrides) -> DvDRunConfig:
   base = dict(env='Pendulum-v1', population_size=N, hidden_sizes=(8, 8),
               batch_size=4, steps_per_call=10, eval_every=20,
-              bandit_every=2, bandit_lookback=2, diversity_states=16)
+              bandit_every=20, bandit_lookback=2, diversity_states=16)
   return DvDRunConfig(**{**base, **overrides})
 
 

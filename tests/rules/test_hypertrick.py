@@ -87,7 +87,7 @@ def test_restarts_evicted_slots_as_new_experiments():
   # (Decision.renewed); its phases count the slot's own update steps,
   # which stop while it warms up.
   config = HyperTrickRunConfig(
-      population_size=N, num_workers=6, num_phases=2, phase_update_steps=100,
+      population_size=N, num_workers=6, num_phases=2, phase_env_steps=100,
       eval_every=50, eviction_rate=0.25)
   run = Run(config)
   restarted_total = 0
@@ -130,7 +130,7 @@ def test_starts_no_experiment_the_budget_cannot_train():
   # instead (the slot goes idle in the scheduler). With one phase, every
   # report completes a worker and asks for a new one.
   config = HyperTrickRunConfig(
-      population_size=N, num_workers=6, num_phases=1, phase_update_steps=100,
+      population_size=N, num_workers=6, num_phases=1, phase_env_steps=100,
       eval_every=50, env_steps=1000, warmup_steps=100, eviction_rate=0.25)
   run = Run(config)
 
@@ -153,7 +153,7 @@ def test_starts_no_experiment_the_budget_cannot_train():
 
 def test_metric_is_the_mean_of_the_phase_last_ten_returns():
   config = HyperTrickRunConfig(
-      population_size=N, num_workers=6, num_phases=2, phase_update_steps=100,
+      population_size=N, num_workers=6, num_phases=2, phase_env_steps=100,
       eval_every=10, eviction_rate=0.25)
   run = Run(config)
   returns = [float(v) for v in range(12)]
@@ -181,7 +181,7 @@ def test_report_order_continues_one_numpy_stream():
   # np.random.default_rng(seed).permutation, one stream over the run:
   # the generator's state is part of the rule state.
   config = HyperTrickRunConfig(
-      population_size=N, num_workers=6, num_phases=2, phase_update_steps=100,
+      population_size=N, num_workers=6, num_phases=2, phase_env_steps=100,
       eval_every=50, eviction_rate=0.25, seed=5)
   run = Run(config)
   reference = np.random.default_rng(5)
@@ -206,7 +206,7 @@ def test_generator_state_as_arrays_round_trips():
 
 def test_decide_changes_neither_its_inputs_nor_the_rule():
   config = HyperTrickRunConfig(
-      population_size=N, num_workers=6, num_phases=2, phase_update_steps=100,
+      population_size=N, num_workers=6, num_phases=2, phase_env_steps=100,
       eval_every=50, eviction_rate=0.25)
   run = Run(config)
   for call in range(3):  # a state with reports in it
@@ -236,7 +236,7 @@ def test_decide_changes_neither_its_inputs_nor_the_rule():
 
 def test_state_round_trips_through_a_checkpoint(tmp_path):
   config = HyperTrickRunConfig(
-      population_size=N, num_workers=6, num_phases=2, phase_update_steps=100,
+      population_size=N, num_workers=6, num_phases=2, phase_env_steps=100,
       eval_every=50, eviction_rate=0.25)
   run = Run(config)
   for call in range(3):
@@ -270,7 +270,7 @@ def test_state_round_trips_through_a_checkpoint(tmp_path):
 
 def test_summary_names_the_best_configuration():
   config = HyperTrickRunConfig(
-      population_size=N, num_workers=2, num_phases=1, phase_update_steps=100,
+      population_size=N, num_workers=2, num_phases=1, phase_env_steps=100,
       eval_every=50, eviction_rate=0.25)
   run = Run(config)
   assert run.rule.summary(run.rule_state, '') == (
@@ -292,9 +292,9 @@ def test_registered_with_the_command_presets():
 
 
 @pytest.mark.parametrize('overrides, message', [
-    (dict(phase_update_steps=0), '--phase-update-steps must be >= 1'),
+    (dict(phase_env_steps=0), '--phase-env-steps must be >= 1'),
     (dict(eval_every=5000),
-     '--eval-every 5000 is longer than one --phase-update-steps span'),
+     '--eval-every 5000 is longer than one --phase-env-steps span'),
     (dict(init_hparams='near-defaults'),
      "--init-hparams must be prior or defaults, got 'near-defaults'"),
     (dict(eviction_rate=0.6), '--eviction-rate must be in'),
