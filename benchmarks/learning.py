@@ -82,6 +82,8 @@ from typing import Optional
 
 import numpy as np
 
+from benchmarks import stats
+
 
 @dataclasses.dataclass(frozen=True)
 class Task:
@@ -545,12 +547,53 @@ def machine() -> str:
 
 
 def _fmt(values: list) -> str:
+  """``mean ± sample std`` (ddof 1) of the finite values."""
   values = [v for v in values if v is not None and math.isfinite(v)]
   if not values:
     return '-'
   if len(values) == 1:
     return f'{values[0]:.0f}'
-  return f'{np.mean(values):.0f} ± {np.std(values):.0f}'
+  return f'{np.mean(values):.0f} ± {stats.sample_std(values):.0f}'
+
+
+RULE_MODULES = ('pbt', 'cemrl', 'dvd', 'hypertrick')
+
+
+def baseline_of(method: str) -> Optional[str]:
+  """The ``seeds`` row a rule's row is compared with: ``seeds-<agent>``
+  of the rule's agent (``--agent``, else TD3); None for baselines and
+  reference implementations."""
+  module, flags = METHODS.get(method, (None, []))
+  if module not in RULE_MODULES:
+    return None
+  agent = flags[flags.index('--agent') + 1] if '--agent' in flags else 'td3'
+  return f'seeds-{agent}'
+
+
+def seed_statistics(by: dict, tasks: list, order: dict) -> list[str]:
+  """Markdown rows over seeds of the best member's final return: IQM with
+  its 95% bootstrap interval, and each rule's probability of improving on
+  its ``seeds`` baseline with its interval and verdict
+  (``benchmarks/stats.py``)."""
+  lines = ['| task | env steps per member | method | seeds | best member, '
+           'final: IQM [95% CI] | P(better than seeds) [95% CI] | verdict |',
+           '|---|---:|---|---:|---:|---:|---|']
+  for task, steps in tasks:
+    rows = by[(task, steps)]
+    finals = {method: [max(r['final_returns']) for r in runs]
+              for method, runs in rows.items()}
+    for method in sorted(rows, key=order.get):
+      cells = [stats.fmt_interval(stats.iqm_interval(finals[method]))]
+      baseline = baseline_of(method)
+      if baseline in finals:
+        poi = stats.improvement_interval(finals[method], finals[baseline])
+        seeds = min(len(finals[method]), len(finals[baseline]))
+        cells += [stats.fmt_interval(poi, 2), stats.verdict(poi, seeds)]
+      else:
+        cells += ['', '']
+      lines.append(f'| {task} | {steps:,} | {method} | '
+                   f'{len(finals[method])} | ' + ' | '.join(cells) + ' |')
+  return lines
 
 
 def load_results(out: str) -> list[dict]:
@@ -607,6 +650,17 @@ def late_best(result: dict) -> Optional[float]:
   return float(np.mean(late)) if late else None
 
 
+STATISTICS_NOTE = (
+    'Over seeds (benchmarks/stats.py): the interquartile mean of the best '
+    'member\'s final return with a 95% percentile-bootstrap interval, and, '
+    'for a rule, the probability that a seed of it ends above a seed of the '
+    '`seeds` row of its agent (P(X > Y) + P(X = Y) / 2) with a 95% bootstrap '
+    'interval resampling each side\'s seeds; "better" or "worse" only where '
+    f'that interval excludes 1/2 and each side has {stats.MIN_SEEDS} seeds '
+    'or more. Rows with different code versions (the '
+    'code column above) are pooled here as in the table above.')
+
+
 def report(out: str) -> str:
   """Writes ``results.md``, ``results.csv`` and ``learning.png`` from the
   run JSONs in ``out``; returns the markdown table."""
@@ -659,12 +713,14 @@ def report(out: str) -> str:
   header = (f'Population size {results[0]["population_size"]}; final = mean of '
             f'{results[0]["eval_episodes"]} noise-free episodes of each '
             f'member\'s final policy; "best member" is the best final of a '
-            f'run, then mean ± std over seeds; "last fifth" is the best '
+            f'run, then mean ± sample std (ddof 1) over seeds; "last fifth" '
+            f'is the best '
             f'member\'s evaluation averaged over the evaluation points in the '
             f'last {LATE_FRACTION:.0%} of the budget (the final one included; '
             f'the best member may differ between points). Machine: {"; ".join(machines)}. '
             f'Dates: {", ".join(dates)}.\n\n')
-  table = header + '\n'.join(lines) + '\n'
+  table = (header + '\n'.join(lines) + '\n\n' + STATISTICS_NOTE + '\n\n'
+           + '\n'.join(seed_statistics(by, tasks, order)) + '\n')
   with open(os.path.join(out, 'results.md'), 'w') as f:
     f.write(table)
   with open(os.path.join(out, 'results.csv'), 'w') as f:

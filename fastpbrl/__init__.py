@@ -8,6 +8,10 @@ The Python API (``fastpbrl/api.py``, imported on first use so that
   ``policy.predict(obs, deterministic=True)`` (Stable-Baselines3's),
   ``policy.save(path)`` (one member alone; ``load_policy(path)`` reads it);
 * ``evaluate(run_dir, member='best', episodes=10, video_dir=None, seed=0)``;
+* ``load_run(run_dir) -> RunData``: a run's results as pandas tables
+  (episodes, evaluations, hyperparameters, lineage, rule scalars, final
+  returns) and ``hparam_schedule(member)``, the hyperparameters behind a
+  member's weights over time (``fastpbrl/run_data.py``);
 * ``Callback``: hooks ``after_call(loop)`` and ``after_rule_decision(loop,
   event)`` for ``train(..., callbacks=[...])`` and ``run``; ``loop.stop()``
   ends a run early, as ``StopAtReturn(threshold)`` and ``TimeLimit(seconds)``
@@ -27,6 +31,7 @@ _API = {
     'Evaluation': 'fastpbrl.api', 'Callback': 'fastpbrl.callbacks',
     'StopAtReturn': 'fastpbrl.callbacks', 'TimeLimit': 'fastpbrl.callbacks',
     'ConfigError': 'fastpbrl.config', 'RunConfig': 'fastpbrl.config',
+    'load_run': 'fastpbrl.run_data', 'RunData': 'fastpbrl.run_data',
 }
 
 __all__ = sorted(_API)

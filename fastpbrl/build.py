@@ -22,6 +22,7 @@ from fastpbrl import distributed, sharding
 from fastpbrl.config import (ConfigError, RunConfig, agent_spec, check,
                              parse_hparams)
 from fastpbrl.envs import make_env
+from fastpbrl.imports import add_cwd_to_path
 from fastpbrl.rules.base import Population
 from fastpbrl.types import make_env_spec as spec_of
 
@@ -29,7 +30,10 @@ log = logging.getLogger('fastpbrl')
 
 
 def make_env_spec(env_id: str):
-  """Env spec for ``env_id``, with a clear error for an unknown id."""
+  """Env spec for ``env_id``, with a clear error for an unknown id or a
+  space the library cannot serve."""
+  if ':' in env_id:  # 'mymod:Point-v0': mymod may sit where the command runs
+    add_cwd_to_path()
   try:
     env = make_env(env_id)
   except gym.error.Error as e:
@@ -42,6 +46,8 @@ def make_env_spec(env_id: str):
                       'on PYTHONPATH or install it') from None
   try:
     return spec_of(env)
+  except ValueError as e:  # an observation or action space it cannot serve
+    raise ConfigError(f'--env {env_id!r}: {e}') from None
   finally:
     env.close()
 

@@ -17,6 +17,15 @@ from types import ModuleType
 from typing import Any, Mapping
 
 
+def add_cwd_to_path() -> None:
+  """Puts the current folder on ``sys.path``, as ``python -m`` does, so that
+  a module of the user's named on the command line (``--agent mymod:X``,
+  ``--env mymod:Env-v0``) imports from where the command runs; spawned
+  actor processes inherit the path."""
+  if os.getcwd() not in sys.path and '' not in sys.path:
+    sys.path.append(os.getcwd())
+
+
 def import_ref_module(ref: str, module_name: str) -> ModuleType:
   """The module ``module_name`` of ``ref`` (``module:attribute``), imported.
 
@@ -31,8 +40,8 @@ def import_ref_module(ref: str, module_name: str) -> ModuleType:
     if folder not in sys.path:
       sys.path.insert(0, folder)
     module_name = os.path.splitext(os.path.basename(module_name))[0]
-  elif os.getcwd() not in sys.path and '' not in sys.path:
-    sys.path.append(os.getcwd())
+  else:
+    add_cwd_to_path()
   try:
     return importlib.import_module(module_name)
   except Exception as e:  # noqa: BLE001 (any failure of user code at import)

@@ -103,6 +103,10 @@ def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
   """The last checkpoint of ``config.resume``, read into the shapes of
   ``fresh`` (the newly built run); each process cuts the logs it writes
   (in ``own_dir``) back to their sizes at the checkpoint."""
+  if checkpointer.latest_step() is None:
+    raise ConfigError(
+        f'--resume {config.resume!r}: no complete checkpoint there (the run '
+        'was stopped before its first one); start it again without --resume')
   saved_meta = checkpointer.restore_meta()
   if saved_meta.get('rule_format') != RULE_FORMAT:
     raise ConfigError(

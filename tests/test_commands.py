@@ -14,9 +14,11 @@ import pytest
 from fastpbrl import agents, commands, rules
 from fastpbrl.build import make_env_spec
 from fastpbrl.commands import bench
+from fastpbrl.config import ConfigError
 from fastpbrl.rules import registry
 from fastpbrl.rules.hypertrick import PRESETS as PRESETS_HT
 from fastpbrl.rules.pbt import PRESETS as PBT_PRESETS
+from fastpbrl.rules.seeds import Seeds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -125,7 +127,6 @@ def test_custom_env_from_a_user_module(tmp_path, monkeypatch):
       "entry_point='gymnasium.envs.classic_control:PendulumEnv', "
       'max_episode_steps=50)\n')
   monkeypatch.syspath_prepend(str(tmp_path))
-  from fastpbrl.build import make_env_spec
   spec = make_env_spec('fastpbrl_test_point:FastpbrlTestPoint-v0')
   assert spec.observations.shape == (3,)
 
@@ -296,3 +297,47 @@ def test_a_bad_config_file_is_one_line(tmp_path, capsys, text, message):
   path = tmp_path / 'bad.json'
   path.write_text(text)
   assert message in _one_line_error(['pbt', '--config', str(path)], capsys)
+
+
+def test_resuming_a_run_stopped_before_its_first_checkpoint_is_one_line(
+    tmp_path, capsys):
+  """A run killed before it saved anything leaves config.json and an
+  empty checkpoints/ folder: a resume says so in one line."""
+  settings = dataclasses.asdict(dataclasses.replace(
+      Seeds.presets['small'], run_dir=str(tmp_path), progress=False,
+      hidden_sizes=(8,), num_actors=1))
+  (tmp_path / 'config.json').write_text(json.dumps(
+      {**settings, 'rule': 'seeds', 'not_resumable': '',
+       'interval_unit': 'env steps per member'}))
+  (tmp_path / 'checkpoints').mkdir()
+  assert commands.main(['seeds', '--resume', str(tmp_path)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1] == (f'error: --resume {str(tmp_path)!r}: no complete '
+                     'checkpoint there (the run was stopped before its first '
+                     'one); start it again without --resume'), err
+  # (A 'Logging error' may precede it here: an earlier test's handler
+  # writing to a captured stream pytest has closed.)
+  assert not any('FileNotFoundError' in line for line in err), err
+
+
+def test_an_env_module_in_the_current_folder_is_found(tmp_path, monkeypatch):
+  """``--env mymod:Env-v0`` imports mymod from where the command runs, as
+  ``--agent mymod:X`` does; a space it cannot serve is one ConfigError."""
+  (tmp_path / 'cwd_env_mod.py').write_text(
+      'import gymnasium as gym\n'
+      'gym.register("CwdPendulum-v0", entry_point='
+      '"gymnasium.envs.classic_control.pendulum:PendulumEnv",'
+      ' max_episode_steps=20)\n'
+      'gym.register("CwdDict-v0", entry_point="cwd_env_mod:DictEnv")\n'
+      'class DictEnv(gym.Env):\n'
+      '  observation_space = gym.spaces.Dict({"a": gym.spaces.Discrete(2)})\n'
+      '  action_space = gym.spaces.Discrete(2)\n')
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, 'path', [p for p in sys.path
+                                    if p not in ('', str(tmp_path))])
+  spec = make_env_spec('cwd_env_mod:CwdPendulum-v0')
+  assert spec.observations.shape == (3,)
+  with pytest.raises(ConfigError,
+                     match="--env 'cwd_env_mod:CwdDict-v0': observation "
+                           'space .* is not supported'):
+    make_env_spec('cwd_env_mod:CwdDict-v0')

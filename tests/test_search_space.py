@@ -1,10 +1,13 @@
 """Search spaces: sampling, perturbation, constraints and validation."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import fastpbrl
 from fastpbrl import agents, build
 from fastpbrl import search_space as ss
 from fastpbrl.agents import td3
@@ -474,3 +477,32 @@ def test_perturb_resamples_from_the_resample_space():
   with pytest.raises(ValueError, match='resample_space has fields'):
     ss.perturb(jax.random.PRNGKey(0), space, hp, resample_space=ss.SearchSpace(
         {'policy_lr': ss.LogUniform(1e-4, 1e-3)}))
+
+
+# --- A search space given as a dict (the Python API) or inline JSON --------
+
+DICT_SPACE = {'policy_lr': {'kind': 'loguniform', 'low': 1e-4, 'high': 1e-3},
+              'discount': {'kind': 'discount', 'low': 0.95, 'high': 0.995}}
+
+
+def test_an_inline_space_is_the_space_the_file_would_give(tmp_path):
+  path = tmp_path / 'space.json'
+  path.write_text(json.dumps(DICT_SPACE))
+  from_file = PBT(PBTRunConfig(search_space=str(path))).space
+  inline = PBT(PBTRunConfig(search_space=json.dumps(DICT_SPACE))).space
+  assert inline == from_file == ss.from_dict(DICT_SPACE)
+
+
+@pytest.mark.parametrize('space, message', [
+    ({'policy_lr': {'kind': 'loguniform', 'low': 1e-3, 'high': 1e-4}},
+     'search_space|--search-space'),
+    ({'no_such_field': {'kind': 'uniform', 'low': 0.0, 'high': 1.0}},
+     'no_such_field'),
+])
+def test_train_refuses_a_bad_dict_space_before_making_the_run_folder(
+    space, message, tmp_path):
+  run_dir = tmp_path / 'run'
+  with pytest.raises(fastpbrl.ConfigError, match=message):
+    fastpbrl.train('pbt', search_space=space, run_dir=str(run_dir),
+                   progress=False, num_actors=1)
+  assert not run_dir.exists()

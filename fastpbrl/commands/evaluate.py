@@ -26,7 +26,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-  p = _Parser(prog='fastpbrl evaluate', description=__doc__,
+  p = _Parser(prog='fastpbrl evaluate',
+              description=__doc__.replace('``', ''),  # no RST in --help
               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('run_dir', metavar='RUN_DIR',
                  help='a run folder (holds config.json and checkpoints/)')

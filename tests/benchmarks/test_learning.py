@@ -123,8 +123,9 @@ def test_report_plots_the_cem_mean_policy(tmp_path, monkeypatch):
   monkeypatch.setattr(matplotlib.axes.Axes, 'plot', plot)
   table = learning.report(str(out))
   # The curve has no point in the budget's last fifth: no late mean.
+  # CEM mean policy: mean of -300 and -200, sample std 50 x sqrt(2) = 71.
   assert ('| Pendulum-v1 | 400 | cemrl | 2 | -800 ± 0 | - | -850 ± 0 | '
-          '-250 ± 50 |') in table
+          '-250 ± 71 |') in table
   (steps, ys, label), = lines
   assert label == 'cemrl mean policy (2 of 2 seeds)'
   # Seed 0 interpolated at 120 is -460 and seed 1 at 200 is -240: exact
@@ -184,8 +185,9 @@ def test_late_best_averages_the_best_member_over_the_last_fifth(tmp_path):
                  'eval_episodes': 1, 'budget': {'env_steps': 1000},
                  'machine': 'test', 'date': '2026-11-25', 'code': 'x'}, f)
   table = learning.report(str(out))
-  # Finals 60 and 0; late means 40 and 50.
-  assert '| Pendulum-v1 | 1,000 | pbt-td3 | 2 | 30 ± 30 | 45 ± 5 |' in table
+  # Finals 60 and 0 (sample std 30 x sqrt(2) = 42); late means 40 and 50
+  # (5 x sqrt(2) = 7).
+  assert '| Pendulum-v1 | 1,000 | pbt-td3 | 2 | 30 ± 42 | 45 ± 7 |' in table
   with open(out / 'results.csv') as f:
     rows = f.read().splitlines()
   assert rows[0].startswith('task,env_steps_per_member,method,seed,'
@@ -212,3 +214,31 @@ def test_synchronous_loop_is_seeded_and_updates_after_the_warm_up():
   # The seed fixes everything: a second run gives the same curve.
   again = learning.run_sync(args, 'Pendulum-v1', 'td3', seed=3)
   assert again['curve'] == first['curve']
+
+
+def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
+  out = tmp_path / 'learning'
+  finals = {'seeds-td3': [-150.0, -140.0, -160.0, -145.0, -155.0],
+            'pbt-td3': [-100.0, -110.0, -90.0, -105.0, -95.0],
+            'seeds-sac': [-100.0, -300.0]}
+  for method, values in finals.items():
+    for seed, value in enumerate(values):
+      path = learning.result_path(str(out), 'Pendulum-v1', method, seed, 1000)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, 'w') as f:
+        json.dump({'final_returns': [value, value - 50.0], 'wall_time_s': 1.0,
+                   'curve': [], 'task': 'Pendulum-v1', 'method': method,
+                   'seed': seed, 'population_size': 2, 'eval_episodes': 1,
+                   'budget': {'env_steps': 1000}, 'machine': 'test',
+                   'date': '2026-11-26', 'code': 'x'}, f)
+  table = learning.report(str(out))
+  row = next(line for line in table.splitlines()
+             if line.startswith('| Pendulum-v1 | 1,000 | pbt-td3 | 5 | -100 ['))
+  # Every PBT seed beats every seeds-td3 seed: P = 1, and so does every
+  # resample: the interval is [1, 1].
+  assert row.endswith('| 1.00 [1.00, 1.00] | better |'), row
+  assert learning.baseline_of('pbt-td3') == 'seeds-td3'
+  assert learning.baseline_of('pbt-sac') == 'seeds-sac'
+  assert learning.baseline_of('dvd') == 'seeds-td3'
+  assert learning.baseline_of('seeds-td3') is None
+  assert learning.baseline_of('sb3-td3') is None

@@ -1,0 +1,130 @@
+"""Statistics over seeds for the learning report (host-side, numpy/scipy).
+
+A handful of seeds per method cannot carry a mean +- std alone (Agarwal et
+al., "Deep Reinforcement Learning at the Edge of the Statistical Precipice",
+NeurIPS 2021). The report gives, per task and method:
+
+* the mean and the sample standard deviation (``ddof=1``: the population
+  formula, ``ddof=0``, understates the spread by 15-41% at 2-4 seeds);
+* the interquartile mean (IQM: the mean of the middle 50% of the seeds,
+  ``scipy.stats.trim_mean(x, 0.25)``) with a 95% percentile-bootstrap
+  confidence interval over seeds (``scipy.stats.bootstrap``);
+* for a rule, its probability of improvement over the ``seeds`` baseline,
+  P(X > Y) + P(X = Y) / 2 for a seed X of the rule and a seed Y of the
+  baseline (the Mann-Whitney U statistic over n x m pairs, as rliable
+  defines it), with a 95% bootstrap interval resampling each side's seeds
+  independently (rliable's stratified bootstrap with one task). A rule is
+  called better than the baseline only where that interval lies above 1/2,
+  worse where it lies below, and only with ``MIN_SEEDS`` seeds a side.
+
+scipy's bootstrap rather than rliable: scipy is already installed with the
+library's dependencies and implements the same percentile bootstrap;
+rliable would add arch and its dependencies for three functions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+import numpy as np
+from scipy import stats
+
+CONFIDENCE = 0.95
+RESAMPLES = 10_000
+SEED = 0  # the bootstrap's resampling is fixed, so the report is too
+
+
+class Interval(NamedTuple):
+  """A point estimate and its confidence interval (NaN where undefined)."""
+
+  value: float
+  low: float
+  high: float
+
+
+def sample_std(values: Sequence[float]) -> float:
+  """The sample standard deviation (``ddof=1``); NaN below 2 values."""
+  values = np.asarray(values, np.float64)
+  return float(np.std(values, ddof=1)) if values.size >= 2 else math.nan
+
+
+def iqm(values: Sequence[float]) -> float:
+  """The interquartile mean: the mean of the middle 50% of ``values``
+  (scipy trims ``floor(0.25 n)`` values from each end)."""
+  return float(stats.trim_mean(np.asarray(values, np.float64), 0.25))
+
+
+def iqm_interval(values: Sequence[float]) -> Interval:
+  """The IQM with its 95% percentile-bootstrap interval over the values;
+  the interval is NaN below 2 values or when every value is equal."""
+  values = np.asarray(values, np.float64)
+  point = iqm(values)
+  if values.size < 2 or np.all(values == values[0]):
+    return Interval(point, math.nan, math.nan)
+  result = stats.bootstrap(
+      (values,), lambda x, axis: stats.trim_mean(x, 0.25, axis=axis),
+      confidence_level=CONFIDENCE, n_resamples=RESAMPLES,
+      method='percentile', rng=np.random.default_rng(SEED))
+  return Interval(point, float(result.confidence_interval.low),
+                  float(result.confidence_interval.high))
+
+
+def probability_of_improvement(x: Sequence[float],
+                               y: Sequence[float]) -> float:
+  """P(X > Y) + P(X = Y) / 2 over every pair of a value of ``x`` and one of
+  ``y``."""
+  x = np.asarray(x, np.float64)[:, None]
+  y = np.asarray(y, np.float64)[None, :]
+  return float(np.mean((x > y) + 0.5 * (x == y)))
+
+
+def _poi_vectorized(x, y, axis=-1):
+  x = np.moveaxis(np.asarray(x), axis, -1)[..., :, None]
+  y = np.moveaxis(np.asarray(y), axis, -1)[..., None, :]
+  return np.mean((x > y) + 0.5 * (x == y), axis=(-2, -1))
+
+
+def improvement_interval(x: Sequence[float],
+                         y: Sequence[float]) -> Interval:
+  """The probability that ``x`` improves on ``y`` with its 95% bootstrap
+  interval, each side's values resampled independently; NaN interval when
+  either side has fewer than 2 values."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  point = probability_of_improvement(x, y)
+  if x.size < 2 or y.size < 2:
+    return Interval(point, math.nan, math.nan)
+  result = stats.bootstrap(
+      (x, y), _poi_vectorized, confidence_level=CONFIDENCE,
+      n_resamples=RESAMPLES, method='percentile', paired=False,
+      rng=np.random.default_rng(SEED))
+  return Interval(point, float(result.confidence_interval.low),
+                  float(result.confidence_interval.high))
+
+
+# Seeds each side needs before a verdict. With complete separation (every
+# seed of one side above every seed of the other) the percentile bootstrap
+# gives [1, 1] whatever the counts, though 2 seeds against 4 separate so by
+# chance with probability 1/15; from 5 against 5 that chance is 1/252.
+MIN_SEEDS = 5
+
+
+def verdict(interval: Interval, seeds: int) -> str:
+  """``better`` / ``worse`` where the interval excludes 1/2, else
+  ``not distinguishable``; ``too few seeds`` when either side has fewer
+  than ``MIN_SEEDS`` (``seeds``: the smaller side's count)."""
+  if math.isnan(interval.low) or seeds < MIN_SEEDS:
+    return f'too few seeds (< {MIN_SEEDS})'
+  if interval.low > 0.5:
+    return 'better'
+  if interval.high < 0.5:
+    return 'worse'
+  return 'not distinguishable'
+
+
+def fmt_interval(interval: Interval, digits: int = 0) -> str:
+  """``value [low, high]``, or the value alone without an interval."""
+  if math.isnan(interval.low):
+    return f'{interval.value:.{digits}f}'
+  return (f'{interval.value:.{digits}f} [{interval.low:.{digits}f}, '
+          f'{interval.high:.{digits}f}]')

@@ -1,0 +1,335 @@
+"""A run folder's results as pandas tables (host-side; nothing here is
+jittable).
+
+    run = fastpbrl.load_run('runs/pbt-td3-Pendulum-v1-20260101-120000')
+    run.evaluations.pivot(index='env_steps', columns='member',
+                          values='mean_return').plot()
+    run.hparam_schedule()    # the best member's hyperparameters over time
+
+``load_run`` reads what a run writes under its folder (``fastpbrl.logging``
+and ``fastpbrl.population.pbt`` write and read each file; their readers are
+reused here, so that a table says what the run's own summary, plot and
+``--rerun-lineage`` say): ``members/member_XXX.csv`` (every episode),
+``hparams.csv``, ``lineage.jsonl`` (PBT), ``rule.csv``,
+``final_returns.json`` and ``config.json``. A run stopped before its final
+evaluation (killed, or not finished yet) loads as well: its
+``final_returns`` is empty and its best member is the one whose last
+evaluation is best.
+
+pandas is a core dependency rather than an extra: ``load_run`` exists to
+hand back DataFrames (as Ray Tune's ``ResultGrid.get_dataframe()`` does),
+an extra would make it fail on a default install, and pandas is a
+well-kept library with wheels for every platform fastpbrl runs on.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from fastpbrl.api import best_member as finished_best_member
+from fastpbrl.config import ConfigError, saved_settings
+from fastpbrl.logging import (EPISODE_FIELDS, FINAL_RETURNS, HPARAMS_CSV,
+                              evaluation_points, read_final_returns,
+                              read_member_csvs, read_rule_csv)
+from fastpbrl.population import pbt as pbt_lib
+from fastpbrl.rules.pbt import LINEAGE
+
+# Columns of ``RunData.episodes``: the member CSVs' (``EPISODE_FIELDS``:
+# wall_time, env_steps, update_steps, member, episode_return,
+# episode_length, evaluation).
+EPISODE_DTYPES = dict(zip(EPISODE_FIELDS, ('float64', 'int64', 'int64',
+                                           'int64', 'float64', 'int64',
+                                           'bool')))
+EVALUATION_DTYPES = {'member': 'int64', 'env_steps': 'int64',
+                     'wall_time': 'float64', 'mean_return': 'float64'}
+# Columns of ``RunData.lineage`` before the hyperparameters.
+LINEAGE_DTYPES = {'event': 'object', 'env_steps': 'int64',
+                  'update_steps': 'int64', 'member': 'int64',
+                  'parent': 'Int64', 'fitness': 'float64',
+                  'parent_fitness': 'float64', 'reason': 'object'}
+KEYS = ('env_steps', 'update_steps', 'member')  # hparams.csv's first columns
+
+
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class RunData:
+  """A run folder's results (``load_run``). Steps are env steps per member
+  (each member's own for its episodes), as everywhere in fastpbrl.
+
+  The tables are plain DataFrames: change them on a copy
+  (``run.hparams.copy()``), as this object hands the same ones to every
+  caller (``hparam_schedule`` reads ``hparams``).
+  """
+
+  run_dir: str
+  """The run folder, as given."""
+  config: dict
+  """The settings the run saved (``config.json``; its rule under ``rule``)."""
+  episodes: pd.DataFrame
+  """Every training and evaluation episode of every member, in the order
+  written: ``wall_time``, ``env_steps``, ``update_steps``, ``member``,
+  ``episode_return``, ``episode_length``, ``evaluation`` (bool)."""
+  evaluations: pd.DataFrame
+  """One row per evaluation of a member: ``member``, ``env_steps`` (where
+  its policy was frozen), ``wall_time``, ``mean_return`` (the mean of its
+  ``eval_episodes`` episodes), as the run's return curve
+  (``fastpbrl.logging.evaluation_points``); a finished run's last row per
+  member is its final evaluation."""
+  hparams: pd.DataFrame
+  """``hparams.csv``: every member's hyperparameters at chosen learner calls
+  (``env_steps``, ``update_steps``, ``member``, one float column per
+  hyperparameter)."""
+  lineage: pd.DataFrame
+  """PBT's ``lineage.jsonl``, one row per event: ``event`` (init, reset or
+  exploit), ``env_steps``, ``update_steps`` (the file's ``step``),
+  ``member``, ``parent`` (exploits; else missing), ``fitness`` and
+  ``parent_fitness`` (exploits), ``reason`` (``diverged`` or missing), then
+  the hyperparameters the member holds after the event. No rows for other
+  rules."""
+  rule: pd.DataFrame
+  """``rule.csv``: the rule's scalars (PBT's exploits, DvD's lambda, ...),
+  one column each, indexed by ``env_steps``; no columns when the rule has
+  none."""
+  final_returns: pd.Series
+  """Each member's final evaluation (``final_returns.json``), indexed by
+  ``member``; empty when the run stopped before it."""
+  best_member: Optional[int]
+  """The member with the best final evaluation (``fastpbrl.best_member``);
+  for a run stopped before it, the member whose last evaluation is best;
+  ``None`` when no member was evaluated yet."""
+  lineage_events: list
+  """``lineage.jsonl``'s events as written (``pbt.read_lineage``); ``[]``
+  for other rules."""
+
+  def __repr__(self) -> str:
+    return (f'RunData({self.run_dir!r}, rule={self.config.get("rule")!r}, '
+            f'members={self.population_size}, '
+            f'episodes={len(self.episodes)}, '
+            f'evaluations={len(self.evaluations)}, '
+            f'lineage={len(self.lineage)}, finished={self.finished}, '
+            f'best_member={self.best_member})')
+
+  @property
+  def finished(self) -> bool:
+    """Whether the run wrote its final evaluation."""
+    return not self.final_returns.empty
+
+  @property
+  def population_size(self) -> int:
+    return int(self.config['population_size'])
+
+  def hparam_schedule(self, member: Optional[int] = None) -> pd.DataFrame:
+    """The hyperparameters behind ``member``'s final weights over time.
+
+    PBT: when ``member`` copied member ``s`` at env step ``t``, its weights
+    were trained with ``s``'s hyperparameters before ``t``, and so on back
+    through ``s``'s own copies (``fastpbrl.population.pbt.schedule``, which
+    ``fastpbrl pbt --rerun-lineage`` re-runs). Other rules (no lineage):
+    the member's own rows of ``hparams.csv`` where they change.
+
+    Args:
+      member: a member index; default: ``best_member``.
+
+    Returns:
+      One row per change, indexed by ``env_steps`` (in force from there to
+      the next row): ``update_steps``, then one column per hyperparameter.
+
+    Raises:
+      ConfigError: ``member`` is out of range, or no member was evaluated
+        yet and none was given.
+    """
+    member = self._member(member)
+    names = [c for c in self.hparams.columns if c not in KEYS]
+    if not self.lineage_events:
+      own = self.hparams[self.hparams['member'] == member]
+      changed = own[names].ne(own[names].shift()).any(axis=1) | (
+          np.arange(len(own)) == 0)
+      return own.loc[changed, ['env_steps', 'update_steps', *names]
+                     ].set_index('env_steps')
+    try:
+      entries = pbt_lib.schedule(self.lineage_events, member)
+    except (KeyError, ValueError) as e:
+      raise ConfigError(f'{os.path.join(self.run_dir, LINEAGE)}: {e}'
+                        ) from None
+    env_steps = self._env_steps_of_update_steps()
+    missing = [step for step, _ in entries if step not in env_steps]
+    if missing:
+      raise ConfigError(
+          f'{os.path.join(self.run_dir, LINEAGE)} has no env steps for '
+          f'update step {missing[0]} (a run older than env steps in the '
+          'lineage): pbt.schedule(path, member) gives it in update steps')
+    table = pd.DataFrame(
+        [{'env_steps': env_steps[step], 'update_steps': step, **values}
+         for step, values in entries])
+    if set(names) != set(entries[0][1]):
+      names = sorted(entries[0][1])
+    return table[['env_steps', 'update_steps', *names]].astype(
+        {'env_steps': 'int64', 'update_steps': 'int64',
+         **{n: 'float64' for n in names}}).set_index('env_steps')
+
+  def _member(self, member: Optional[int]) -> int:
+    if member is None:
+      if self.best_member is None:
+        raise ConfigError(f'{self.run_dir!r} has no evaluation yet: pass '
+                          'the member, hparam_schedule(member=0)')
+      return self.best_member
+    n = self.population_size
+    if not (isinstance(member, (int, np.integer)) and 0 <= member < n):
+      raise ConfigError(f'member {member!r} is out of range: the run has '
+                        f'{n} members (0..{n - 1})')
+    return int(member)
+
+  def _env_steps_of_update_steps(self) -> dict[int, int]:
+    """Update steps -> env steps per member, from the lineage's events and
+    ``hparams.csv`` (whose rows are written at every decision)."""
+    out = dict(zip(self.hparams['update_steps'].tolist(),
+                   self.hparams['env_steps'].tolist()))
+    out.update({int(e['step']): int(e['env_steps'])
+                for e in self.lineage_events if 'env_steps' in e})
+    return out
+
+
+def load_run(run_dir: str | os.PathLike) -> RunData:
+  """Reads a run folder (finished, stopped or still running) into tables.
+
+      run = fastpbrl.load_run('runs/pbt-td3-Pendulum-v1-20260101-120000')
+      run.evaluations.groupby('member')['mean_return'].max()
+
+  Args:
+    run_dir: the folder of a run (``runs/<rule>-<agent>-<env>-<time>``, or
+      ``--run-dir``).
+
+  Raises:
+    ConfigError: ``run_dir`` is not a fastpbrl run folder (it has no
+      ``config.json``).
+  """
+  run_dir = os.fspath(run_dir)
+  if not os.path.isdir(run_dir):
+    raise ConfigError(f'no folder {run_dir!r} (a run folder is '
+                      'runs/<rule>-<agent>-<env>-<time>, or --run-dir)')
+  config = saved_settings(run_dir, flag='run folder')
+  eval_episodes = int(config.get('eval_episodes') or 1)
+  members = _member_rows(run_dir)
+  episodes = _table([row for rows in members for row in rows],
+                    EPISODE_DTYPES)
+  evaluations = _table(
+      [{'member': member, 'env_steps': steps, 'wall_time': wall,
+        'mean_return': mean}
+       for member, rows in _by_member(members)
+       for steps, wall, mean in evaluation_points(rows, eval_episodes)],
+      EVALUATION_DTYPES)
+  final = _final_returns(run_dir)
+  events = _lineage_events(run_dir)
+  return RunData(
+      run_dir=run_dir, config=config, episodes=episodes,
+      evaluations=evaluations, hparams=_hparams(run_dir),
+      lineage=_lineage(events), rule=_rule(run_dir), final_returns=final,
+      best_member=(finished_best_member(run_dir) if not final.empty
+                   else _best_last_evaluation(evaluations)),
+      lineage_events=events)
+
+
+def _member_rows(run_dir: str) -> list[list[dict]]:
+  """Each member CSV's rows, less a last line a crash cut short (fewer
+  fields than the header)."""
+  if not os.path.isdir(os.path.join(run_dir, 'members')):
+    return []
+  return [[r for r in rows if None not in r.values()]
+          for rows in read_member_csvs(run_dir)]
+
+
+def _by_member(members: list[list[dict]]):
+  """``(member index, rows)`` for each member CSV that has rows."""
+  for rows in members:
+    if rows:
+      yield int(rows[0]['member']), rows
+
+
+def _table(rows: list[dict], dtypes: dict) -> pd.DataFrame:
+  """``rows`` (strings as the CSVs hold them, or numbers) as a DataFrame with
+  exactly ``dtypes``' columns and types; numbers are parsed by Python
+  (``float(repr(x)) == x``)."""
+  columns = {name: [_PARSE[dtype](r[name]) for r in rows]
+             for name, dtype in dtypes.items()}
+  return pd.DataFrame(columns, columns=list(dtypes)).astype(dtypes)
+
+
+_PARSE = {'int64': int,
+          'float64': lambda v: math.nan if v == '' else float(v),
+          'bool': lambda v: v == 'True' if isinstance(v, str) else bool(v)}
+
+
+def _hparams(run_dir: str) -> pd.DataFrame:
+  path = os.path.join(run_dir, HPARAMS_CSV)
+  fields, rows = list(KEYS), []
+  if os.path.exists(path):
+    with open(path, newline='') as f:
+      reader = csv.DictReader(f)
+      fields = list(reader.fieldnames or KEYS)
+      rows = [r for r in reader if None not in r.values()]  # none cut short
+  # An empty field (a hyperparameter a resumed run's rows lack) is NaN.
+  return _table(rows, {name: 'int64' if name in KEYS else 'float64'
+                       for name in fields})
+
+
+def _lineage_events(run_dir: str) -> list[dict]:
+  path = os.path.join(run_dir, LINEAGE)
+  return pbt_lib.read_lineage(path) if os.path.exists(path) else []
+
+
+def _lineage(events: list[dict]) -> pd.DataFrame:
+  def after(e):  # the hyperparameters the member holds after the event
+    return e.get('hparams', e.get('new_hparams', {}))
+
+  names = sorted({name for e in events for name in after(e)})
+  dtypes = {**LINEAGE_DTYPES, **{n: 'float64' for n in names}}
+  if any('env_steps' not in e for e in events):  # from before events
+    dtypes['env_steps'] = 'Int64'  # carried env steps: missing there
+  nan = float('nan')
+  rows = [{'event': e['event'], 'env_steps': e.get('env_steps'),
+           'update_steps': e['step'], 'member': e['member'],
+           'parent': e.get('parent'),
+           # JSON has no NaN: the lineage writes a missing fitness as null.
+           'fitness': _or(e.get('fitness'), nan),
+           'parent_fitness': _or(e.get('parent_fitness'), nan),
+           'reason': e.get('reason'),
+           **{n: _or(after(e).get(n), nan) for n in names}} for e in events]
+  return pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
+
+
+def _or(value, default):
+  return default if value is None else value
+
+
+def _rule(run_dir: str) -> pd.DataFrame:
+  # dict(points): one value per scalar and env step, the last written
+  # should a step repeat.
+  table = pd.DataFrame({name: pd.Series(dict(points), dtype='float64')
+                        for name, points in read_rule_csv(run_dir).items()})
+  table = table.sort_index()
+  table.index = table.index.astype('int64').rename('env_steps')
+  return table
+
+
+def _final_returns(run_dir: str) -> pd.Series:
+  if os.path.exists(os.path.join(run_dir, FINAL_RETURNS)):
+    values = read_final_returns(run_dir)['final_returns']
+  else:
+    values = []
+  return pd.Series(values, dtype='float64', name='final_return',
+                   index=pd.RangeIndex(len(values), name='member'))
+
+
+def _best_last_evaluation(evaluations: pd.DataFrame) -> Optional[int]:
+  """The member whose last evaluation has the highest mean (the first on a
+  tie, as ``np.argmax``); ``None`` without evaluations."""
+  if evaluations.empty:
+    return None
+  last = evaluations.groupby('member')['mean_return'].last()
+  return int(last.idxmax())

@@ -1,0 +1,75 @@
+"""The learning report's statistics against values worked out by hand and
+against a brute-force bootstrap."""
+
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks import stats
+
+
+def test_sample_std_divides_by_n_minus_one():
+  # mean 2; squared deviations 1 + 0 + 1 = 2; 2 / (3 - 1) = 1.
+  assert stats.sample_std([1.0, 2.0, 3.0]) == pytest.approx(1.0, rel=1e-12)
+  assert math.isnan(stats.sample_std([5.0]))
+
+
+def test_iqm_is_the_mean_of_the_middle_half():
+  # 8 values, sorted -50 1 2 3 4 5 6 100: drop the 2 lowest and the 2
+  # highest, mean of 2, 3, 4, 5 = 3.5.
+  assert stats.iqm([100, 1, 2, 3, 4, 5, 6, -50]) == pytest.approx(3.5)
+  # 5 values: floor(1.25) = 1 trimmed at each end: mean of 2, 3, 4.
+  assert stats.iqm([1, 2, 3, 4, 1000]) == pytest.approx(3.0)
+
+
+def test_probability_of_improvement_counts_pairs_and_halves_ties():
+  # Pairs (x, y): (3,1) (3,2) (3,3) (0,1) (0,2) (0,3): wins 2, tie 1 of 6.
+  assert stats.probability_of_improvement([3, 0], [1, 2, 3]) == (
+      pytest.approx(2.5 / 6))
+  assert stats.probability_of_improvement([5, 6], [1, 2]) == 1.0
+  assert stats.probability_of_improvement([1, 2], [1, 2]) == 0.5
+
+
+def brute_force_interval(x, y, resamples, seed):
+  """Percentile bootstrap, written out: resample each side's seeds with
+  replacement, recompute P(X > Y), take the 2.5th and 97.5th percentiles."""
+  rng = np.random.default_rng(seed)
+  values = []
+  for _ in range(resamples):
+    xs = rng.choice(x, size=len(x), replace=True)
+    ys = rng.choice(y, size=len(y), replace=True)
+    values.append(stats.probability_of_improvement(xs, ys))
+  return np.percentile(values, [2.5, 97.5])
+
+
+def test_improvement_interval_matches_a_brute_force_bootstrap():
+  x = [-110.0, -120.0, -95.0, -130.0, -101.0]
+  y = [-150.0, -140.0, -125.0, -160.0, -118.0]
+  interval = stats.improvement_interval(x, y)
+  low, high = brute_force_interval(x, y, 4000, seed=1)
+  # Two independent Monte Carlo estimates of the same percentiles: each
+  # endpoint is a multiple of 1/50 (pairs of 5 x 5 seeds, ties halved),
+  # and 10,000 / 4,000 resamples put them within one or two steps.
+  assert interval.value == pytest.approx(0.88)
+  assert abs(interval.low - low) <= 0.06 and abs(interval.high - high) <= 0.06
+  assert stats.verdict(interval, 5) == 'better'
+  assert stats.verdict(interval, 4) == 'too few seeds (< 5)'
+
+
+def test_verdict_needs_the_interval_to_exclude_one_half():
+  assert stats.verdict(stats.Interval(0.7, 0.4, 0.9), 5) == (
+      'not distinguishable')
+  assert stats.verdict(stats.Interval(0.1, 0.0, 0.45), 6) == 'worse'
+  assert stats.verdict(stats.Interval(0.9, math.nan, math.nan), 9) == (
+      'too few seeds (< 5)')
+  assert math.isnan(stats.improvement_interval([1.0], [0.0, 2.0]).low)
+
+
+def test_iqm_interval_brackets_the_iqm_and_is_reproducible():
+  values = [-120.0, -110.0, -160.0, -115.0, -105.0, -300.0]
+  first, again = stats.iqm_interval(values), stats.iqm_interval(values)
+  assert first == again  # a fixed resampling seed
+  assert first.low <= first.value <= first.high
+  assert min(values) <= first.low and first.high <= max(values)
+  assert math.isnan(stats.iqm_interval([1.0]).low)

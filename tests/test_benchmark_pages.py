@@ -1,0 +1,140 @@
+"""The benchmark pages are the ones ``python -m benchmarks.pages`` generates,
+and its tables agree with an independent reading of the result files."""
+
+import glob
+import json
+import os
+import statistics
+
+import pytest
+
+from benchmarks import learning, pages
+
+ROOT = pages.ROOT
+RESULTS = os.path.join(ROOT, 'benchmarks', 'results')
+
+
+def table_rows(block: str) -> dict[str, dict[str, str]]:
+  """The rows of a generated Markdown table, by their first cell, each a
+  dict from column header to cell."""
+  lines = [[c.strip() for c in line.strip('|').split('|')]
+           for line in block.splitlines() if line.startswith('|')]
+  header, body = lines[0], lines[2:]
+  return {cells[0]: dict(zip(header[1:], cells[1:], strict=True))
+          for cells in body}
+
+
+@pytest.mark.parametrize('page', pages.PAGES)
+def test_the_benchmark_pages_are_the_generated_ones(page):
+  """Every generated block of the page is what the result files give:
+  regenerate the page when a result file changes."""
+  with open(os.path.join(ROOT, page)) as f:
+    text = f.read()
+  assert '<!-- generated: ' in text
+  assert text == pages.render(text, page), (
+      f'{page} is stale: python -m benchmarks.pages')
+
+
+def test_check_names_each_stale_page_and_exits_1(tmp_path, monkeypatch,
+                                                 capsys):
+  page = tmp_path / 'page.md'
+  page.write_text('Prose.\n\n<!-- generated: resume-curve -->\n| old |\n'
+                  '<!-- end generated -->\n\nMore prose.\n')
+  fresh = tmp_path / 'fresh.md'
+  fresh.write_text(pages.render(page.read_text()))
+  monkeypatch.setattr(pages, 'PAGES', (str(page), str(fresh)))
+  assert pages.main(['--check']) == 1
+  out = capsys.readouterr().out.splitlines()
+  assert len(out) == 1 and out[0].startswith(f'{page}: ')
+  # --check wrote nothing; a plain run rewrites the stale page only, and
+  # keeps the prose around the block.
+  assert '| old |' in page.read_text()
+  assert pages.main([]) == 0
+  assert page.read_text() == fresh.read_text()
+  assert page.read_text().startswith('Prose.\n\n<!-- generated: ')
+  assert page.read_text().endswith('<!-- end generated -->\n\nMore prose.\n')
+
+
+def test_an_unknown_or_unclosed_block_is_refused_in_one_line():
+  with pytest.raises(pages.PageError, match=r"no generated block named "
+                     r"'nope'; known: .*cpu-update-speed td3"):
+    pages.render('<!-- generated: nope -->\n<!-- end generated -->', 'p.md')
+  with pytest.raises(pages.PageError, match='1 "<!-- generated: NAME -->" '
+                     'markers but 0'):
+    pages.render('<!-- generated: resume-curve -->\n', 'p.md')
+  for broken in ('<!-- generated: nope -->\n<!-- end generated -->',
+                 '<!-- end generated -->'):
+    with pytest.raises(pages.PageError) as error:
+      pages.render(broken, 'p.md')
+    assert '\n' not in str(error.value)
+    assert str(error.value).startswith('p.md: ')
+
+
+def test_a_cpu_update_speed_cell_is_the_json_row():
+  """TD3 at N = 8, 50 steps per call: the median call time over the
+  member-steps of a call, and PyTorch's time over ours, from the rows."""
+  with open(os.path.join(RESULTS, 'cpu', 'update_speed.json')) as f:
+    data = json.load(f)
+
+  def call_ms(implementation):
+    (row,) = [r for r in data['rows'] if r['mode'] == 'independent'
+              and r['agent'] == 'td3' and r['steps_per_call'] == 50
+              and r['population_size'] == 8
+              and r['implementation'] == implementation]
+    return row['time_per_call_ms']
+
+  vectorized, torch = call_ms('jax-vectorized'), call_ms('torch-sequential')
+  block = pages.BLOCKS['cpu-update-speed td3']()
+  rows = table_rows(block)
+  assert float(rows['JAX vectorized (this project)']['N=8']) == (
+      pytest.approx(vectorized / (50 * 8), abs=0.005))
+  speedup = rows['speed-up: PyTorch sequential time ÷ JAX vectorized time']
+  assert float(speedup['N=8'].rstrip('x')) == pytest.approx(
+      torch / vectorized, abs=0.05)
+  # The line under the table is read from the file too.
+  assert data['meta']['date'][:10] in block
+  assert data['meta']['command'] in block
+
+
+def test_the_learning_table_agrees_with_the_run_jsons():
+  """Seeds and best member's final (mean ± sample std over seeds of a run's
+  best final) of every row, and each rule's probability of improving on
+  its seeds row (every pair of seeds counted), recomputed from the run
+  JSONs."""
+  runs = {}
+  for path in glob.glob(os.path.join(RESULTS, 'learning', 'runs', '**',
+                                     '*.json'), recursive=True):
+    with open(path) as f:
+      run = json.load(f)
+    key = (run['task'], f'{run["budget"]["env_steps"]:,}', run['method'])
+    runs.setdefault(key, []).append(max(run['final_returns']))
+  block = pages.BLOCKS['learning results']()
+  means, over_seeds = block.split(learning.STATISTICS_NOTE)
+  seen = {}
+  for cells in body_rows(means):
+    task, steps, method, seeds, best = (c.strip() for c in cells[:5])
+    seen[(task, steps, method)] = (int(seeds), best)
+  assert set(seen) == set(runs)
+  for key, bests in runs.items():
+    expected = (f'{bests[0]:.0f}' if len(bests) == 1 else
+                f'{statistics.fmean(bests):.0f} ± '
+                f'{statistics.stdev(bests):.0f}')
+    assert seen[key] == (len(bests), expected), key
+  compared = 0
+  for cells in body_rows(over_seeds):
+    task, steps, method, _, _, poi = (c.strip() for c in cells[:6])
+    baseline = learning.baseline_of(method)
+    if (task, steps, baseline) not in runs:
+      assert poi == ''
+      continue
+    x, y = runs[(task, steps, method)], runs[(task, steps, baseline)]
+    wins = sum((a > b) + 0.5 * (a == b) for a in x for b in y)
+    assert poi.split(' ')[0] == f'{wins / (len(x) * len(y)):.2f}', cells
+    compared += 1
+  assert compared >= 10
+
+
+def body_rows(text: str) -> list[list[str]]:
+  """The body rows of the markdown tables in ``text``, split into cells."""
+  return [line.strip('|').split('|') for line in text.splitlines()
+          if line.startswith('| ') and not line.startswith('| task')]
