@@ -3,7 +3,9 @@
 The Python API (``fastpbrl/api.py``, imported on first use so that
 ``import fastpbrl`` stays light):
 
-* ``train(rule='pbt', **settings) -> TrainResult``: train a population;
+* ``train(rule='pbt', *, config=None, **settings) -> TrainResult``: train a
+  population; ``config`` is the rule's typed settings (``PBTRunConfig``,
+  ``RunConfig``, ...: the dataclasses the commands' flags come from);
 * ``load_policy(run_dir, member='best') -> Policy``: ``policy(obs) -> action``,
   ``policy.predict(obs, deterministic=True)`` (Stable-Baselines3's),
   ``policy.save(path)`` (one member alone; ``load_policy(path)`` reads it);
@@ -31,6 +33,10 @@ _API = {
     'Evaluation': 'fastpbrl.api', 'Callback': 'fastpbrl.callbacks',
     'StopAtReturn': 'fastpbrl.callbacks', 'TimeLimit': 'fastpbrl.callbacks',
     'ConfigError': 'fastpbrl.config', 'RunConfig': 'fastpbrl.config',
+    'PBTRunConfig': 'fastpbrl.rules.pbt',
+    'CEMRLRunConfig': 'fastpbrl.rules.cemrl',
+    'DvDRunConfig': 'fastpbrl.rules.dvd',
+    'HyperTrickRunConfig': 'fastpbrl.rules.hypertrick',
     'load_run': 'fastpbrl.run_data', 'RunData': 'fastpbrl.run_data',
 }
 

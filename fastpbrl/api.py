@@ -32,7 +32,8 @@ import numpy as np
 from fastpbrl import build, distributed
 from fastpbrl.callbacks import Callback
 from fastpbrl.checkpoint import Checkpointer
-from fastpbrl.config import ConfigError, saved_config, saved_settings
+from fastpbrl.config import (ConfigError, RunConfig, saved_config,
+                             saved_settings)
 from fastpbrl.envs import make_env
 from fastpbrl.evaluation import evaluation_seeds
 from fastpbrl.finish import RunResult
@@ -78,17 +79,23 @@ class TrainResult:
 
 
 def train(rule: Union[str, type, None] = None, *,
+          config: Optional[RunConfig] = None,
           callbacks: Sequence[Callback] = (),
           **config_fields: Any) -> TrainResult:
   """Trains a population with ``rule`` and returns where its best member is.
 
       fastpbrl.train('pbt', env='Hopper-v5', env_steps=50_000)
+      fastpbrl.train(config=fastpbrl.PBTRunConfig(env='Hopper-v5'))
       fastpbrl.train(resume='runs/pbt-td3-Hopper-v5-...')  # a stopped run
 
   Args:
     rule: ``pbt`` (the default for a new run), ``cemrl``, ``dvd``,
       ``hypertrick``, ``seeds``, a rule of your own as ``module:Class``, or
-      its (registered) class. With ``resume`` it defaults to the run's own.
+      its (registered) class. With ``resume`` it defaults to the run's own,
+      with ``config`` to the rule whose config class it is.
+    config: the settings as the rule's typed config (``PBTRunConfig``,
+      ``RunConfig`` for ``seeds``, ...: the dataclasses the commands' flags
+      come from); ``config_fields`` override it.
     callbacks: ``fastpbrl.Callback`` instances (``after_call(loop)``,
       ``after_rule_decision(loop, event)``).
     **config_fields: the rule's settings, named as the command's flags with
@@ -104,11 +111,18 @@ def train(rule: Union[str, type, None] = None, *,
     ConfigError: an unknown rule or setting, or an invalid value (the
       message names it as the flag: ``--env-steps must be > 0``).
   """
-  resume = config_fields.get('resume')
+  resume = config_fields.get('resume') or getattr(config, 'resume', None)
+  if config is not None and resume:
+    raise ConfigError('config and resume: a resume takes the run\'s saved '
+                      'settings; pass changes as keyword arguments')
   if rule is None:
-    rule = saved_rule(resume) if resume else 'pbt'
+    rule = (saved_rule(resume) if resume else
+            rule_of_config(config) if config is not None else 'pbt')
   rule_cls = rule_class(rule)
   config_cls = rule_cls.config_class
+  if config is not None and not isinstance(config, config_cls):
+    raise ConfigError(f'config is a {type(config).__name__}; rule '
+                      f'{rule_cls.name} takes a {config_cls.__name__}')
   fields = {f.name for f in dataclasses.fields(config_cls)}
   unknown = sorted(set(config_fields) - fields)
   if unknown:
@@ -126,10 +140,10 @@ def train(rule: Union[str, type, None] = None, *,
     config_fields['search_space'] = json.dumps(config_fields['search_space'])
   distributed.initialize_if_launched()  # under fastpbrl.launch or srun
   if resume:  # what the command's --resume does: the saved settings
-    config = dataclasses.replace(saved_config(resume, config_cls()),
-                                 **config_fields)
+    base = saved_config(resume, config_cls())
   else:
-    config = config_cls(**config_fields)
+    base = config if config is not None else config_cls()
+  config = dataclasses.replace(base, **config_fields)
   rule_obj = rule_cls.from_config(config)
   result = run(rule_obj.config, rule_obj, callbacks=callbacks)
   best = int(np.argmax(result.final_returns))
@@ -141,6 +155,16 @@ def train(rule: Union[str, type, None] = None, *,
                      best_final_return=float(result.final_returns[best]),
                      checkpoint=latest_checkpoint(result.run_dir),
                      lineage=lineage, run=result)
+
+
+def rule_of_config(config: RunConfig) -> type:
+  """The one registered rule whose config class ``config`` is."""
+  rules = [rule for rule in registry.builtins()
+           if type(config) is rule.config_class]
+  if len(rules) != 1:
+    raise ConfigError(f'no one rule takes a {type(config).__name__}: pass the '
+                      'rule too, train(rule, config=...)')
+  return rules[0]
 
 
 def latest_checkpoint(run_dir: str) -> str:

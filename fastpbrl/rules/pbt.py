@@ -59,8 +59,14 @@ class PBTRunConfig(RunConfig):
   """Exploit strategy: truncation or tournament (binary tournament)."""
   fraction: float = 0.3
   """Truncation: bottom fraction copies the top fraction, in (0, 0.5]."""
+  explore: Literal['perturb', 'resample'] = 'perturb'
+  """How a replaced member's hyperparameters are chosen: perturb (the
+  parent's, each multiplied by 0.8 or 1.2, or resampled with
+  --resample-probability; Jaderberg et al.) or resample (every one drawn
+  afresh from the distribution the population started from, as the 2022
+  paper does, appendix B.1; --resample-probability is then unused)."""
   resample_probability: float = 0.25
-  """Explore: probability of resampling a hyperparameter from the
+  """Explore perturb: probability of resampling a hyperparameter from the
   distribution the population started from (see --init-hparams)."""
   reset_optimizers: bool = False
   """Reset the optimizer states of members that copied another."""
@@ -105,10 +111,14 @@ PRESETS = {
     # About 3 minutes on 2 cores: Pendulum-v1's members solve it by about
     # 7,500 env steps.
     'small': PBTRunConfig(env_steps=10_000),
+    # The 2022 paper (appendix B.1): 80 members, the bottom 30% replaced
+    # every 100,000 update steps by copies of the top 30%, their
+    # hyperparameters resampled from the prior they started from.
     'paper': PBTRunConfig(env='HalfCheetah-v5', population_size=80,
                           env_steps=1_000_000, warmup_steps=25_000,
                           ready_after=100_000, eval_every=10_000,
-                          checkpoint_every=25_000),
+                          checkpoint_every=25_000, explore='resample',
+                          init_hparams='prior'),
     # Nature DQN's schedule (Mnih et al. 2015, Extended Data Table 1; see
     # fastpbrl/agents/dqn.py): 50M frames = 12.5M agent steps per member,
     # one update per 4 steps, 50k random steps first, a 100k replay per
@@ -203,7 +213,9 @@ class PBT(Rule):
           ready_after=as_update_steps(config.ready_after, config),
           exploit=config.exploit,
           fraction=config.fraction,
-          resample_probability=config.resample_probability,
+          # Resampling every field is perturb's resampling, always taken.
+          resample_probability=(1.0 if config.explore == 'resample'
+                                else config.resample_probability),
           reset_optimizers=config.reset_optimizers,
           copy_replay=config.copy_replay,
           min_gap_absolute=config.min_gap_absolute,

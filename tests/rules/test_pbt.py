@@ -11,11 +11,13 @@ import numpy as np
 
 from fastpbrl import search_space as ss
 from fastpbrl.actors.actor import EpisodeRecord
+from fastpbrl.agents import td3
 from fastpbrl.build import initial_population, make_agent, make_env_spec
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.resume import like
 from fastpbrl.rules.base import Observation
-from fastpbrl.rules.pbt import PBT, PBTRunConfig, fitness_of, record
+from fastpbrl.rules.pbt import (PRESETS, PBT, PBTRunConfig, fitness_of,
+                                record)
 
 N = 4
 
@@ -195,3 +197,31 @@ def test_explore_resamples_where_the_population_started():
   prior = PBT(dataclasses.replace(run.rule.config, init_hparams='prior'))
   prior.prepare(run.agent)
   assert prior.exploit.resample_space is None  # the whole search space
+
+
+def test_explore_resample_redraws_every_field_and_the_paper_preset_uses_it():
+  """``--explore resample`` (the 2022 paper's explore) is perturb's
+  resampling taken for every field: a replaced member's values are fresh
+  draws from the prior, not its parent's times 0.8 or 1.2."""
+  config = PBTRunConfig(explore='resample', init_hparams='prior')
+  rule = PBT(config)
+  assert rule.pbt_config.resample_probability == 1.0
+  assert PBT(PBTRunConfig()).pbt_config.resample_probability == 0.25
+  paper = PRESETS['paper']
+  assert (paper.explore, paper.init_hparams) == ('resample', 'prior')
+  space = rule.space
+  n = 200
+  hparams = ss.sample(jax.random.PRNGKey(0), space,
+                      td3.default_hparams(), n)
+  out = ss.perturb(jax.random.PRNGKey(1), space, hparams,
+                   resample_probability=rule.pbt_config.resample_probability)
+  for name in ('policy_lr', 'critic_lr', 'exploration_noise'):
+    x, y = np.asarray(getattr(hparams, name)), np.asarray(getattr(out, name))
+    near = np.isclose(y, x * 0.8, rtol=1e-5) | np.isclose(y, x * 1.2,
+                                                          rtol=1e-5)
+    assert not near.any(), name  # continuous draws: equality has measure 0
+  assert np.all(np.asarray(ss.within_bounds(space, out)))
+  # Draws of the whole prior: log10 of a LogUniform(3e-5, 3e-3) learning
+  # rate is uniform on [-4.52, -2.52]; its mean over 200 draws is within
+  # 0.2 of -3.52 (sd 0.58 / sqrt(200) = 0.04, so 0.2 is 5 sd).
+  assert abs(np.mean(np.log10(np.asarray(out.policy_lr))) + 3.52) < 0.2
