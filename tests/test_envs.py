@@ -147,7 +147,7 @@ def test_pbt_of_two_dqn_members_on_pong(tmp_path):
       '--preset', 'atari', '--population-size', '2', '--env-steps', '400',
       '--warmup-steps', '200', '--batch-size', '8', '--num-actors', '1',
       '--replay-capacity', '1000', '--eval-every', '80',
-      '--eval-episodes', '1', '--ready-after', '20', '--no-progress',
+      '--eval-episodes', '1', '--ready-after', '80', '--no-progress',
       '--run-dir', str(tmp_path / 'pong')])
   assert result.env_steps >= 400
   # One update per 4 env steps after the warm-up (none for the warm-up's
