@@ -259,6 +259,17 @@ def test_train_refuses_unknown_settings_naming_them():
     fastpbrl.train('pbt', hparams={'discount': 2})
 
 
+def run_example(tmp_path, code: str) -> str:
+  """Runs ``code`` in a fresh interpreter in ``tmp_path``, with the
+  repository and ``examples/`` importable; its standard output."""
+  env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
+      [ROOT, os.path.join(ROOT, 'examples')])}
+  out = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout
+
+
 def test_readme_quickstart_is_the_file_and_runs(tmp_path):
   with open(os.path.join(ROOT, 'examples', 'quickstart.py')) as f:
     example = f.read()
@@ -267,29 +278,21 @@ def test_readme_quickstart_is_the_file_and_runs(tmp_path):
   assert f'```python\n{example}```' in readme
   assert len(example.splitlines()) <= 15
   tiny = {k: v for k, v in TINY.items() if k != 'env'}
-  code = ('import quickstart\n'
-          f'policy, scores, run = quickstart.main(**{tiny!r})\n'
-          'assert scores.member == run.best_member\n'
-          'assert list(run.hparam_schedule().columns)[0] == "update_steps"\n')
-  env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
-      [ROOT, os.path.join(ROOT, 'examples')])}
-  out = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert 'policy_lr' in out.stdout
+  stdout = run_example(tmp_path, (
+      'import quickstart\n'
+      f'policy, scores, run = quickstart.main(**{tiny!r})\n'
+      'assert scores.member == run.best_member\n'
+      'assert list(run.hparam_schedule().columns)[0] == "update_steps"\n'))
+  assert 'policy_lr' in stdout
 
 
 def test_the_api_example_runs(tmp_path):
   tiny = {k: v for k, v in TINY.items() if k not in ('env', 'progress')}
-  code = ('import api_example\n'
-          f'result, scores = api_example.main(**{tiny!r})\n'
-          'assert scores.member == result.best_member\n')
-  env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
-      [ROOT, os.path.join(ROOT, 'examples')])}
-  out = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert 'best member' in out.stdout and 'action [' in out.stdout
+  stdout = run_example(tmp_path, (
+      'import api_example\n'
+      f'result, scores = api_example.main(**{tiny!r})\n'
+      'assert scores.member == result.best_member\n'))
+  assert 'best member' in stdout and 'action [' in stdout
   assert os.listdir(tmp_path / 'runs')[0].startswith('pbt-td3-Pendulum-v1-')
 
 
