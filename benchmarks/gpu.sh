@@ -19,3 +19,8 @@ mkdir -p "$OUT"
   --seconds 120 --out "$OUT/learner_wait.json" | tee "$OUT/learner_wait.txt"
 "$PY" -m benchmarks.end_to_end --members 4 16 80 --env-steps 20000 \
   --out "$OUT/end_to_end.json" | tee "$OUT/end_to_end.txt"
+# The on-device data path: a Brax task stepped inside the learner call
+# (needs pip install -e '.[brax]'), 256 to 1,024 members, small networks.
+"$PY" -m benchmarks.data_paths --modes on-device --jax-env brax:hopper \
+  --members 256 1024 --envs-per-member 4 --seconds 120 \
+  --out "$OUT/data_paths.json" | tee "$OUT/data_paths.txt"

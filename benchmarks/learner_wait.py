@@ -42,15 +42,12 @@ import platform
 import sys
 import time
 
-import gymnasium as gym
 import jax
 import numpy as np
 
+from benchmarks.data_paths import td3_population
 from fastpbrl import agents
-from fastpbrl.agents.td3 import TD3Config
-from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.pipeline import Pipeline, PipelineConfig
-from fastpbrl.types import make_env_spec
 
 MODES = ('sync', 'host', 'device')
 
@@ -87,14 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run_one(args, n: int, mode: str) -> dict:
-  spec = make_env_spec(gym.make(args.env))
-  config = TD3Config(hidden_sizes=tuple(args.hidden),
-                     batch_size=args.batch_size,
-                     steps_per_call=args.steps_per_call)
-  agent = agents.make_agent('td3', spec, config)
-  hparams = population_hparams(agent, n)
-  learner = PopulationLearner(agent)
-  state = learner.init(jax.random.PRNGKey(args.seed), hparams)
+  config, _, hparams, learner, state = td3_population(args, n, args.env)
   pipeline_config = PipelineConfig(
       num_steps=args.steps_per_call, batch_size=args.batch_size,
       warmup_steps=args.warmup_steps, update_to_data_ratio=args.ratio,

@@ -98,6 +98,9 @@ class Task:
 
 TASKS = {
     'Pendulum-v1': Task(20_000, 1_000, 2_000, 2_500, 5_000),
+    # The same task in JAX (gymnax), stepped on the device inside the
+    # learner call: its rows check that the two data paths learn alike.
+    'gymnax:Pendulum-v1': Task(20_000, 1_000, 2_000, 2_500, 5_000),
     'InvertedPendulum-v5': Task(10_000, 1_000, 1_000, 1_250, 2_500),
     'Hopper-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),
     'HalfCheetah-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),

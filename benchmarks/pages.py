@@ -292,6 +292,37 @@ def end_to_end(folder: str, *names: str) -> str:
                       _source([_link(folder, n) for n in names], *facts)])
 
 
+def data_paths(folder: str) -> str:
+  """The actor path against the on-device path, from
+  ``benchmarks/data_paths.py``."""
+  record = _json(folder, 'data_paths.json')
+  rows = []
+  for row in record['rows']:
+    if 'error' in row:
+      rows.append([str(row['members']), row['mode'], row.get('env', ''),
+                   row['error'], '', '', ''])
+      continue
+    rows.append([str(row['members']), row['mode'], row['env'],
+                 f'{row["env_steps_per_s"]:,.0f}',
+                 f'{row["update_steps_per_s"]:,.0f}',
+                 f'{100 * row["wait_fraction"]:.1f}%',
+                 f'{row["peak_rss_bytes"] / 2**30:.2f} GiB'])
+  header = ['N', 'path', 'env', 'env steps/s', 'update steps/s',
+            'learner wait', 'peak memory']
+  settings = record['settings']
+  machine = record['machine']
+  facts = [f'TD3 {tuple(settings["hidden"])}, batch '
+           f'{settings["batch_size"]}, {settings["steps_per_call"]} update '
+           f'steps per call, ratio 1, {settings["seconds"]:g} s per row once '
+           f'warm', f'machine {machine["device"]}, {machine["cpus"]} CPUs, '
+           f'jax {machine["jax"]}', f'date {record["date"]}',
+           _command(record['command'])]
+  if _commit(record):
+    facts.append(_commit(record))
+  return '\n\n'.join([_table(header, 'rllrrrr', rows),
+                       _source([_link(folder, 'data_paths.json')], *facts)])
+
+
 def main_command(folder: str) -> str:
   """The README's main command, timed by ``benchmarks/main_command.py``."""
   record = _json(folder, 'main_command.json')
@@ -426,6 +457,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     'cpu-end-to-end': lambda: end_to_end('cpu', 'end_to_end.json'),
     'gpu-end-to-end': lambda: end_to_end('gpu', 'end_to_end.json',
                                          'end_to_end_80.json'),
+    'cpu-data-paths': lambda: data_paths('cpu'),
     'resume-curve': resume_curve,
     'learning budgets': lambda: learning_budgets('learning'),
     'learning results': lambda: learning('learning'),

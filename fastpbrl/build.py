@@ -18,11 +18,12 @@ import gymnasium as gym
 import jax
 
 from fastpbrl import agents as agents_lib
-from fastpbrl import distributed, sharding
+from fastpbrl import distributed, jax_envs, sharding
 from fastpbrl.config import (ConfigError, RunConfig, agent_spec, check,
                              parse_hparams)
 from fastpbrl.envs import make_env
 from fastpbrl.imports import add_cwd_to_path
+from fastpbrl.jax_envs import is_jax_env
 from fastpbrl.rules.base import Population
 from fastpbrl.types import make_env_spec as spec_of
 
@@ -32,6 +33,11 @@ log = logging.getLogger('fastpbrl')
 def make_env_spec(env_id: str):
   """Env spec for ``env_id``, with a clear error for an unknown id or a
   space the library cannot serve."""
+  if is_jax_env(env_id):  # gymnax:..., brax:...: no gymnasium env to probe
+    try:
+      return jax_envs.make(env_id).env_spec
+    except jax_envs.JaxEnvError as e:
+      raise ConfigError(str(e)) from None
   if ':' in env_id:  # 'mymod:Point-v0': mymod may sit where the command runs
     add_cwd_to_path()
   try:
@@ -134,6 +140,9 @@ def check_processes(config: RunConfig, rule, mesh):
   if not processes.several:
     return processes
   where = f'over {processes.count} processes'
+  check(not is_jax_env(config.env),
+        f'--env {config.env}: JAX envs run in one process (on all its '
+        f'devices), not {where} yet; start one process')
   check(rule.multi_process,
         f'fastpbrl {rule.name} does not run {where} yet')
   check(not config.checkpoint_replay,

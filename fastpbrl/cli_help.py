@@ -32,7 +32,8 @@ GROUPS = (
                                               'checkpoint_every',
                                               'checkpoint_replay', 'track',
                                               'progress')),
-    ('processes and devices', ('num_actors', 'actor_timeout', 'devices')),
+    ('processes and devices', ('num_actors', 'actor_timeout',
+                               'envs_per_member', 'interleave', 'devices')),
 )
 
 # Flags every training command reads before the config's own.

@@ -22,6 +22,8 @@ from typing import ClassVar, Literal, Mapping, Optional, TypeVar
 from fastpbrl import agents as agents_lib
 from fastpbrl import settings_file, sharding, tracking
 from fastpbrl.agents.networks import NETWORK_INITS
+from fastpbrl.collect import Plan
+from fastpbrl.jax_envs import is_jax_env
 from fastpbrl.replay.device import LOCATIONS as REPLAY_LOCATIONS
 
 C = TypeVar('C', bound='RunConfig')
@@ -32,7 +34,10 @@ class RunConfig:
   """Settings shared by every experiment."""
 
   env: str = 'Pendulum-v1'
-  """gymnasium environment id (MuJoCo v5 envs, classic control, ...)."""
+  """gymnasium environment id (MuJoCo v5 envs, classic control, ...), or a
+  JAX env stepped on the device inside the learner call: gymnax:NAME
+  (gymnax:Pendulum-v1; pip install 'fastpbrl[gymnax]') or brax:NAME
+  (brax:hopper; pip install 'fastpbrl[brax]')."""
   agent: str = 'td3'
   """Agent: td3, sac, dqn (dqn needs a Discrete action space), or an agent of
   your own as module:attribute (e.g. examples.ddpg:DDPG; see
@@ -56,6 +61,15 @@ class RunConfig:
   from the warm-up's end: ratio x (env steps - warm-up) in all)."""
   num_actors: Optional[int] = None
   """Actor processes (default: CPU cores minus one, at least 1)."""
+  envs_per_member: int = 1
+  """JAX envs (gymnax:, brax:) only: envs each member acts in at once, on
+  the device; a learner call's env steps per member are rounded up to a
+  multiple of it."""
+  interleave: int = 1
+  """JAX envs only: times per learner call the members alternate between
+  acting and updating (1: act for the call's env steps, then update; up to
+  --steps-per-call: an update after each env step). It must divide the
+  call's update steps and env-step batches."""
   hparams: tuple[str, ...] = ()
   """The agent's hyperparameters as NAME=VALUE (e.g. policy_lr=1e-3
   discount=0.98): every member's defaults. Seeds trains with them; PBT and
@@ -187,6 +201,16 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
         f'{config.update_to_data_ratio}')
   check(config.num_actors is None or config.num_actors >= 1,
         f'--num-actors must be >= 1, got {config.num_actors}')
+  check(config.envs_per_member >= 1,
+        f'--envs-per-member must be >= 1, got {config.envs_per_member}')
+  check(config.interleave >= 1,
+        f'--interleave must be >= 1, got {config.interleave}')
+  if is_jax_env(config.env):
+    try:
+      Plan.of(steps_per_call_of(config), config.update_to_data_ratio,
+              config.envs_per_member, config.interleave)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
   check(all(h >= 1 for h in config.hidden_sizes) and config.hidden_sizes,
         f'--hidden-sizes must be positive widths, got {config.hidden_sizes}')
   check(config.network_init in NETWORK_INITS,

@@ -7,6 +7,8 @@ an environment: the run's spec probe (``run.make_env_spec``), every actor
 (``pipeline``) and the learner-side evaluation (``evaluation``) call it, so
 that they all see the same observations.
 
+A JAX env id (``gymnax:Pendulum-v1``, ``fastpbrl.jax_envs``) gives one
+instance of it as a gymnasium env (training steps those on the device).
 Most ids go straight to ``gymnasium.make``. Atari ids (the ``ALE/``
 namespace of ale-py, e.g. ``ALE/Pong-v5``, and ale-py's older ``...-v4``
 ids) get the preprocessing of Nature DQN (Mnih et al. 2015, "Human-level
@@ -43,6 +45,8 @@ import functools
 
 import gymnasium as gym
 import numpy as np
+
+from fastpbrl.jax_envs import GymnasiumView, is_jax_env
 
 ATARI_EXTRA = "pip install -e '.[atari]' (ale-py and OpenCV)"
 
@@ -94,6 +98,8 @@ def make_env(env_id: str, **kwargs) -> gym.Env:
       (the message says what to install).
     ImportError: the ``module`` of a ``module:EnvId`` id does not import.
   """
+  if is_jax_env(env_id):  # gymnax:..., brax:...: one instance, jitted
+    return GymnasiumView(env_id)
   if not is_atari(env_id):
     return gym.make(env_id, **kwargs)
   return atari_preprocessing(gym.make(env_id, frameskip=1, **kwargs))

@@ -37,8 +37,8 @@ class RunResult:
   diverged: int = 0  # member divergences (NaN/Inf) replaced during the run
 
 
-def final_evaluation(loop: Loop, rule: Rule, logger,
-                     processes=None) -> list[float]:
+def final_evaluation(loop: Loop, rule: Rule, logger, processes=None,
+                     on_device=None) -> list[float]:
   """Evaluates every member's final policy (``--eval-episodes`` noise-free
   episodes each, seeded from the run seed), logs the episodes as one whole
   evaluation per member at the budget's env steps, and returns the means.
@@ -46,6 +46,8 @@ def final_evaluation(loop: Loop, rule: Rule, logger,
   The periodic evaluations run in the actors alongside training and end
   wherever the budget cuts them; this one always exists, so a run whose
   budget holds no ``--eval-every`` boundary still reports a result.
+  ``on_device`` (``DevicePipeline.evaluate``) plays them on the device
+  for a JAX env.
   """
   config = loop.config
   if processes is None:
@@ -53,12 +55,16 @@ def final_evaluation(loop: Loop, rule: Rule, logger,
   # Each process plays its own members (seeded by their population index);
   # every process then has everyone's returns.
   local = processes.local
-  returns, lengths = processes.members(evaluate_population(
-      loop.agent, functools.partial(make_env, config.env),
-      processes.local_view(loop.learner.policy_params(loop.state)),
-      processes.local_view(rule.actor_hparams(loop.hparams)),
-      config.eval_episodes, config.seed,
-      members=list(range(local.start, local.stop))))
+  params = processes.local_view(loop.learner.policy_params(loop.state))
+  hparams = processes.local_view(rule.actor_hparams(loop.hparams))
+  if on_device is not None:  # a JAX env: every episode at once, on device
+    returns, lengths = on_device(params, hparams, config.eval_episodes,
+                                 config.seed)
+  else:
+    returns, lengths = processes.members(evaluate_population(
+        loop.agent, functools.partial(make_env, config.env), params, hparams,
+        config.eval_episodes, config.seed,
+        members=list(range(local.start, local.stop))))
   logger.drop_partial_evaluations()
   logger.episodes(
       [EpisodeRecord(member=m, episode_return=float(returns[m, k]),

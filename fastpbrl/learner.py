@@ -14,7 +14,10 @@ are invalid, use the returned one.
 
 ``update_from_replay`` runs the same step with the batch sampled inside the
 compiled call from a device replay (``fastpbrl.replay.device``), so the call
-takes no batch from the host.
+takes no batch from the host. ``update_with_envs`` goes one step further for
+environments written in JAX (``fastpbrl.jax_envs``): the members act in
+their envs, the envs step, the transitions go into the device replay and
+the members update, all inside one compiled call (``compile_with_envs``).
 
 The jit boundary is here and only here: agents never call ``jax.jit``.
 
@@ -30,7 +33,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from fastpbrl import sharding
+from fastpbrl import collect, sharding
 from fastpbrl.agents.base import (POPULATION_AXIS, Agent, SharedCritic,
                                   stack_hparams)
 from fastpbrl.replay import device as device_replay
@@ -111,6 +114,79 @@ class _CompiledPopulationStep:
           state, hparams, step_input(replay_state, key, extra, n)), hparams)
 
     self._step_from_replay = jax.jit(traced, donate_argnums=0)
+
+  def compile_with_envs(self, agent: Agent, env, groups: int,
+                        env_steps: int, updates: int) -> None:
+    """Jits one learner call that also collects its data: ``groups`` times,
+    every member acts for ``env_steps`` steps in each of its envs with its
+    current policy (``fastpbrl.collect.run``), then takes ``updates``
+    update steps on batches sampled from its ring. Run it with
+    :meth:`update_with_envs`; traces count in ``compilations``."""
+    inner = self._step_of(updates)
+    batch_size = self.batch_size
+
+    def group(hparams, actor_hparams, active, n, carry, _):
+      state, envs = carry
+      envs, episodes = collect.run(env, agent, self._policy_fn(state),
+                                   actor_hparams, envs, env_steps)
+      key, sample_key = jax.random.split(envs.key)
+      envs = envs._replace(key=key)
+      batch = device_replay.sample(envs.replay, sample_key, updates,
+                                   batch_size, num_members=n)
+      state, metrics = inner(state, hparams, self._step_input(batch, active))
+      return (state, envs), (episodes, metrics)
+
+    def traced(state, hparams, actor_hparams, envs, active):
+      self.compilations += 1  # runs once per trace, never at run time
+      n = _population_size(hparams, 'hparams')
+      (state, envs), (episodes, metrics) = jax.lax.scan(
+          lambda carry, x: group(hparams, actor_hparams, active, n, carry, x),
+          (state, envs), None, length=groups)
+      metrics = {k: (v.all(axis=0) if k == 'finite' else
+                     jnp.swapaxes(v, 0, 1).reshape(n, -1))
+                 for k, v in metrics.items()}
+      if self.mesh is not None:
+        envs = sharding.constrain(envs, self.mesh, n,
+                                  collect.per_member_leaves(envs))
+      return self._pinned((state, metrics), hparams), envs, episodes
+
+    self._step_with_envs = jax.jit(traced, donate_argnums=(0, 3))
+
+  def update_with_envs(self, state, hparams, actor_hparams, envs, active=None):
+    """Runs the :meth:`compile_with_envs` call.
+
+    Args:
+      state: the stacked training state (donated).
+      hparams: the stacked hyperparameters.
+      actor_hparams: ``[N]`` what the members act with
+        (``Rule.actor_hparams``).
+      envs: the ``fastpbrl.collect.EnvsState`` (donated).
+      active: ``[N]`` bool, members whose updates are kept (default all;
+        ignored by the shared-critic learner, which has no such mask).
+
+    Returns:
+      ``((state, metrics), envs, episodes)``: metrics ``[N, groups *
+      updates]``, episodes ``fastpbrl.collect.Episodes`` of ``[groups,
+      env_steps, N, E]``.
+    """
+    n = _population_size(hparams, 'hparams')
+    active = (jnp.ones((n,), bool) if active is None
+              else jnp.asarray(active, bool))
+    state, hparams, _ = self.shard(state, hparams)
+    if self.mesh is not None:
+      envs = sharding.shard_population(envs, self.mesh, n,
+                                       collect.per_member_leaves(envs))
+    return self._step_with_envs(state, hparams, actor_hparams, envs, active)
+
+  def _step_of(self, num_steps: int) -> Callable:
+    """The unjitted step of ``num_steps`` updates (what ``update`` runs at
+    ``self.num_steps``)."""
+    raise NotImplementedError
+
+  def _step_input(self, batch, active):
+    """The inner step's input for a sampled ``batch``."""
+    del active
+    return batch
 
   def _shard_replay(self, state, hparams, replay_state, key):
     """``update_from_replay``'s arguments placed on the mesh: a per-member
@@ -219,24 +295,8 @@ class PopulationLearner(_CompiledPopulationStep):
     batch_size = batch_size or getattr(agent.config, 'batch_size', None)
     if num_steps < 1:
       raise ValueError(f'num_steps must be >= 1, got {num_steps}')
-    population_step = jax.vmap(multi_step(agent.update, num_steps),
-                               axis_name=POPULATION_AXIS)
-
-    def masked_step(state, hparams, batch_and_active):
-      # Members flagged inactive (a restarted experiment still warming up)
-      # keep their state: their update on this batch is discarded. So does
-      # a member whose loss or parameters became NaN or infinite during the
-      # call (metrics['finite'] is False for it): the host then resets or
-      # replaces it (``fastpbrl.run``), and no NaN parameters ever reach
-      # the actors.
-      batch, active = batch_and_active
-      new_state, metrics = population_step(state, hparams, batch)
-      finite = member_finite(new_state) & member_finite(metrics)
-      keep = active & finite
-      new_state = select_members(keep, new_state, state)
-      return new_state, {**metrics, 'finite': finite}
-
-    super().__init__(masked_step, num_steps, mesh, batch_size)
+    self._policy_fn = jax.vmap(agent.policy_params)
+    super().__init__(self._step_of(num_steps), num_steps, mesh, batch_size)
     self._compile_from_replay(
         lambda replay_state, key, active, n: (device_replay.sample(
             replay_state, key, num_steps, self.batch_size, ~active,
@@ -254,6 +314,29 @@ class PopulationLearner(_CompiledPopulationStep):
             select_members(rows, jax.vmap(agent.init)(
                 jax.random.split(key, rows.shape[0]), hparams), state),
             hparams))
+
+  def _step_of(self, num_steps: int) -> Callable:
+    population_step = jax.vmap(multi_step(self.agent.update, num_steps),
+                               axis_name=POPULATION_AXIS)
+
+    def masked_step(state, hparams, batch_and_active):
+      # Members flagged inactive (a restarted experiment still warming up)
+      # keep their state: their update on this batch is discarded. So does
+      # a member whose loss or parameters became NaN or infinite during the
+      # call (metrics['finite'] is False for it): the host then resets or
+      # replaces it (``fastpbrl.run``), and no NaN parameters ever reach
+      # the actors.
+      batch, active = batch_and_active
+      new_state, metrics = population_step(state, hparams, batch)
+      finite = member_finite(new_state) & member_finite(metrics)
+      keep = active & finite
+      new_state = select_members(keep, new_state, state)
+      return new_state, {**metrics, 'finite': finite}
+
+    return masked_step
+
+  def _step_input(self, batch, active):
+    return batch, active
 
   def update(self, state, hparams, batch: Transition, active=None):
     """As ``_CompiledPopulationStep.update``; ``active`` (``[N]`` bool,
@@ -321,15 +404,8 @@ class SharedCriticLearner(_CompiledPopulationStep):
     if num_steps < 1:
       raise ValueError(f'num_steps must be >= 1, got {num_steps}')
     self.shared = shared
-
-    def step(state, hparams, batch):
-      # The scan runs over steps, so put the step axis first: [S, N, B, ...].
-      per_step = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
-      state, metrics = multi_step(shared.update, num_steps)(
-          state, hparams, per_step)
-      return state, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), metrics)
-
-    super().__init__(step, num_steps, mesh, batch_size)
+    self._policy_fn = shared.policy_params
+    super().__init__(self._step_of(num_steps), num_steps, mesh, batch_size)
     self._compile_from_replay(
         lambda replay_state, key, _, n: device_replay.sample(
             replay_state, key, num_steps, self.batch_size, num_members=n))
@@ -342,6 +418,18 @@ class SharedCriticLearner(_CompiledPopulationStep):
           shared.init(key, hparams), hparams))
       self._policy_params = jax.jit(lambda state: sharding.constrain(
           shared.policy_params(state), mesh))
+
+  def _step_of(self, num_steps: int) -> Callable:
+    shared = self.shared
+
+    def step(state, hparams, batch):
+      # The scan runs over steps, so put the step axis first: [S, N, B, ...].
+      per_step = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch)
+      state, metrics = multi_step(shared.update, num_steps)(
+          state, hparams, per_step)
+      return state, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), metrics)
+
+    return step
 
   def _state_per_member(self, hparams) -> Any:
     # A leaf is per member if its leading size follows the population's:

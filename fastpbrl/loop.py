@@ -29,6 +29,7 @@ import numpy as np
 
 from fastpbrl.callbacks import Callback, Loop
 from fastpbrl.config import as_learner_calls
+from fastpbrl.device_pipeline import EnvCall
 from fastpbrl.logging import append_rows
 from fastpbrl.rules.base import Decision, Observation, Rule
 
@@ -182,10 +183,19 @@ def read_back(parts: Parts, loop: Loop, divergence: Divergence,
 
 def learner_call(parts: Parts, loop: Loop, batch) -> Any:
   """One learner call on ``batch``; returns its metrics (device arrays)."""
-  batch = parts.processes.global_rows(batch)
-  if parts.rule_run.rule.shared_critic:
+  rule = parts.rule_run.rule
+  if isinstance(batch, EnvCall):  # the call steps JAX envs and collects
+    loop.state, metrics = parts.pipeline.run_call(
+        parts.learner, loop.state, loop.hparams,
+        rule.actor_hparams(loop.hparams))
+    if not rule.shared_critic:
+      loop.member_update_steps += (parts.learner.num_steps
+                                   * parts.pipeline.last_active)
+  elif rule.shared_critic:
+    batch = parts.processes.global_rows(batch)
     loop.state, metrics = parts.learner.update(loop.state, loop.hparams, batch)
   else:  # members restarted and still warming up keep their state
+    batch = parts.processes.global_rows(batch)
     active = parts.processes.members(parts.pipeline.last_active)
     loop.state, metrics = parts.learner.update(loop.state, loop.hparams,
                                                batch, active)

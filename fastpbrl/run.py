@@ -37,6 +37,8 @@ from fastpbrl.config import (INTERVAL_UNIT, ConfigError, RunConfig,
                              StorageError, check_resume, resume_command,
                              validate)
 from fastpbrl.logging import HParamsLog, RuleLog, RunLogger, write_json_atomic
+from fastpbrl.device_pipeline import DevicePipeline
+from fastpbrl.jax_envs import is_jax_env
 from fastpbrl.pipeline import Pipeline
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Rule
@@ -171,7 +173,9 @@ def _train(built: Built, start: resume.Restored,
           resume_command(registry.ref_of(type(rule)), run_dir))
     stack.callback(stop.disarm)
     pipeline.close()  # frees the cores for the final evaluation
-    final_returns = finish.final_evaluation(loop, rule, logger, processes)
+    final_returns = finish.final_evaluation(
+        loop, rule, logger, processes,
+        on_device=getattr(pipeline, 'evaluate', None))
     finish.write_final_returns(loop, own_dir, checkpointer.latest_step(),
                                final_returns)
   outcome = finish.result(loop, rule, rule_run.state, logger, run_dir,
@@ -228,11 +232,22 @@ def resumed_env_steps(built: Built, start: resume.Restored) -> np.ndarray:
 
 
 def open_pipeline(stack: contextlib.ExitStack, built: Built,
-                  start: resume.Restored) -> Pipeline:
-  """This process's actors, replay and prefetch (``Pipeline``), closed by
+                  start: resume.Restored) -> Pipeline | DevicePipeline:
+  """This process's actors, replay and prefetch (``Pipeline``), or for a
+  JAX env the envs on the device (``DevicePipeline``), closed by
   ``stack``; a restored replay goes into it."""
   config, processes = built.config, built.processes
   try:
+    if is_jax_env(config.env):  # stepped inside the learner call
+      pipeline = DevicePipeline.create(
+          config, built.agent, built.learner,
+          shared_replay=built.rule.shared_replay,
+          seed=resume.pipeline_seed(config.seed, start.counters['calls'], 0),
+          resume_env_steps=(resumed_env_steps(built, start)
+                            if config.resume else None),
+          replay_state=start.replay_state)
+      stack.callback(pipeline.close)
+      return pipeline
     pipeline = Pipeline.create(
         dataclasses.replace(config, population_size=processes.local_count,
                             replay_location='host')
