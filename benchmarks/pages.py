@@ -421,8 +421,11 @@ def learning_budgets(folder: str) -> str:
   budgets = {}
   for r in _runs(folder):
     b = r['budget']
+    # Runs since the interval flags count env steps per member record
+    # phase_env_steps; at the ratio of 1 every run used, the same number.
     key = (r['task'], b['env_steps'], b['warmup_steps'], b['eval_every'],
-           b['ready_after'], b['phase_update_steps'])
+           b['ready_after'], b.get('phase_update_steps',
+                                   b.get('phase_env_steps')))
     budgets[key] = budgets.get(key, 0) + 1
   rows = [[task, *(f'{v:,}' for v in values), str(count)]
           for (task, *values), count in sorted(budgets.items())]
@@ -435,7 +438,8 @@ def learning_budgets(folder: str) -> str:
       _source([_link(folder, 'runs', '')],
               'each run JSON\'s `budget`; PBT\'s and HyperTrick\'s '
               'intervals as the runs counted them then, in update steps '
-              '(no run\'s command sets `--update-to-data-ratio`, whose '
+              '(newer runs record env steps per member, the same number: '
+              'no run\'s command sets `--update-to-data-ratio`, whose '
               'default is 1)')])
 
 
