@@ -58,8 +58,8 @@ from fastpbrl.collect import Plan
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.pipeline import PipelineConfig
 from fastpbrl.replay import device as device_replay
-from fastpbrl.replay.buffers import (bytes_per_transition, format_bytes,
-                                     transition_fields)
+from fastpbrl.replay.buffers import (Replay, bytes_per_transition,
+                                     format_bytes, transition_fields)
 from fastpbrl.types import ReplaySample
 
 log = logging.getLogger(__name__)
@@ -90,11 +90,7 @@ class _ReplayView:
             'size': size.astype(np.int64),
             'inserted': self._pipeline.env_steps.copy()}
 
-  @staticmethod
-  def state_rows(state) -> int:
-    first = next(iter(state['data'].values()))
-    return int(first.shape[0] if np.ndim(state['size']) == 0
-               else first.shape[1])
+  state_rows = staticmethod(Replay.state_rows)
 
 
 class DevicePipeline:
@@ -153,6 +149,7 @@ class DevicePipeline:
     self._params = self._actor_hparams = None
     self._busy = self._idle = 0.0
     self._idle_since: float | None = None
+    self._busy_since: float | None = None
     self.replay = _ReplayView(self)
     self.envs = _unaliased(self._initial_envs(replay_state))
     self._compile_host_calls()
@@ -190,7 +187,8 @@ class DevicePipeline:
     replay = device_replay.init_state(config.layout, fields, n,
                                       config.replay_capacity)
     if replay_state is not None:
-      replay = _restored(replay, replay_state)
+      replay = jax.device_put(device_replay.state_of_dict(replay,
+                                                          replay_state))
       log.info('replay restored: %s transitions per ring',
                np.asarray(replay.size).tolist())
     return collect.init(self.env, n, self.envs_per_member, replay,
@@ -258,26 +256,27 @@ class DevicePipeline:
         state, hparams, actor_hparams, self.envs, self.last_active)
     self.envs = _unaliased(envs)
     self._take_episodes(jax.device_get(episodes))
-    steps = self.plan.env_steps_per_call(self.envs_per_member)
-    self._advance(steps)
+    self._advance(self.plan.env_steps_per_call(self.envs_per_member))
     self._evaluate_due(state, learner, actor_hparams)
     self._mark_idle()
     return state, metrics
 
   def _collect_only(self) -> None:
-    steps = self.plan.env_steps_per_call(self.envs_per_member)
     envs, episodes = self._collect(self.envs, self._params,
                                    self._actor_hparams)
     self.envs = _unaliased(envs)
     self._take_episodes(jax.device_get(episodes))
-    self.env_steps += steps
-    self._random_left = np.maximum(self._random_left - steps, 0)
+    self._advance(self.plan.env_steps_per_call(self.envs_per_member),
+                  updated=False)
 
-  def _advance(self, steps: int) -> None:
+  def _advance(self, steps: int, updated: bool = True) -> None:
+    """Counts ``steps`` env steps per member, and a learner call when
+    the call also ``updated``."""
     self.env_steps += steps
     self._random_left = np.maximum(self._random_left - steps, 0)
-    self.update_steps += self.config.num_steps
-    self.calls += 1
+    if updated:
+      self.update_steps += self.config.num_steps
+      self.calls += 1
 
   def _take_episodes(self, episodes: collect.Episodes) -> None:
     """Episode records from ``[T, N, E]`` flags and returns (``T`` env
@@ -370,7 +369,7 @@ class DevicePipeline:
 
   def _mark_idle(self) -> None:
     now = time.monotonic()
-    if self._idle_since is None and getattr(self, '_busy_since', None):
+    if self._idle_since is None and self._busy_since is not None:
       self._busy += now - self._busy_since
     self._idle_since = now
 
@@ -439,17 +438,3 @@ def _unaliased(envs: collect.EnvsState) -> collect.EnvsState:
 def _split_key(envs: collect.EnvsState):
   key, sample_key = jax.random.split(envs.key)
   return envs._replace(key=key), sample_key
-
-
-def _restored(replay: device_replay.DeviceReplayState,
-              state: dict) -> device_replay.DeviceReplayState:
-  """``replay`` holding a ``Replay.state_dict`` (a checkpoint's rings)."""
-  per_member = replay.size.ndim == 1
-  data = {}
-  for k, v in replay.data.items():
-    rows = np.asarray(state['data'][k])
-    data[k] = (v.at[:, :rows.shape[1]].set(rows) if per_member
-               else v.at[:rows.shape[0]].set(rows))
-  return device_replay.DeviceReplayState(
-      data, jnp.asarray(state['pos'], jnp.int32).reshape(replay.pos.shape),
-      jnp.asarray(state['size'], jnp.int32).reshape(replay.size.shape))

@@ -248,6 +248,27 @@ def copy_members(state: DeviceReplayState, dst: jax.Array,
 # ----------------------------------------------------------- location choice
 
 
+def state_of_dict(like: DeviceReplayState,
+                  state: Mapping) -> DeviceReplayState:
+  """A numpy ``DeviceReplayState`` shaped like ``like`` that holds a
+  ``Replay.state_dict`` (a checkpoint's rings, cut to the rows written);
+  the rows past them are zeros."""
+  per_member = np.ndim(like.size) == 1
+  data = {}
+  for k, v in like.data.items():
+    rows = np.asarray(state['data'][k])
+    full = np.zeros(v.shape, v.dtype)
+    if per_member:
+      full[:, :rows.shape[1]] = rows
+    else:
+      full[:rows.shape[0]] = rows
+    data[k] = full
+  return DeviceReplayState(
+      data, np.asarray(state['pos']).astype(np.int32).reshape(
+          np.shape(like.pos)),
+      np.asarray(state['size']).astype(np.int32).reshape(np.shape(like.size)))
+
+
 def choose_replay_location(requested: str, backend: str, nbytes: int,
                            device_memory: int | None) -> tuple[str, str]:
   """Where the replay lives: ``('host' | 'device', reason)``.
@@ -674,15 +695,8 @@ class DeviceReplay(Replay):
     """Replaces the contents by a ``state_dict`` of a numpy or device
     replay of the same layout, population, fields and capacity (learner
     thread; staged rows are discarded)."""
-    rows = self._check_state(state)
-    data = {}
-    for k, (shape, dtype) in self.fields.items():
-      full = np.zeros(self._state.data[k].shape, dtype)
-      if self._per_member:
-        full[:, :rows] = state['data'][k]
-      else:
-        full[:rows] = state['data'][k]
-      data[k] = full
+    self._check_state(state)
+    data = state_of_dict(self._state, state).data
     with self._device_lock:
       with self._lock:
         self._staged, self._staged_count = [], 0
