@@ -1,97 +1,86 @@
-"""Actor throughput: env steps per second per actor process.
+"""Actor throughput: env steps per second per actor process (one core).
 
-Compares, in one run on the same machine,
+For each env and each number of members one actor process hosts, one run
+measures, back to back on the same machine,
 
-* **plain**: one ``gymnasium.make`` env stepped in a Python loop with
-  ``env.action_space.sample()`` actions (reset on episode end) — the
-  reference; also with actions from a ``np.random.Generator`` to show what
-  the action sampling alone costs;
-* **actor (random)**: fastpbrl actor processes in their warm-up phase
-  (uniform random actions, no policy call);
-* **actor (policy)**: the same processes acting with the members' TD3
-  policies, one vectorized jitted CPU call per step for all hosted members,
-  with exploration noise;
+* **serial**: the actor stepping one ``gymnasium.make`` env per member in
+  turn (``--no-vector-envs``, and every env without a vectorized batch);
+* **vectorized**: the actor stepping its envs as one numpy batch
+  (``fastpbrl.actors.vector_envs``; the default where the env has one);
 
-each actor phase going through the real transport (chunks over the
-shared-memory channels, inserted into a per-member replay by the reader
-threads). The plain loop runs while no actor is running, and once before and
-once after the actor phases; their mean is the reference.
+both acting with the members' TD3 policies (one vectorized, jitted CPU
+call per step for all hosted members, with exploration noise) and sending
+their chunks through the real transport (shared-memory channels, inserted
+into a per-member replay by the reader threads). A plain gymnasium loop
+(one env, ``action_space.sample()``) is the reference, measured before and
+after the actor rows. An actor process runs JAX on one thread, so its rate
+is also its rate per core.
 
 Usage::
 
-  python -m benchmarks.actor_throughput            # HalfCheetah-v5, 4 members
-  python -m benchmarks.actor_throughput --members 8 --processes 2 --seconds 20
+  python -m benchmarks.actor_throughput                  # the CPU sweep
+  python -m benchmarks.actor_throughput --envs HalfCheetah-v5 --members 8
 
+A table goes to stdout, every row with the command, machine, date and
+commit to ``--out`` (default ``benchmarks/results/cpu/
+actor_throughput.json``) and a table to the same name with ``.md``.
 Host-side code only: processes, timers and prints.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
+import json
 import logging
 import os
+import platform
+import subprocess
+import sys
 import time
 
 import gymnasium as gym
 import jax
-import numpy as np
 
 from fastpbrl import agents
-from fastpbrl.actors import ActorPool, ParamStore, default_num_processes
+from fastpbrl.actors import ActorPool, ParamStore
+from fastpbrl.actors.vector_envs import batch_kind
 from fastpbrl.agents.td3 import TD3Config
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.replay import PerMemberReplay, transition_fields
 from fastpbrl.types import make_env_spec
 
-
-@dataclasses.dataclass
-class Args:
-  env: str = 'HalfCheetah-v5'
-  members: int = 4
-  processes: int | None = None  # default: available cores minus one
-  seconds: float = 10.0  # measured time per phase
-  hidden: tuple[int, ...] = (256, 256)
-  chunk_steps: int = 32
-  prng_impl: str = 'threefry2x32'
-  seed: int = 0
+MODES = ('serial', 'vectorized')
 
 
-def parse_args() -> Args:
+def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  defaults = Args()
-  parser.add_argument('--env', default=defaults.env)
-  parser.add_argument('--members', type=int, default=defaults.members)
-  parser.add_argument('--processes', type=int, default=None)
-  parser.add_argument('--seconds', type=float, default=defaults.seconds)
-  parser.add_argument('--hidden', type=int, nargs='+',
-                      default=list(defaults.hidden))
-  parser.add_argument('--chunk-steps', type=int, default=defaults.chunk_steps)
-  parser.add_argument('--prng-impl', default=defaults.prng_impl)
-  parser.add_argument('--seed', type=int, default=defaults.seed)
-  ns = parser.parse_args()
-  return Args(env=ns.env, members=ns.members, processes=ns.processes,
-              seconds=ns.seconds, hidden=tuple(ns.hidden),
-              chunk_steps=ns.chunk_steps, prng_impl=ns.prng_impl, seed=ns.seed)
+  parser.add_argument('--envs', nargs='+',
+                      default=['HalfCheetah-v5', 'Pendulum-v1'])
+  parser.add_argument('--members', type=int, nargs='+',
+                      default=[1, 2, 4, 8, 16],
+                      help='members hosted by the one actor process')
+  parser.add_argument('--seconds', type=float, default=10.0,
+                      help='measured time per row, once warm')
+  parser.add_argument('--hidden', type=int, nargs='+', default=[256, 256])
+  parser.add_argument('--chunk-steps', type=int, default=32)
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--out', default=os.path.join(
+      'benchmarks', 'results', 'cpu', 'actor_throughput.json'))
+  return parser.parse_args(argv)
 
 
-def plain_steps_per_s(env_id: str, seconds: float, seed: int,
-                      numpy_actions: bool = False) -> float:
+def plain_steps_per_s(env_id: str, seconds: float, seed: int) -> float:
   """Plain gymnasium stepping with random actions in one loop."""
   env = gym.make(env_id)
   env.reset(seed=seed)
   env.action_space.seed(seed)
-  rng = np.random.default_rng(seed)
-  low, high = env.action_space.low, env.action_space.high
   steps = 0
   start = time.perf_counter()
   end = start + seconds
   while True:
     for _ in range(100):
-      action = (rng.uniform(low, high) if numpy_actions
-                else env.action_space.sample())
-      _, _, terminated, truncated, _ = env.step(action)
+      _, _, terminated, truncated, _ = env.step(env.action_space.sample())
       if terminated or truncated:
         env.reset()
     steps += 100
@@ -102,43 +91,40 @@ def plain_steps_per_s(env_id: str, seconds: float, seed: int,
   return steps / (now - start)
 
 
-def actor_steps_per_s(args: Args, random_phase: bool) -> tuple[float, int]:
-  """Env steps per second per actor process; returns (rate, processes)."""
-  env_id = args.env
+def actor_steps_per_s(args, env_id: str, n: int, vectorized: bool) -> float:
+  """Env steps per second of one actor process hosting ``n`` members that
+  act with their TD3 policies."""
   spec = make_env_spec(gym.make(env_id))
-  config = TD3Config(hidden_sizes=args.hidden)
+  config = TD3Config(hidden_sizes=tuple(args.hidden))
   agent = agents.make_agent('td3', spec, config)
-  n = args.members
   hparams = population_hparams(agent, n)
   learner = PopulationLearner(agent)
   state = learner.init(jax.random.PRNGKey(args.seed), hparams)
   tree = jax.device_get((learner.policy_params(state), hparams))
-  fields = transition_fields(spec)
-  replay = PerMemberReplay(fields, n, capacity=200_000)
+  replay = PerMemberReplay(transition_fields(spec), n, capacity=200_000)
 
   def sink(actor_id, members, chunk):
     del actor_id
     replay.insert(members, chunk, int(chunk['meta'][0]))
 
-  processes = args.processes or default_num_processes(n)
   store = ParamStore.create(tree)
   try:
     store.write(tree)
     pool = ActorPool(
         env_fn=functools.partial(gym.make, env_id),
         agent_fn=functools.partial(agents.make_agent, 'td3', config=config),
-        transition_fields=fields, num_members=n, store=store, sink=sink,
-        seed=args.seed, num_processes=processes, chunk_steps=args.chunk_steps,
-        warmup_steps=10**12 if random_phase else 0, prng_impl=args.prng_impl)
+        transition_fields=transition_fields(spec), num_members=n, store=store,
+        sink=sink, seed=args.seed, num_processes=1,
+        chunk_steps=args.chunk_steps, warmup_steps=0,
+        vectorized_envs=vectorized)
     with pool:
       pool.start()
-      # Start-up (spawn, imports, first compile) is not measured: wait until
-      # every process has sent a few chunks.
-      deadline = time.monotonic() + 120
+      # Start-up (spawn, imports, first compile) is not measured.
+      deadline = time.monotonic() + 300
       while (replay.inserted() < 4 * args.chunk_steps).any():
         pool.check()
         if time.monotonic() > deadline:
-          raise TimeoutError('actors did not start within 120 s:\n'
+          raise TimeoutError('the actor did not start within 300 s:\n'
                              + pool.describe_status())
         time.sleep(0.05)
       start_steps, start = replay.inserted().sum(), time.perf_counter()
@@ -147,37 +133,66 @@ def actor_steps_per_s(args: Args, random_phase: bool) -> tuple[float, int]:
       steps, end = replay.inserted().sum(), time.perf_counter()
   finally:
     store.close()
-  return (steps - start_steps) / (end - start) / pool.num_processes, (
-      pool.num_processes)
+  return float((steps - start_steps) / (end - start))
 
 
-def main() -> None:
-  args = parse_args()
+def git_commit() -> str:
+  try:
+    return subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True,
+                          text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return 'unknown'
+
+
+def table(record: dict) -> str:
+  lines = ['| env | members per actor | serial env steps/s | vectorized env '
+           'steps/s | vectorized / serial | plain gymnasium loop |',
+           '|---|---:|---:|---:|---:|---:|']
+  for r in record['rows']:
+    lines.append(
+        f'| {r["env"]} | {r["members"]} | {r["serial"]:,.0f} | '
+        f'{r["vectorized"]:,.0f} | {r["vectorized"] / r["serial"]:.2f}x | '
+        f'{record["plain"][r["env"]]:,.0f} |')
+  return '\n'.join(lines)
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
   logging.basicConfig(level=logging.WARNING)
-  print(f'actor throughput: {args.env}, {args.members} members, TD3 policy '
-        f'{args.hidden}, chunk {args.chunk_steps} steps, prng '
-        f'{args.prng_impl}, {args.seconds:.0f} s per phase, '
-        f'{len(os.sched_getaffinity(0))} cores available')
-  plain_before = plain_steps_per_s(args.env, args.seconds / 2, args.seed)
-  numpy_before = plain_steps_per_s(args.env, args.seconds / 2, args.seed,
-                                   numpy_actions=True)
-  random_rate, p = actor_steps_per_s(args, random_phase=True)
-  policy_rate, _ = actor_steps_per_s(args, random_phase=False)
-  plain_after = plain_steps_per_s(args.env, args.seconds / 2, args.seed)
-  numpy_after = plain_steps_per_s(args.env, args.seconds / 2, args.seed,
-                                  numpy_actions=True)
-  plain = (plain_before + plain_after) / 2
-  plain_numpy = (numpy_before + numpy_after) / 2
-  m = -(-args.members // p)
-  print(f'plain gymnasium loop, action_space.sample(): {plain:8.0f} steps/s '
-        f'(before {plain_before:.0f}, after {plain_after:.0f})')
-  print(f'plain gymnasium loop, numpy Generator actions: {plain_numpy:8.0f} '
-        f'steps/s')
-  print(f'actor process, warm-up (random actions):  {random_rate:8.0f} '
-        f'steps/s per process = {random_rate / plain:.0%} of plain '
-        f'({p} process(es), up to {m} members each)')
-  print(f'actor process, TD3 policy + noise:        {policy_rate:8.0f} '
-        f'steps/s per process = {policy_rate / plain:.0%} of plain')
+  cores = len(os.sched_getaffinity(0))
+  print(f'actor throughput: TD3 {tuple(args.hidden)}, one actor process, '
+        f'{args.seconds:g} s per row, {cores} cores available', flush=True)
+  plain, rows = {}, []
+  for env_id in args.envs:
+    before = plain_steps_per_s(env_id, args.seconds / 2, args.seed)
+    kind = batch_kind(gym.make(env_id)).__name__
+    for n in args.members:
+      rates = {mode: actor_steps_per_s(args, env_id, n, mode == 'vectorized')
+               for mode in MODES}
+      rows.append({'env': env_id, 'members': n, 'batch': kind, **rates})
+      print(f'{env_id} {n:3d} members: serial {rates["serial"]:8.0f}, '
+            f'vectorized ({kind}) {rates["vectorized"]:8.0f} env steps/s '
+            f'({rates["vectorized"] / rates["serial"]:.2f}x)', flush=True)
+    after = plain_steps_per_s(env_id, args.seconds / 2, args.seed)
+    plain[env_id] = (before + after) / 2
+  record = {'command': ' '.join(['python', '-m', 'benchmarks.actor_throughput',
+                                 *(sys.argv[1:] if argv is None else argv)]),
+            'machine': {'platform': platform.platform(),
+                        'processor': platform.processor() or 'unknown',
+                        'cpus': os.cpu_count(), 'cores_available': cores,
+                        'jax': jax.__version__},
+            'date': time.strftime('%Y-%m-%d'), 'commit': git_commit(),
+            'settings': {k: v for k, v in vars(args).items() if k != 'out'},
+            'plain': plain, 'rows': rows}
+  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
+  with open(args.out, 'w') as f:
+    json.dump(record, f, indent=1)
+  with open(os.path.splitext(args.out)[0] + '.md', 'w') as f:
+    f.write(f'Actor throughput: env steps/s of one actor process, TD3 '
+            f'{tuple(args.hidden)} policy + noise; {cores} cores; '
+            f'{record["date"]}.\nCommand: `{record["command"]}`\n\n'
+            f'{table(record)}\n')
+  print(table(record))
 
 
 if __name__ == '__main__':

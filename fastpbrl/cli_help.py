@@ -33,7 +33,7 @@ GROUPS = (
                                               'checkpoint_replay', 'track',
                                               'progress')),
     ('processes and devices', ('num_actors', 'actor_timeout',
-                               'envs_per_member', 'interleave', 'devices')),
+                               'vector_envs', 'envs_per_member', 'interleave', 'devices')),
 )
 
 # Flags every training command reads before the config's own.

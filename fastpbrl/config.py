@@ -61,6 +61,11 @@ class RunConfig:
   from the warm-up's end: ratio x (env steps - warm-up) in all)."""
   num_actors: Optional[int] = None
   """Actor processes (default: CPU cores minus one, at least 1)."""
+  vector_envs: bool = True
+  """Each actor steps its members' envs as one numpy batch where fastpbrl
+  has one for the env (MuJoCo HalfCheetah, Hopper, Walker2d v5;
+  Pendulum-v1); gymnasium's own step gives the same results, one env
+  after another (--no-vector-envs, and every other env)."""
   envs_per_member: int = 1
   """JAX envs (gymnax:, brax:) only: envs each member acts in at once, on
   the device; a learner call's env steps per member are rounded up to a

@@ -111,6 +111,9 @@ class PipelineConfig:
   """``next_batch`` raises if no transitions arrived for this long."""
   prng_impl: str = 'threefry2x32'
   """``jax.random`` implementation of the actors' exploration keys."""
+  vectorized_envs: bool = True
+  """Actors step their envs as one vectorized batch where
+  ``fastpbrl.actors.vector_envs`` has one."""
   max_episode_records: int = 100_000
   """Undrained episode records kept (the oldest are dropped beyond)."""
   shutdown_grace_s: float = 5.0
@@ -313,6 +316,7 @@ class Pipeline:
         eval_interval=config.eval_interval,
         eval_episodes=config.eval_episodes,
         max_restarts=config.max_actor_restarts, prng_impl=config.prng_impl,
+        vectorized_envs=config.vectorized_envs,
         shutdown_grace_s=config.shutdown_grace_s,
         admit=self._limiter.wait_to_insert,
         initial_env_steps=resume_env_steps if resumed else 0,
@@ -385,6 +389,7 @@ class Pipeline:
                              min(run_config.num_actors, n)),
         eval_interval=run_config.eval_every,
         eval_episodes=run_config.eval_episodes,
+        vectorized_envs=getattr(run_config, 'vector_envs', True),
         actor_hang_timeout_s=getattr(run_config, 'actor_timeout', 120.0),
         replay_location=getattr(run_config, 'replay_location', 'auto'))
     return cls(run_config.env, agent_fn, params_layout, hparams_layout,

@@ -10,10 +10,15 @@ members in ONE vectorized call, ``jit(vmap(agent.act))`` on CPU, with each
 member's newest parameters from the param store; the first
 ``warmup_steps`` steps of a member use uniform random actions instead.
 
-Environments are plain ``gymnasium.make`` instances stepped in a Python loop
-(no vector env, so no autoreset subtleties): ``terminated`` and ``truncated``
-are kept apart, and on either one ``next_observation`` is the real final
-observation returned by ``step`` before the environment is reset.
+The training envs are one :class:`~fastpbrl.actors.env_batch.EnvBatch`:
+``make_batch`` (``fastpbrl.actors.vector_envs``) gives a vectorized batch,
+one numpy step for all hosted members, for the envs it knows (MuJoCo
+HalfCheetah, Hopper, Walker2d v5 and Pendulum-v1) and serially stepped
+``gymnasium.make`` instances for every other env (and with
+``vectorized_envs=False``). Either way the batch never auto-resets:
+``terminated`` and ``truncated`` are kept apart, and on either one
+``next_observation`` is the real final observation returned by the step
+before the actor resets that env.
 
 Evaluation: every ``eval_interval`` training env steps of a member, its
 ``eval_episodes`` separate evaluation environments each play one episode
@@ -64,7 +69,9 @@ import jax
 from acme import specs
 
 from fastpbrl.actors.channel import Channel, ChannelHandle
+from fastpbrl.actors.env_batch import true_objective
 from fastpbrl.actors.param_store import ParamStore, ParamStoreHandle
+from fastpbrl.actors.vector_envs import make_batch
 from fastpbrl.types import make_env_spec, scale_action
 
 ACTOR_STREAM = 1  # spawn_key[0] of the actors' seed sequences
@@ -162,7 +169,8 @@ class Actor:
                warmup_steps: int | Sequence[int] = 0, eval_interval: int = 0,
                eval_episodes: int = 1, prng_impl: str = 'threefry2x32',
                should_stop: Callable[[], bool] = lambda: False,
-               random_until: Sequence[int] | None = None):
+               random_until: Sequence[int] | None = None,
+               vectorized_envs: bool = True):
     """Args:
       members: population indices hosted here, in store order.
       env_fn: builds one gymnasium environment (called once per member, and
@@ -185,6 +193,9 @@ class Actor:
         restored counts, so its members act with their restored policies
         from the first step. ``warmup_steps`` stays the length of the
         warm-up of a member restarted as a new experiment.
+      vectorized_envs: step the training envs as one vectorized batch where
+        ``fastpbrl.actors.vector_envs`` has one for the env (False: one
+        after another, as for any other env).
     """
     self.members = np.asarray(members, np.int64)
     m = self.members.size
@@ -201,18 +212,19 @@ class Actor:
     self._should_stop = should_stop
     self._env_fn = env_fn
     self._seeds = [member_seeds(seed, int(i), restart) for i in self.members]
-    self._make_envs(env_fn, agent_fn)
+    self._make_envs(env_fn, agent_fn, vectorized_envs)
     self._init_counters(env_steps, warmup_steps, random_until)
     self._init_evaluation(eval_interval, eval_episodes)
     self._init_policy(prng_impl)
 
   def _make_envs(self, env_fn: Callable[[], Any],
-                 agent_fn: Callable[[specs.EnvironmentSpec], Any]) -> None:
+                 agent_fn: Callable[[specs.EnvironmentSpec], Any],
+                 vectorized: bool) -> None:
     """Builds the training envs and the agent, and resets each env with
     its member's seed."""
     m = self.members.size
-    self._envs = [env_fn() for _ in range(m)]
-    self.env_spec = make_env_spec(self._envs[0])
+    self._batch = make_batch(env_fn, m, vectorized)
+    self.env_spec = make_env_spec(self._batch.envs[0])
     self._agent = agent_fn(self.env_spec)
     actions = self.env_spec.actions
     self._discrete = isinstance(actions, specs.DiscreteArray)
@@ -220,8 +232,8 @@ class Actor:
     self._action_shape = () if self._discrete else tuple(actions.shape)
     obs_spec = self.env_spec.observations
     self._obs = np.zeros((m, *obs_spec.shape), obs_spec.dtype)
-    for j, env in enumerate(self._envs):
-      self._obs[j] = env.reset(seed=self._seeds[j].env)[0]
+    for j in range(m):
+      self._obs[j] = self._batch.reset(j, self._seeds[j].env)
 
   def _init_counters(self, env_steps: Sequence[int] | None,
                      warmup_steps: int | Sequence[int],
@@ -239,9 +251,9 @@ class Actor:
     self._restart_count = None
     self._restart_at = np.zeros(m, np.int64)
     self._t = 0  # step within the chunk being filled
-    self._returns = [0.0] * m
-    self._lengths = [0] * m
-    self._start_version = [0] * m
+    self._returns = np.zeros(m, np.float64)
+    self._lengths = np.zeros(m, np.int64)
+    self._start_version = np.zeros(m, np.int64)
 
   def _init_evaluation(self, eval_interval: int, eval_episodes: int) -> None:
     """Sets the evaluation state (its envs are made at the first one)."""
@@ -287,8 +299,8 @@ class Actor:
     return self._version
 
   def close(self) -> None:
-    eval_envs = [e for row in (self._eval_envs or []) for e in row]
-    for env in self._envs + eval_envs:
+    self._batch.close()
+    for env in [e for row in (self._eval_envs or []) for e in row]:
       try:
         env.close()
       except Exception:  # closing is best effort at shutdown
@@ -324,7 +336,7 @@ class Actor:
       self._restart_at[j] = self._t
       self._warmup[j] = self._steps[j] + self._warmup_length[j]
       self._returns[j], self._lengths[j] = 0.0, 0
-      self._obs[j] = self._envs[j].reset()[0]
+      self._obs[j] = self._batch.reset(j)
 
   def _wait_for_params(self) -> None:
     while self._params is None:
@@ -359,8 +371,8 @@ class Actor:
       return
     if self._eval_envs is None:
       self._eval_envs = [[self._env_fn() for _ in range(self._eval_episodes)]
-                         for _ in self._envs]
-      self._eval_seeded = [False] * len(self._envs)
+                         for _ in range(self.members.size)]
+      self._eval_seeded = [False] * self.members.size
     # Freeze the evaluated members' newest policies for the whole evaluation.
     self._refresh_params()
     self._wait_for_params()
@@ -462,34 +474,30 @@ class Actor:
     ``actions`` into chunk step ``t``; returns the episode rows used."""
     views.action[:, t] = actions
     views.observation[:, t] = self._obs
-    env_actions = self._to_env(actions)
-    returns, lengths = self._returns, self._lengths
-    for j in range(self.members.size):
-      if lengths[j] == 0:
-        self._start_version[j] = self._version
-      o2, r, term, trunc, info = self._envs[j].step(env_actions[j])
-      views.next_observation[j, t] = o2
-      views.reward[j, t] = r
-      views.terminated[j, t] = term
-      views.truncated[j, t] = trunc
-      returns[j] += float(r)
-      lengths[j] += 1
-      if term or trunc:
-        views.episode_member[n_ep] = int(self.members[j])
-        views.episode_return[n_ep] = returns[j]
-        views.episode_length[n_ep] = lengths[j]
-        views.episode_evaluation[n_ep] = 0
-        views.episode_env_steps[n_ep] = self._steps[j] + 1
-        views.episode_policy_version[n_ep] = self._version
-        views.episode_start_version[n_ep] = self._start_version[j]
-        views.episode_objective[n_ep] = _true_objective(info)
-        n_ep += 1
-        returns[j], lengths[j] = 0.0, 0
-        o2 = self._envs[j].reset()[0]
-      self._obs[j] = o2
-      if eval_actions is not None:
-        for k in np.flatnonzero(self._eval_running[j]):
-          n_ep = self._eval_step(j, k, eval_actions[j, k], out, n_ep)
+    step = self._batch.step(self._to_env(actions))
+    views.next_observation[:, t] = step.observation
+    views.reward[:, t] = step.reward
+    views.terminated[:, t] = step.terminated
+    views.truncated[:, t] = step.truncated
+    self._start_version[self._lengths == 0] = self._version
+    self._returns += step.reward
+    self._lengths += 1
+    self._obs[:] = step.observation
+    for j in np.flatnonzero(step.terminated | step.truncated):
+      views.episode_member[n_ep] = int(self.members[j])
+      views.episode_return[n_ep] = self._returns[j]
+      views.episode_length[n_ep] = self._lengths[j]
+      views.episode_evaluation[n_ep] = 0
+      views.episode_env_steps[n_ep] = self._steps[j] + 1
+      views.episode_policy_version[n_ep] = self._version
+      views.episode_start_version[n_ep] = self._start_version[j]
+      views.episode_objective[n_ep] = step.true_objective[j]
+      n_ep += 1
+      self._returns[j], self._lengths[j] = 0.0, 0
+      self._obs[j] = self._batch.reset(j)
+    if eval_actions is not None:
+      for j, k in zip(*np.nonzero(self._eval_running)):
+        n_ep = self._eval_step(j, k, eval_actions[j, k], out, n_ep)
     return n_ep
 
   def _eval_step(self, j: int, k: int, action, out, n_ep: int) -> int:
@@ -509,7 +517,7 @@ class Actor:
       # The frozen version played the whole episode.
       out['episode_policy_version'][n_ep] = self._eval_start_version[j]
       out['episode_start_version'][n_ep] = self._eval_start_version[j]
-      out['episode_objective'][n_ep] = _true_objective(info)
+      out['episode_objective'][n_ep] = true_objective(info)
       n_ep += 1
       self._eval_running[j, k] = False
     self._eval_obs[j, k] = o2
@@ -527,12 +535,6 @@ def _select_rows(rows, new, old):
   return jax.tree.map(
       lambda a, b: jax.numpy.where(
           rows.reshape(rows.shape + (1,) * (a.ndim - 1)), a, b), new, old)
-
-
-def _true_objective(info: dict) -> float:
-  """``info['true_objective']`` as a float, NaN when the env reports none."""
-  value = info.get('true_objective') if isinstance(info, dict) else None
-  return float('nan') if value is None else float(value)
 
 
 def _make_policy_fns(agent, prng_impl: str):
@@ -594,6 +596,7 @@ class ActorSpec:
   eval_interval: int
   eval_episodes: int
   prng_impl: str
+  vectorized_envs: bool
   params: ParamStoreHandle
   channel: ChannelHandle
   parent_pid: int
@@ -649,7 +652,8 @@ def run_actor(spec: ActorSpec) -> None:
         env_steps=spec.env_steps, warmup_steps=spec.warmup_steps,
         random_until=spec.random_until,
         eval_interval=spec.eval_interval, eval_episodes=spec.eval_episodes,
-        prng_impl=spec.prng_impl, should_stop=should_stop)
+        prng_impl=spec.prng_impl, should_stop=should_stop,
+        vectorized_envs=spec.vectorized_envs)
     while not should_stop():
       out = channel.acquire_slot(should_stop)
       if out is None or not actor.fill(out):

@@ -191,6 +191,7 @@ class ActorPool:
                queue_chunks: int = 8, warmup_steps: int | Sequence[int] = 0,
                eval_interval: int = 0, eval_episodes: int = 1,
                max_restarts: int = 3, prng_impl: str = 'threefry2x32',
+               vectorized_envs: bool = True,
                poll_s: float = 0.2, shutdown_grace_s: float = 5.0,
                on_failure: Callable[[ActorFailure], None] | None = None,
                admit: Admit | None = None,
@@ -216,6 +217,8 @@ class ActorPool:
       eval_episodes: episodes per evaluation, >= 1.
       max_restarts: restarts allowed per actor before a death is fatal.
       prng_impl: ``jax.random`` implementation of exploration keys.
+      vectorized_envs: each actor steps its envs as one vectorized batch
+        where ``fastpbrl.actors.vector_envs`` has one (False: serially).
       poll_s: how often the monitor checks the processes.
       shutdown_grace_s: seconds actors get to exit before SIGKILL.
       on_failure: called (in the monitor thread) for every failure.
@@ -247,7 +250,8 @@ class ActorPool:
         seed=seed, chunk_steps=chunk_steps, queue_chunks=queue_chunks,
         warmup_steps=warmup_steps, random_until=random_until,
         eval_interval=eval_interval, eval_episodes=eval_episodes,
-        prng_impl=prng_impl, hang_timeout_s=hang_timeout_s)
+        prng_impl=prng_impl, vectorized_envs=vectorized_envs,
+        hang_timeout_s=hang_timeout_s)
     self._set_supervision(
         store=store, sink=sink, max_restarts=max_restarts, poll_s=poll_s,
         shutdown_grace_s=shutdown_grace_s, on_failure=on_failure, admit=admit)
@@ -256,7 +260,8 @@ class ActorPool:
   def _set_actor_settings(self, *, env_fn, agent_fn, transition_fields,
                           seed, chunk_steps, queue_chunks, warmup_steps,
                           random_until, eval_interval, eval_episodes,
-                          prng_impl, hang_timeout_s) -> None:
+                          prng_impl, vectorized_envs,
+                          hang_timeout_s) -> None:
     """Keeps each actor's settings: what its ``ActorSpec`` is built from,
     and how long it may go without a heartbeat (see __init__)."""
     num_members = self.num_members
@@ -278,6 +283,7 @@ class ActorPool:
     self._eval_interval = int(eval_interval)
     self._eval_episodes = int(eval_episodes)
     self._prng_impl = prng_impl
+    self._vectorized_envs = bool(vectorized_envs)
 
   def _set_supervision(self, *, store, sink, max_restarts, poll_s,
                        shutdown_grace_s, on_failure, admit) -> None:
@@ -346,7 +352,8 @@ class ActorPool:
         warmup_steps=tuple(int(self._warmup[i]) for i in slot.members),
         random_until=tuple(int(self._random_until[i]) for i in slot.members),
         eval_interval=self._eval_interval, eval_episodes=self._eval_episodes,
-        prng_impl=self._prng_impl, params=self._store.handle,
+        prng_impl=self._prng_impl, vectorized_envs=self._vectorized_envs,
+        params=self._store.handle,
         channel=channel.handle, parent_pid=os.getpid())
     process = self._ctx.Process(
         target=run_actor, args=(spec,), daemon=True,

@@ -185,7 +185,8 @@ def test_warmup_actions_are_random_then_the_members_policies(store4):
         np.testing.assert_allclose(actions[j, t], expected, rtol=0,
                                    atol=ACTION_ATOL)
     # The env received the action rescaled to its [-2, 2] bounds.
-    env_actions = np.stack([a for _, a in actor._envs[j].unwrapped.history])
+    env_actions = np.stack(
+        [a for _, a in actor._batch.envs[j].unwrapped.history])
     np.testing.assert_allclose(env_actions, 2.0 * actions[j], rtol=0,
                                atol=SCALE_ATOL)
   # Warm-up actions spread over [-1, 1]: 24 uniform draws miss either bound
@@ -430,7 +431,7 @@ def test_discrete_actions():
     actor.fill(out)
     assert out['action'].dtype == np.int32 and out['action'].shape == (2, 12)
     assert set(np.unique(out['action'])) <= {0, 1, 2}
-    received = [int(a) for _, a in actor._envs[0].unwrapped.history]
+    received = [int(a) for _, a in actor._batch.envs[0].unwrapped.history]
     assert received == out['action'][0].tolist()
     check_episode_structure(out, 0)
     actor.close()

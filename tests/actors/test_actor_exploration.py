@@ -87,7 +87,7 @@ def test_evaluation_episodes_act_at_the_evaluation_epsilon():
     out = new_chunk(spec, 2, 48)
     assert actor.fill(out)
     histories = [actor._eval_envs[j][0].unwrapped.history for j in range(2)]
-    train = [actor._envs[j].unwrapped.history for j in range(2)]
+    train = [actor._batch.envs[j].unwrapped.history for j in range(2)]
     actor.close()
   for m in range(2):
     p_m = jax.tree.map(lambda x: x[m], params)
