@@ -8,12 +8,15 @@ measures, back to back on the same machine,
 * **vectorized**: the actor stepping its envs as one numpy batch
   (``fastpbrl.actors.vector_envs``; the default where the env has one);
 
-both acting with the members' TD3 policies (one vectorized, jitted CPU
+(a batch of one env is stepped serially in both), both acting with the
+members' TD3 policies (one vectorized, jitted CPU
 call per step for all hosted members, with exploration noise) and sending
 their chunks through the real transport (shared-memory channels, inserted
 into a per-member replay by the reader threads). A plain gymnasium loop
 (one env, ``action_space.sample()``) is the reference, measured before and
-after the actor rows. An actor process runs JAX on one thread, so its rate
+after the actor rows. Each rate is the mean of ``--repeats`` runs, the
+two modes alternating so that the machine's drift reaches both. An actor
+process runs JAX on one thread, so its rate
 is also its rate per core.
 
 Usage::
@@ -41,6 +44,7 @@ import time
 
 import gymnasium as gym
 import jax
+import numpy as np
 
 from fastpbrl import agents
 from fastpbrl.actors import ActorPool, ParamStore
@@ -63,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument('--seconds', type=float, default=10.0,
                       help='measured time per row, once warm')
   parser.add_argument('--hidden', type=int, nargs='+', default=[256, 256])
+  parser.add_argument('--repeats', type=int, default=2,
+                      help='runs of each mode per row, alternating')
   parser.add_argument('--chunk-steps', type=int, default=32)
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--out', default=os.path.join(
@@ -148,6 +154,8 @@ def table(record: dict) -> str:
   lines = ['| env | members per actor | serial env steps/s | vectorized env '
            'steps/s | vectorized / serial | plain gymnasium loop |',
            '|---|---:|---:|---:|---:|---:|']
+  # Each rate is the mean of --repeats runs, serial and vectorized
+  # alternating; the runs are in the JSON.
   for r in record['rows']:
     lines.append(
         f'| {r["env"]} | {r["members"]} | {r["serial"]:,.0f} | '
@@ -165,11 +173,16 @@ def main(argv=None) -> None:
   plain, rows = {}, []
   for env_id in args.envs:
     before = plain_steps_per_s(env_id, args.seconds / 2, args.seed)
-    kind = batch_kind(gym.make(env_id)).__name__
     for n in args.members:
-      rates = {mode: actor_steps_per_s(args, env_id, n, mode == 'vectorized')
-               for mode in MODES}
-      rows.append({'env': env_id, 'members': n, 'batch': kind, **rates})
+      kind = batch_kind(gym.make(env_id), n).__name__
+      runs = {mode: [] for mode in MODES}
+      for _ in range(args.repeats):  # alternating, so drift hits both
+        for mode in MODES:
+          runs[mode].append(actor_steps_per_s(args, env_id, n,
+                                              mode == 'vectorized'))
+      rates = {mode: float(np.mean(r)) for mode, r in runs.items()}
+      rows.append({'env': env_id, 'members': n, 'batch': kind, **rates,
+                   'runs': runs})
       print(f'{env_id} {n:3d} members: serial {rates["serial"]:8.0f}, '
             f'vectorized ({kind}) {rates["vectorized"]:8.0f} env steps/s '
             f'({rates["vectorized"] / rates["serial"]:.2f}x)', flush=True)

@@ -279,10 +279,11 @@ class Actor:
     self._version = 0
     self._params = None
     self._hparams = None
-    self._key_data = np.stack([_key_data(s.key, prng_impl)
-                               for s in self._seeds])
-    self._eval_key_data = np.stack([_key_data(s.eval_key, prng_impl)
-                                    for s in self._seeds])
+    # On the device once, not converted from numpy at every policy call.
+    self._key_data = jax.device_put(np.stack(
+        [_key_data(s.key, prng_impl) for s in self._seeds]))
+    self._eval_key_data = jax.device_put(np.stack(
+        [_key_data(s.eval_key, prng_impl) for s in self._seeds]))
     self._policy, self._policy_and_eval = _make_policy_fns(
         self._agent, prng_impl)
     self._freeze_rows = jax.jit(_select_rows)

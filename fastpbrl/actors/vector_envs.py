@@ -119,21 +119,24 @@ class Locomotion(_TimeLimited):
     self._skip = int(u._exclude_current_positions_from_observation)  # noqa: SLF001
     self._forward_weight = u._forward_reward_weight  # noqa: SLF001
     self._ctrl_weight = u._ctrl_cost_weight  # noqa: SLF001
-    self._qpos = np.stack([r.data.qpos for r in self._raw])
-    self._qvel = np.stack([r.data.qvel for r in self._raw])
+    # Views of each env's MjData (a reset writes into the same MjData).
+    self._ctrl = [r.data.ctrl for r in self._raw]
+    self._qpos_views = [r.data.qpos for r in self._raw]
+    self._qvel_views = [r.data.qvel for r in self._raw]
+    self._qpos = np.stack(self._qpos_views)
+    self._qvel = np.stack(self._qvel_views)
 
   def _load(self, j: int) -> None:
-    self._qpos[j] = self._raw[j].data.qpos
-    self._qvel[j] = self._raw[j].data.qvel
+    self._qpos[j] = self._qpos_views[j]
+    self._qvel[j] = self._qvel_views[j]
 
   def step(self, actions: np.ndarray) -> EnvStep:
     x_before = self._qpos[:, 0].copy()
-    for j, raw in enumerate(self._raw):
-      data = raw.data
-      data.ctrl[:] = actions[j]
-      mujoco.mj_step(raw.model, data, nstep=self._frame_skip)
-      self._qpos[j] = data.qpos
-      self._qvel[j] = data.qvel
+    for raw, ctrl, action in zip(self._raw, self._ctrl, actions):
+      ctrl[:] = action
+      mujoco.mj_step(raw.model, raw.data, nstep=self._frame_skip)
+    np.stack(self._qpos_views, out=self._qpos)
+    np.stack(self._qvel_views, out=self._qvel)
     x_velocity = (self._qpos[:, 0] - x_before) / self._dt
     # As the envs' control_cost: in the actions' float type.
     ctrl_cost = self._ctrl_weight * np.sum(np.square(actions), axis=-1)
@@ -237,17 +240,21 @@ BATCHES: dict[type, Callable[[Sequence[gym.Env]], EnvBatch]] = {
 }
 
 
-def batch_kind(env: gym.Env) -> Callable[[Sequence[gym.Env]], EnvBatch]:
-  """The batch class that serves envs like ``env``: its vectorized one
-  from :data:`BATCHES`, else ``SerialEnvs``."""
+def batch_kind(env: gym.Env, size: int, vectorized: bool = True
+               ) -> Callable[[Sequence[gym.Env]], EnvBatch]:
+  """The batch class for ``size`` envs like ``env``: its vectorized one
+  from :data:`BATCHES` when ``vectorized`` is set and there are several
+  envs, else ``SerialEnvs``. A batch of one env gains nothing: its numpy
+  calls cost what the env's own Python does
+  (``benchmarks/actor_throughput.py`` measured 0.85-0.9x)."""
   kind = BATCHES.get(type(env.unwrapped))
-  return kind if kind is not None and _plain(env) else SerialEnvs
+  if kind is None or not vectorized or size < 2 or not _plain(env):
+    return SerialEnvs
+  return kind
 
 
 def make_batch(env_fn: Callable[[], gym.Env], size: int,
                vectorized: bool = True) -> EnvBatch:
-  """``size`` envs from ``env_fn`` as one batch: vectorized where
-  :func:`batch_kind` has one and ``vectorized`` is set, else serial."""
+  """``size`` envs from ``env_fn`` as one batch of :func:`batch_kind`."""
   envs = [env_fn() for _ in range(size)]
-  kind = batch_kind(envs[0]) if vectorized else SerialEnvs
-  return kind(envs)
+  return batch_kind(envs[0], size, vectorized)(envs)

@@ -121,10 +121,12 @@ def test_envs_a_batch_cannot_serve_are_stepped_serially(env_fn):
   assert type(vector_envs.make_batch(env_fn, 2)) is SerialEnvs
 
 
-def test_vectorized_off_gives_serial_envs():
-  batch = vector_envs.make_batch(functools.partial(make, 'Pendulum-v1'), 2,
-                                 vectorized=False)
-  assert type(batch) is SerialEnvs
+def test_vectorized_off_or_one_env_gives_serial_envs():
+  pendulum = functools.partial(make, 'Pendulum-v1')
+  assert type(vector_envs.make_batch(pendulum, 2, vectorized=False)) is (
+      SerialEnvs)
+  assert type(vector_envs.make_batch(pendulum, 1)) is SerialEnvs
+  assert type(vector_envs.make_batch(pendulum, 2)) is vector_envs.Pendulum
 
 
 def test_an_actor_fills_the_same_chunks_with_and_without_vectorized_envs():
