@@ -15,9 +15,12 @@ their chunks through the real transport (shared-memory channels, inserted
 into a per-member replay by the reader threads). A plain gymnasium loop
 (one env, ``action_space.sample()``) is the reference, measured before and
 after the actor rows. Each rate is the mean of ``--repeats`` runs, the
-two modes alternating so that the machine's drift reaches both. An actor
-process runs JAX on one thread, so its rate
-is also its rate per core.
+two modes alternating so that the machine's drift reaches both. Two rates
+per run: env steps per second of wall time, and per second of the actor
+process's CPU time (user + system, from ``/proc``), which is its rate per
+core (an actor runs JAX on one thread) and does not count time the
+process waited for a core: the second measures the code, the first also
+the machine.
 
 Usage::
 
@@ -97,9 +100,19 @@ def plain_steps_per_s(env_id: str, seconds: float, seed: int) -> float:
   return steps / (now - start)
 
 
-def actor_steps_per_s(args, env_id: str, n: int, vectorized: bool) -> float:
-  """Env steps per second of one actor process hosting ``n`` members that
-  act with their TD3 policies."""
+def cpu_seconds(pid: int) -> float:
+  """User + system CPU time of process ``pid`` so far."""
+  with open(f'/proc/{pid}/stat') as f:
+    fields = f.read().rsplit(')', 1)[1].split()
+  # Fields 14 and 15 of proc(5) (utime, stime), after the name's ')'.
+  return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def actor_steps_per_s(args, env_id: str, n: int,
+                      vectorized: bool) -> tuple[float, float]:
+  """Env steps per second of wall time and per second of CPU time of
+  one actor process hosting ``n`` members that act with their TD3
+  policies."""
   spec = make_env_spec(gym.make(env_id))
   config = TD3Config(hidden_sizes=tuple(args.hidden))
   agent = agents.make_agent('td3', spec, config)
@@ -133,13 +146,17 @@ def actor_steps_per_s(args, env_id: str, n: int, vectorized: bool) -> float:
           raise TimeoutError('the actor did not start within 300 s:\n'
                              + pool.describe_status())
         time.sleep(0.05)
+      pid = pool.pids()[0]
       start_steps, start = replay.inserted().sum(), time.perf_counter()
+      start_cpu = cpu_seconds(pid)
       time.sleep(args.seconds)
       pool.check()
       steps, end = replay.inserted().sum(), time.perf_counter()
+      cpu = cpu_seconds(pid) - start_cpu
   finally:
     store.close()
-  return float((steps - start_steps) / (end - start))
+  steps -= start_steps
+  return float(steps / (end - start)), float(steps / cpu)
 
 
 def git_commit() -> str:
@@ -151,16 +168,18 @@ def git_commit() -> str:
 
 
 def table(record: dict) -> str:
-  lines = ['| env | members per actor | serial env steps/s | vectorized env '
-           'steps/s | vectorized / serial | plain gymnasium loop |',
-           '|---|---:|---:|---:|---:|---:|']
+  lines = ['| env | members per actor | batch | per CPU-second: serial | '
+           'vectorized | ratio | per wall second: serial | vectorized | '
+           'ratio |', '|---|---:|---|---:|---:|---:|---:|---:|---:|']
   # Each rate is the mean of --repeats runs, serial and vectorized
   # alternating; the runs are in the JSON.
   for r in record['rows']:
+    cpu = r['vectorized_per_cpu_s'] / r['serial_per_cpu_s']
     lines.append(
-        f'| {r["env"]} | {r["members"]} | {r["serial"]:,.0f} | '
-        f'{r["vectorized"]:,.0f} | {r["vectorized"] / r["serial"]:.2f}x | '
-        f'{record["plain"][r["env"]]:,.0f} |')
+        f'| {r["env"]} | {r["members"]} | {r["batch"]} | '
+        f'{r["serial_per_cpu_s"]:,.0f} | {r["vectorized_per_cpu_s"]:,.0f} | '
+        f'{cpu:.2f}x | {r["serial"]:,.0f} | {r["vectorized"]:,.0f} | '
+        f'{r["vectorized"] / r["serial"]:.2f}x |')
   return '\n'.join(lines)
 
 
@@ -180,12 +199,12 @@ def main(argv=None) -> None:
         for mode in MODES:
           runs[mode].append(actor_steps_per_s(args, env_id, n,
                                               mode == 'vectorized'))
-      rates = {mode: float(np.mean(r)) for mode, r in runs.items()}
-      rows.append({'env': env_id, 'members': n, 'batch': kind, **rates,
-                   'runs': runs})
-      print(f'{env_id} {n:3d} members: serial {rates["serial"]:8.0f}, '
-            f'vectorized ({kind}) {rates["vectorized"]:8.0f} env steps/s '
-            f'({rates["vectorized"] / rates["serial"]:.2f}x)', flush=True)
+      row = {'env': env_id, 'members': n, 'batch': kind, 'runs': runs}
+      for mode, r in runs.items():
+        row[mode] = float(np.mean([wall for wall, _ in r]))
+        row[f'{mode}_per_cpu_s'] = float(np.mean([cpu for _, cpu in r]))
+      rows.append(row)
+      print(table({'rows': [row]}).splitlines()[-1], flush=True)
     after = plain_steps_per_s(env_id, args.seconds / 2, args.seed)
     plain[env_id] = (before + after) / 2
   record = {'command': ' '.join(['python', '-m', 'benchmarks.actor_throughput',
@@ -204,7 +223,9 @@ def main(argv=None) -> None:
     f.write(f'Actor throughput: env steps/s of one actor process, TD3 '
             f'{tuple(args.hidden)} policy + noise; {cores} cores; '
             f'{record["date"]}.\nCommand: `{record["command"]}`\n\n'
-            f'{table(record)}\n')
+            f'{table(record)}\n\nA plain gymnasium loop (one env, random '
+            f'actions), env steps per wall second: ' + ', '.join(
+                f'{env} {rate:,.0f}' for env, rate in plain.items()) + '.\n')
   print(table(record))
 
 

@@ -110,6 +110,10 @@ METHODS = {
     # name: (experiment module, extra flags)
     'seeds-td3': ('seeds', ['--agent', 'td3']),
     'pbt-td3': ('pbt', ['--agent', 'td3']),
+    # The 2022 paper's explore: every hyperparameter of a copy redrawn.
+    'pbt-resample-td3': ('pbt', ['--agent', 'td3', '--explore', 'resample']),
+    # PB2 (Parker-Holder et al. 2020): a GP bandit chooses a copy's values.
+    'pbt-pb2-td3': ('pbt', ['--agent', 'td3', '--explore', 'pb2']),
     # The baseline with the update accounting of TD3's and SB3's reference
     # loops: no catch-up on the warm-up's data (see ``sb3-td3``).
     'seeds-td3-no-catch-up': ('seeds', ['--agent', 'td3',

@@ -323,6 +323,38 @@ def data_paths(folder: str) -> str:
                        _source([_link(folder, 'data_paths.json')], *facts)])
 
 
+def actor_throughput(folder: str) -> str:
+  """Env steps per second of one actor process, serial beside vectorized,
+  from ``benchmarks/actor_throughput.py``."""
+  record = _json(folder, 'actor_throughput.json')
+  rows = [[row['env'], str(row['members']), row['batch'],
+           f'{row["serial_per_cpu_s"]:,.0f}',
+           f'{row["vectorized_per_cpu_s"]:,.0f}',
+           f'{row["vectorized_per_cpu_s"] / row["serial_per_cpu_s"]:.2f}x',
+           f'{row["serial"]:,.0f}', f'{row["vectorized"]:,.0f}',
+           f'{row["vectorized"] / row["serial"]:.2f}x']
+          for row in record['rows']]
+  header = ['env', 'members per actor', 'batch', 'per CPU-second: serial',
+            'vectorized', 'ratio', 'per wall second: serial', 'vectorized',
+            'ratio']
+  settings, machine = record['settings'], record['machine']
+  plain = ', '.join(f'{env} {rate:,.0f}'
+                    for env, rate in record['plain'].items())
+  facts = [f'TD3 {tuple(settings["hidden"])} policy with exploration noise, '
+           f'one actor process, the mean of {settings["repeats"]} runs of '
+           f'{settings["seconds"]:g} s per mode once warm, the modes '
+           f'alternating', f'a plain gymnasium loop (one env, random '
+           f'actions) did {plain} env steps/s',
+           f'machine {machine["processor"]}, {machine["cores_available"]} '
+           f'cores, jax {machine["jax"]}', f'date {record["date"]}',
+           _command(record['command'])]
+  if _commit(record):
+    facts.append(_commit(record))
+  return '\n\n'.join([_table(header, 'lrlrrrrrr', rows),
+                       _source([_link(folder, 'actor_throughput.json')],
+                               *facts)])
+
+
 def main_command(folder: str) -> str:
   """The README's main command, timed by ``benchmarks/main_command.py``."""
   record = _json(folder, 'main_command.json')
@@ -462,6 +494,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     'gpu-end-to-end': lambda: end_to_end('gpu', 'end_to_end.json',
                                          'end_to_end_80.json'),
     'cpu-data-paths': lambda: data_paths('cpu'),
+    'cpu-actor-throughput': lambda: actor_throughput('cpu'),
     'resume-curve': resume_curve,
     'learning budgets': lambda: learning_budgets('learning'),
     'learning results': lambda: learning('learning'),

@@ -244,7 +244,9 @@ def _cast(x: jax.Array, like: jax.Array) -> jax.Array:
   return x.astype(like.dtype)
 
 
-def _apply_constraint(space: SearchSpace, hparams: HParams) -> HParams:
+def constrained(space: SearchSpace, hparams: HParams) -> HParams:
+  """``[N]`` ``hparams`` after the space's constraint (if any), each field
+  cast back to its dtype."""
   if space.constraint is None:
     return hparams
   constrained = jax.vmap(space.constraint)(hparams)
@@ -279,7 +281,7 @@ def sample(key: PRNGKey, space: SearchSpace, hparams_template: HParams,
   values = {}
   for k, (name, dist) in zip(keys, space.distributions):
     values[name] = _cast(_sample_field(k, dist, n), getattr(stacked, name))
-  return _apply_constraint(space, stacked._replace(**values))
+  return constrained(space, stacked._replace(**values))
 
 
 def sample_near(key: PRNGKey, space: SearchSpace, defaults: HParams, n: int,
@@ -324,7 +326,7 @@ def sample_near(key: PRNGKey, space: SearchSpace, defaults: HParams, n: int,
                                       maxval=math.log(spread))
       near = _scale(dist, x, jnp.exp(log_factor))
     values[name] = _cast(jnp.where(jnp.arange(n) == 0, x, near), x)
-  return _apply_constraint(space, stacked._replace(**values))
+  return constrained(space, stacked._replace(**values))
 
 
 def _near_field(dist: Distribution, default: float,
@@ -472,7 +474,7 @@ def perturb(key: PRNGKey, space: SearchSpace, hparams: HParams,
     resampled = _sample_field(k_new, resample_space[name], n)
     flag = jax.random.uniform(k_flag, (n,)) < resample_probability
     values[name] = _cast(jnp.where(flag, resampled, moved), x)
-  return _apply_constraint(space, hparams._replace(**values))
+  return constrained(space, hparams._replace(**values))
 
 
 def contains(dist: Distribution, value: float) -> bool:

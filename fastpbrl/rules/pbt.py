@@ -30,6 +30,7 @@ from fastpbrl import search_space as ss
 from fastpbrl.agents import dqn
 from fastpbrl.config import (ConfigError, RunConfig, as_flag_error,
                              as_update_steps, check)
+from fastpbrl.population import pb2
 from fastpbrl.population import pbt as pbt_lib
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  split_key)
@@ -59,12 +60,16 @@ class PBTRunConfig(RunConfig):
   """Exploit strategy: truncation or tournament (binary tournament)."""
   fraction: float = 0.3
   """Truncation: bottom fraction copies the top fraction, in (0, 0.5]."""
-  explore: Literal['perturb', 'resample'] = 'perturb'
+  explore: Literal['perturb', 'resample', 'pb2'] = 'perturb'
   """How a replaced member's hyperparameters are chosen: perturb (the
   parent's, each multiplied by 0.8 or 1.2, or resampled with
-  --resample-probability; Jaderberg et al.) or resample (every one drawn
+  --resample-probability; Jaderberg et al.), resample (every one drawn
   afresh from the distribution the population started from, as the 2022
-  paper does, appendix B.1; --resample-probability is then unused)."""
+  paper does, appendix B.1; --resample-probability is then unused) or pb2
+  (Population-Based Bandits, Parker-Holder et al. 2020: the continuous
+  ones maximise a GP upper confidence bound of the fitness gain, fitted on
+  every member's intervals so far, within the search space's bounds;
+  categorical ones are perturbed)."""
   resample_probability: float = 0.25
   """Explore perturb: probability of resampling a hyperparameter from the
   distribution the population started from (see --init-hparams)."""
@@ -144,6 +149,12 @@ class PBTState(NamedTuple):
   started: np.ndarray  # () bool: this run (or resume) took its first call
   lineage_started: np.ndarray  # () bool: the init events are written
   exploits: np.ndarray  # () int64: members replaced so far
+  # --explore pb2 (kept, unused, by the other explores): the decisions so
+  # far, each member's fitness at its last one (NaN before), and the data,
+  # one row per member interval (``pb2.empty_history``).
+  decisions: np.ndarray  # () int64
+  last_fitness: np.ndarray  # [N] float64
+  pb2_rows: np.ndarray  # [pb2.WINDOW, 2 + continuous fields] float64
 
 
 def record(history: np.ndarray, member: int, value: float) -> np.ndarray:
@@ -231,6 +242,10 @@ class PBT(Rule):
           'it or raise --env-steps')
     check_evaluations_per(config.ready_after, config, '--ready-after')
     self.space = space or search_space_of(config)
+    check(config.explore != 'pb2' or pb2.continuous_fields(self.space),
+          f'--explore pb2: the search space ({", ".join(self.space.fields)}) '
+          'has no continuous field for its GP to model; use perturb or '
+          'resample')
     self.exploit = pbt_lib.CompiledExploitExplore(self.pbt_config, self.space)
 
   @classmethod
@@ -247,6 +262,9 @@ class PBT(Rule):
 
   def multi_process_problem(self, config: PBTRunConfig,
                             where: str) -> Optional[str]:
+    if config.explore == 'pb2':
+      return (f'--explore pb2 is not supported {where} (its choice is set '
+              'on one process\'s arrays); use perturb or resample')
     if config.copy_replay:
       return (f'--copy-replay is not supported {where} (a member\'s replay '
               'stays in its own process); drop it')
@@ -279,7 +297,10 @@ class PBT(Rule):
         history=np.full((n, self.config.fitness_window), np.nan),
         evaluated=np.zeros((n,), bool), started=np.asarray(False),
         lineage_started=np.asarray(False),
-        exploits=np.asarray(0, np.int64)), population.state
+        exploits=np.asarray(0, np.int64), decisions=np.asarray(0, np.int64),
+        last_fitness=np.full((n,), np.nan),
+        pb2_rows=pb2.empty_history(len(pb2.continuous_fields(
+            self.space)))), population.state
 
   def decide(self, rule_state: PBTState, observation: Observation):
     obs, n = observation, self.config.population_size
@@ -306,6 +327,13 @@ class PBT(Rule):
     result = self.exploit(key, obs.state, obs.hparams, fitness, ready)
     replaced = whole_value(result.replaced)  # gathered over processes
     parent = whole_value(result.parent)
+    if self.config.explore == 'pb2':
+      rule_state, result = self._pb2(rule_state, obs.hparams, result, fitness,
+                                     ready)
+    rule_state = rule_state._replace(
+        decisions=np.asarray(rule_state.decisions + 1, np.int64),
+        last_fitness=_fitness_after(rule_state.last_fitness, fitness, ready,
+                                    parent, replaced))
     events = tuple(pbt_lib.exploit_events(obs.update_steps, result,
                                           obs.hparams, fitness,
                                           env_steps=obs.env_steps))
@@ -320,6 +348,28 @@ class PBT(Rule):
         state=result.state, hparams=result.hparams, renewed=replaced,
         mark=ready, copy_data=self._copies(parent, replaced), events=events,
         logs=tuple((LINEAGE, e) for e in events))
+
+  def _pb2(self, rule_state: PBTState, hparams, result: pbt_lib.PBTResult,
+           fitness: np.ndarray, ready: np.ndarray):
+    """PB2's explore (``fastpbrl.population.pb2``): the intervals that
+    just ended join the data; the replaced members take the GP-UCB choice
+    for the continuous fields, the others keep theirs."""
+    fields = pb2.continuous_fields(self.space)
+    old = {name: np.asarray(whole_value(getattr(hparams, name)))
+           for name in fields}
+    change = fitness.astype(np.float64) - rule_state.last_fitness
+    rows = pb2.append(rule_state.pb2_rows, int(rule_state.decisions),
+                      pb2.encode(self.space, old)[ready], change[ready])
+    rule_state = rule_state._replace(pb2_rows=rows)
+    members = np.flatnonzero(whole_value(result.replaced))
+    if not members.size:
+      return rule_state, result
+    rule_state, key = split_key(rule_state)
+    seed = int(jax.random.randint(key, (), 0, np.iinfo(np.int32).max))
+    chosen = pb2.explore(self.space, rows, int(rule_state.decisions) + 1,
+                         members, seed)
+    return rule_state, result._replace(
+        hparams=_with_rows(self.space, result.hparams, members, chosen))
 
   def _record(self, rule_state: PBTState, obs: Observation) -> PBTState:
     """This call's evaluations into the fitness history; which members an
@@ -395,6 +445,32 @@ class PBT(Rule):
   def summary(self, rule_state: PBTState, run_dir: str) -> str:
     return (f'PBT: {int(rule_state.exploits)} exploit/explore replacements; '
             f'lineage in {os.path.join(run_dir, LINEAGE)}')
+
+
+def _fitness_after(last: np.ndarray, fitness: np.ndarray, ready: np.ndarray,
+                   parent: np.ndarray, replaced: np.ndarray) -> np.ndarray:
+  """Each member's fitness at the start of its next interval: its own for
+  the ready ones, its parent's for a replaced one (it runs those weights)."""
+  out = np.where(ready, fitness.astype(np.float64), last)
+  out[replaced] = fitness[parent[replaced]]
+  return out
+
+
+def _with_rows(space: ss.SearchSpace, hparams, members: np.ndarray,
+               chosen: dict):
+  """``hparams`` with ``members``' fields set to ``chosen``'s values, then
+  the space's constraint on those members; each array keeps its dtype and
+  sharding."""
+  values, rows = {}, None
+  for name, new in chosen.items():
+    old = getattr(hparams, name)
+    full = np.array(whole_value(old))
+    full[members] = new.astype(full.dtype)
+    values[name] = jax.device_put(full, old.sharding)
+    rows = np.isin(np.arange(full.shape[0]), members)
+  updated = ss.constrained(space, hparams._replace(**values))
+  return jax.tree.map(lambda new, old: jnp.where(
+      jax.device_put(rows, old.sharding), new, old), updated, hparams)
 
 
 class ScheduleState(NamedTuple):

@@ -8,12 +8,15 @@ import dataclasses
 
 import jax
 import numpy as np
+import pytest
 
 from fastpbrl import search_space as ss
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.agents import td3
 from fastpbrl.build import initial_population, make_agent, make_env_spec
 from fastpbrl.checkpoint import Checkpointer
+from fastpbrl.config import ConfigError
+from fastpbrl.population import pb2
 from fastpbrl.resume import like
 from fastpbrl.rules.base import Observation
 from fastpbrl.rules.pbt import (PRESETS, PBT, PBTRunConfig, fitness_of,
@@ -225,3 +228,80 @@ def test_explore_resample_redraws_every_field_and_the_paper_preset_uses_it():
   # rate is uniform on [-4.52, -2.52]; its mean over 200 draws is within
   # 0.2 of -3.52 (sd 0.58 / sqrt(200) = 0.04, so 0.2 is 5 sd).
   assert abs(np.mean(np.log10(np.asarray(out.policy_lr))) + 3.52) < 0.2
+
+
+def pb2_run():
+  """A PB2 run through two decisions: member m's evaluations return
+  -100 (m + 1) at the first, and gain 10 (m + 1) by the second."""
+  run = Run(explore='pb2')
+  run.call(200)
+  run.call(30, [(m, -100.0 * (m + 1)) for m in range(N)])
+  first = np.asarray(run.rule_state.pb2_rows)
+  hparams = jax.device_get(run.hparams)
+  run.call(30, [(m, -100.0 * (m + 1) + 10.0 * (m + 1)) for m in range(N)])
+  return run, first, hparams
+
+
+def test_pb2_learns_from_each_interval_and_chooses_within_the_bounds():
+  run, first, before = pb2_run()
+  # The first decision knows no member's fitness at an interval's start.
+  assert np.isnan(first).all()
+  t, x, change = pb2.data(np.asarray(run.rule_state.pb2_rows))
+  # The second: one row per member, its interval (decision 1), its gain in
+  # fitness (the mean of its two evaluations rose by half the new one's
+  # gain, as the window averages them; a replaced member's interval
+  # started from its parent's fitness) and its hyperparameters then.
+  fitness_1 = np.array([-100.0 * (m + 1) for m in range(N)])
+  parent = {e['member']: e['parent'] for e in run.events[:1]}
+  start = np.array([fitness_1[parent.get(m, m)] for m in range(N)])
+  mean_2 = np.array([np.mean([fitness_1[parent.get(m, m)],
+                              -100.0 * (m + 1) + 10.0 * (m + 1)])
+                     for m in range(N)])
+  np.testing.assert_array_equal(t, np.ones(N))
+  np.testing.assert_allclose(change, mean_2 - start, rtol=1e-6)
+  fields = pb2.continuous_fields(run.rule.space)
+  np.testing.assert_allclose(
+      x, pb2.encode(run.rule.space, {f: np.asarray(getattr(before, f))
+                                     for f in fields}), rtol=1e-6)
+  # The replaced members' new values: not their parent's times 0.8 or 1.2
+  # (perturb) and within the search space.
+  assert int(run.rule_state.exploits) == 2
+  assert np.all(np.asarray(ss.within_bounds(run.rule.space, run.hparams)))
+  second = run.events[-1]
+  for name in fields:
+    old = second['old_hparams'][name]
+    new = second['new_hparams'][name]
+    assert not np.isclose(new, old * 0.8) and not np.isclose(new, old * 1.2)
+  assert int(run.rule_state.decisions) == 2
+
+
+def test_pb2_is_a_function_of_the_seed_and_its_state_is_checkpointed(
+    tmp_path):
+  a, _, _ = pb2_run()
+  b, _, _ = pb2_run()
+  for name in a.hparams._fields:
+    np.testing.assert_array_equal(getattr(a.hparams, name),
+                                  getattr(b.hparams, name), name)
+  checkpointer = Checkpointer(str(tmp_path))
+  try:
+    checkpointer.save(1, a.state, {'hparams': a.hparams,
+                                   'rule': a.rule_state}, {})
+    template = Run(explore='pb2')
+    _, extra, _ = checkpointer.restore(
+        template.state, {'hparams': template.hparams,
+                         'rule': template.rule_state})
+  finally:
+    checkpointer.close()
+  restored = like(template.rule_state, extra['rule'])
+  np.testing.assert_array_equal(restored.pb2_rows, a.rule_state.pb2_rows)
+  np.testing.assert_array_equal(restored.last_fitness,
+                                a.rule_state.last_fitness)
+
+
+def test_pb2_needs_a_continuous_field_and_one_process():
+  only_categorical = ss.SearchSpace({'batch_size': ss.Categorical((64, 128))})
+  with pytest.raises(ConfigError, match='--explore pb2'):
+    PBT(PBTRunConfig(explore='pb2'), space=only_categorical)
+  rule = PBT(PBTRunConfig(explore='pb2'))
+  assert '--explore pb2' in rule.multi_process_problem(rule.config,
+                                                       'over 2 processes')
