@@ -41,7 +41,6 @@ import json
 import logging
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -49,6 +48,7 @@ import gymnasium as gym
 import jax
 import numpy as np
 
+from benchmarks.provenance import cpu_model, git_commit
 from fastpbrl import agents
 from fastpbrl.actors import ActorPool, ParamStore
 from fastpbrl.actors.vector_envs import batch_kind
@@ -159,14 +159,6 @@ def actor_steps_per_s(args, env_id: str, n: int,
   return float(steps / (end - start)), float(steps / cpu)
 
 
-def git_commit() -> str:
-  try:
-    return subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True,
-                          text=True, check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return 'unknown'
-
-
 def table(record: dict) -> str:
   lines = ['| env | members per actor | batch | per CPU-second: serial | '
            'vectorized | ratio | per wall second: serial | vectorized | '
@@ -210,7 +202,7 @@ def main(argv=None) -> None:
   record = {'command': ' '.join(['python', '-m', 'benchmarks.actor_throughput',
                                  *(sys.argv[1:] if argv is None else argv)]),
             'machine': {'platform': platform.platform(),
-                        'processor': platform.processor() or 'unknown',
+                        'cpu_model': cpu_model(),
                         'cpus': os.cpu_count(), 'cores_available': cores,
                         'jax': jax.__version__},
             'date': time.strftime('%Y-%m-%d'), 'commit': git_commit(),

@@ -48,6 +48,7 @@ import time
 import jax
 import numpy as np
 
+from benchmarks.provenance import git_commit
 from fastpbrl import agents, jax_envs
 from fastpbrl.agents.td3 import TD3Config
 from fastpbrl.build import make_env_spec
@@ -191,14 +192,6 @@ def one(args, n: int, mode: str) -> dict:
   row['peak_rss_bytes'] = own + (children if mode == 'actors' else 0)
   row['env'] = args.env if mode == 'actors' else args.jax_env
   return row
-
-
-def git_commit() -> str:
-  try:
-    return subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True,
-                          text=True, check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return 'unknown'
 
 
 def table(rows: list[dict]) -> str:

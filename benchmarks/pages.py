@@ -345,8 +345,8 @@ def actor_throughput(folder: str) -> str:
            f'{settings["seconds"]:g} s per mode once warm, the modes '
            f'alternating', f'a plain gymnasium loop (one env, random '
            f'actions) did {plain} env steps/s',
-           f'machine {machine["processor"]}, {machine["cores_available"]} '
-           f'cores, jax {machine["jax"]}', f'date {record["date"]}',
+           f'machine {machine.get("cpu_model", machine["platform"])}, '
+           f'{machine["cores_available"]} cores, jax {machine["jax"]}', f'date {record["date"]}',
            _command(record['command'])]
   if _commit(record):
     facts.append(_commit(record))

@@ -410,3 +410,27 @@ def test_cemrl_shared_critic_runs_on_device(tmp_path):
   run = fastpbrl.load_run(str(tmp_path / 'run'))
   assert len(run.final_returns) == 4
   assert set(run.evaluations['env_steps']) >= {200, 400}
+
+
+@pytest.mark.slow
+def test_pb2_is_reproducible_and_resumes_with_its_history(tmp_path):
+  """PBT with --explore pb2 on the device: two runs of a seed choose the
+  same hyperparameters; a run stopped after its first decisions resumes
+  and decides again (its GP data round-trips through a checkpoint in
+  tests/rules/test_pbt.py)."""
+  kw = dict(TINY, population_size=4, env_steps=1_000, explore='pb2',
+            ready_after=200, fraction=0.25)
+  for name in ('a', 'b'):
+    fastpbrl.train('pbt', run_dir=str(tmp_path / name), **kw)
+  lineage = [open(tmp_path / name / 'lineage.jsonl').read()
+             for name in ('a', 'b')]
+  assert lineage[0] == lineage[1]
+  exploits = [json.loads(line) for line in lineage[0].splitlines()
+              if json.loads(line)['event'] == 'exploit']
+  assert len(exploits) >= 2
+  fastpbrl.train('pbt', run_dir=str(tmp_path / 'c'), checkpoint_replay=True,
+                 **dict(kw, env_steps=600))
+  fastpbrl.train(resume=str(tmp_path / 'c'), env_steps=1_000)
+  resumed = [json.loads(line) for line in
+             open(tmp_path / 'c' / 'lineage.jsonl').read().splitlines()]
+  assert max(e['step'] for e in resumed if e['event'] == 'exploit') > 600

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.provenance import cpu_model
 from benchmarks.update_speed.config import available_cores
 
 
@@ -122,19 +123,8 @@ def device_description() -> str:
   """The device's name, with the CPU model on CPU."""
   device = jax.devices()[0]
   if device.platform == 'cpu':
-    return f'cpu: {_cpu_model()} ({available_cores()} cores)'
+    return f'cpu: {cpu_model()} ({available_cores()} cores)'
   return f'{device.platform}: {device.device_kind}'
-
-
-def _cpu_model() -> str:
-  try:
-    with open('/proc/cpuinfo') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
 
 
 def _memory_total_bytes() -> Optional[int]:
@@ -160,7 +150,7 @@ def machine_description() -> dict:
   devices = jax.devices()
   return dict(
       platform=platform.platform(), python=platform.python_version(),
-      cpu_model=_cpu_model(), logical_cpus=os.cpu_count(),
+      cpu_model=cpu_model(), logical_cpus=os.cpu_count(),
       available_cores=available_cores(),
       memory_total_bytes=_memory_total_bytes(),
       jax_backend=jax.default_backend(), device=device_description(),

@@ -170,22 +170,27 @@ def test_decide_changes_neither_its_inputs_nor_the_rule():
       kept[0], kept[1].tolist())
 
 
-def test_state_round_trips_through_a_checkpoint(tmp_path):
-  run = Run()
-  run.call(200)
-  run.call(30, [(m, -100.0 * (m + 1)) for m in range(N)])
-  assert int(run.rule_state.exploits) == 1
+def round_trip(run, template, tmp_path):
+  """``run``'s rule state saved in a checkpoint and restored into
+  ``template``'s."""
   checkpointer = Checkpointer(str(tmp_path))
   try:
     checkpointer.save(1, run.state, {'hparams': run.hparams,
                                      'rule': run.rule_state}, {})
-    template = Run()
     _, extra, _ = checkpointer.restore(
         template.state, {'hparams': template.hparams,
                          'rule': template.rule_state})
   finally:
     checkpointer.close()
-  restored = like(template.rule_state, extra['rule'])
+  return like(template.rule_state, extra['rule'])
+
+
+def test_state_round_trips_through_a_checkpoint(tmp_path):
+  run = Run()
+  run.call(200)
+  run.call(30, [(m, -100.0 * (m + 1)) for m in range(N)])
+  assert int(run.rule_state.exploits) == 1
+  restored = round_trip(run, Run(), tmp_path)
   assert type(restored) is type(run.rule_state)
   for name, value in run.rule_state._asdict().items():
     got = getattr(restored, name)
@@ -282,17 +287,7 @@ def test_pb2_is_a_function_of_the_seed_and_its_state_is_checkpointed(
   for name in a.hparams._fields:
     np.testing.assert_array_equal(getattr(a.hparams, name),
                                   getattr(b.hparams, name), name)
-  checkpointer = Checkpointer(str(tmp_path))
-  try:
-    checkpointer.save(1, a.state, {'hparams': a.hparams,
-                                   'rule': a.rule_state}, {})
-    template = Run(explore='pb2')
-    _, extra, _ = checkpointer.restore(
-        template.state, {'hparams': template.hparams,
-                         'rule': template.rule_state})
-  finally:
-    checkpointer.close()
-  restored = like(template.rule_state, extra['rule'])
+  restored = round_trip(a, Run(explore='pb2'), tmp_path)
   np.testing.assert_array_equal(restored.pb2_rows, a.rule_state.pb2_rows)
   np.testing.assert_array_equal(restored.last_fitness,
                                 a.rule_state.last_fitness)
