@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -565,6 +566,39 @@ def _fmt(values: list) -> str:
 
 RULE_MODULES = ('pbt', 'cemrl', 'dvd', 'hypertrick')
 
+# Fixes that changed what a method's runs measure: (commit, experiment
+# module, what it fixed). A run on code without the fix is superseded; the
+# report leaves it out, and lists it, instead of pooling it with runs of
+# the fixed code.
+FIXES = (
+    ('ef3bee1', 'pbt', 'PBT decides for the whole population once every '
+     'member is evaluated'),
+    ('a2f8eb2', 'hypertrick', 'HyperTrick restarts no worker its budget '
+     'cannot train'),
+)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@functools.cache
+def has_commit(code: str, commit: str) -> bool:
+  """Whether code version ``code`` (a commit, maybe with ``+changes``)
+  contains ``commit``; True where git cannot tell (no repository, an
+  unknown version), so that a run is left out only on evidence."""
+  done = subprocess.run(
+      ['git', 'merge-base', '--is-ancestor', commit, code.split('+')[0]],
+      cwd=REPO, capture_output=True)
+  return done.returncode != 1
+
+
+def superseded_by(result: dict) -> Optional[str]:
+  """The fix a run's code lacks (``'COMMIT: what it fixed'``), or None."""
+  module = METHODS.get(result['method'], (None, []))[0]
+  code = str(result.get('code', 'unknown'))
+  for commit, fixed, what in FIXES:
+    if module == fixed and not has_commit(code, commit):
+      return f'{commit}: {what}'
+  return None
+
 
 def baseline_of(method: str) -> Optional[str]:
   """The ``seeds`` row a rule's row is compared with: ``seeds-<agent>``
@@ -601,6 +635,19 @@ def seed_statistics(by: dict, tasks: list, order: dict) -> list[str]:
       lines.append(f'| {task} | {steps:,} | {method} | '
                    f'{len(finals[method])} | ' + ' | '.join(cells) + ' |')
   return lines
+
+
+def superseded_list(dropped: list) -> str:
+  """The runs left out as superseded, one line each (empty if none)."""
+  if not dropped:
+    return ''
+  lines = ['', 'Left out, run on code without a later fix:', '']
+  for r, fix in sorted(dropped, key=lambda d: (d[0]['task'], d[0]['method'],
+                                                d[0]['seed'])):
+    lines.append(f'- {r["task"]} at {r["budget"]["env_steps"]:,} env steps, '
+                 f'{r["method"]} seed {r["seed"]} (code {r.get("code")}): '
+                 f'lacks {fix}')
+  return '\n'.join(lines) + '\n'
 
 
 def load_results(out: str) -> list[dict]:
@@ -664,8 +711,9 @@ STATISTICS_NOTE = (
     '`seeds` row of its agent (P(X > Y) + P(X = Y) / 2) with a 95% bootstrap '
     'interval resampling each side\'s seeds; "better" or "worse" only where '
     f'that interval excludes 1/2 and each side has {stats.MIN_SEEDS} seeds '
-    'or more. Rows with different code versions (the '
-    'code column above) are pooled here as in the table above.')
+    'or more. Runs on code without a later fix of their rule are left out '
+    'of both tables (listed below them); rows with different code versions '
+    'that no fix separates (the code column above) are pooled.')
 
 
 def report(out: str) -> str:
@@ -674,6 +722,9 @@ def report(out: str) -> str:
   results = load_results(out)
   if not results:
     return 'no results yet'
+  dropped = [(r, superseded_by(r)) for r in results]
+  dropped = [(r, fix) for r, fix in dropped if fix]
+  results = [r for r in results if not superseded_by(r)]
   by = {}  # (task, env steps per member) -> method -> runs
   for r in results:
     by.setdefault((r['task'], r['budget']['env_steps']), {}).setdefault(
@@ -727,7 +778,8 @@ def report(out: str) -> str:
             f'the best member may differ between points). Machine: {"; ".join(machines)}. '
             f'Dates: {", ".join(dates)}.\n\n')
   table = (header + '\n'.join(lines) + '\n\n' + STATISTICS_NOTE + '\n\n'
-           + '\n'.join(seed_statistics(by, tasks, order)) + '\n')
+           + '\n'.join(seed_statistics(by, tasks, order)) + '\n'
+           + superseded_list(dropped))
   with open(os.path.join(out, 'results.md'), 'w') as f:
     f.write(table)
   with open(os.path.join(out, 'results.csv'), 'w') as f:

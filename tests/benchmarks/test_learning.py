@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -242,3 +243,25 @@ def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
   assert learning.baseline_of('dvd') == 'seeds-td3'
   assert learning.baseline_of('seeds-td3') is None
   assert learning.baseline_of('sb3-td3') is None
+
+
+def test_runs_on_code_without_a_later_fix_of_their_rule_are_superseded():
+  """ef3bee1 changed when PBT decides, a2f8eb2 when HyperTrick restarts:
+  runs of those rules on older code are superseded; the baseline's runs
+  on the same old code are not (no fix of theirs)."""
+  if subprocess.run(['git', 'cat-file', '-e', 'ef3bee1^{commit}'],
+                    cwd=learning.REPO, capture_output=True).returncode:
+    pytest.skip('needs the repository history')
+  old, new = 'ca7df4e', 'b86a46a'  # before and after ef3bee1
+  assert learning.superseded_by({'method': 'pbt-td3', 'code': old}).startswith(
+      'ef3bee1')
+  assert learning.superseded_by({'method': 'pbt-td3', 'code': new}) is None
+  assert learning.superseded_by({'method': 'pbt-pb2-td3',
+                                 'code': f'{new}+changes'}) is None
+  assert learning.superseded_by({'method': 'seeds-td3', 'code': old}) is None
+  assert learning.superseded_by({'method': 'hypertrick',
+                                 'code': 'a60515a'}).startswith('a2f8eb2')
+  assert learning.superseded_by({'method': 'hypertrick',
+                                 'code': '644da36'}) is None
+  # A version git cannot place is kept: runs are left out on evidence only.
+  assert learning.superseded_by({'method': 'pbt-td3', 'code': 'unknown'}) is None
