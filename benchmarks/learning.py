@@ -105,7 +105,12 @@ TASKS = {
     'InvertedPendulum-v5': Task(10_000, 1_000, 1_000, 1_250, 2_500),
     'Hopper-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),
     'HalfCheetah-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),
+    # Held-out: no default of an agent or a rule was chosen on these; they
+    # take Hopper's and HalfCheetah's budgets, untuned.
+    'Walker2d-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),
+    'Ant-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),
 }
+HELD_OUT = ('Walker2d-v5', 'Ant-v5')
 
 METHODS = {
     # name: (experiment module, extra flags)
@@ -776,7 +781,9 @@ def report(out: str) -> str:
             f'member\'s evaluation averaged over the evaluation points in the '
             f'last {LATE_FRACTION:.0%} of the budget (the final one included; '
             f'the best member may differ between points). Machine: {"; ".join(machines)}. '
-            f'Dates: {", ".join(dates)}.\n\n')
+            f'Dates: {", ".join(dates)}. Held-out tasks (no default was '
+            f'chosen on them, every method runs there untuned): '
+            f'{", ".join(HELD_OUT)}.\n\n')
   table = (header + '\n'.join(lines) + '\n\n' + STATISTICS_NOTE + '\n\n'
            + '\n'.join(seed_statistics(by, tasks, order)) + '\n'
            + superseded_list(dropped))
