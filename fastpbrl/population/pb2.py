@@ -31,8 +31,10 @@ The model, as in the paper:
   theirs, from their experiments), ``delta = 0.1``.
 * Several members replaced at one decision (the paper's parallel,
   "batch" setting): chosen in turn, each with the standard deviation of
-  the GP conditioned also on the points already chosen (GP-BUCB, Desautels
-  et al. 2014), so that they spread out; the mean stays the data's.
+  the GP conditioned also on the points the coming interval will try
+  already, the members that were not replaced and the choices made so
+  far (GP-BUCB, Desautels et al. 2014), so that they spread out; the mean
+  stays the data's.
 
 Departures, each for a stated reason:
 
@@ -229,13 +231,16 @@ def candidates(dims: int, seed: int) -> np.ndarray:
 
 
 def select(t: np.ndarray, x: np.ndarray, y: np.ndarray, t_next: int,
-           count: int, points: np.ndarray) -> np.ndarray:
+           count: int, points: np.ndarray,
+           running: np.ndarray | None = None) -> np.ndarray:
   """``[count, d]``: the hyperparameters (in ``[0, 1]^d``) of ``count``
   members starting interval ``t_next``, chosen in turn from ``points``
   by GP-UCB with GP-BUCB's shrinking variance (module docstring).
 
   ``t, x, y``: the data, one row per member interval (``y`` the raw
   change of fitness; it is standardised here). No data: the prior.
+  ``running``: ``[k, d]`` hyperparameters the other members train with
+  in interval ``t_next`` (pending points, like the choices).
   """
   dims = points.shape[1]
   if len(y):
@@ -249,7 +254,12 @@ def select(t: np.ndarray, x: np.ndarray, y: np.ndarray, t_next: int,
     mean = np.zeros(len(points))
   kappa = math.sqrt(beta(t_next, len(points)))
   chosen = np.zeros((0, dims))
-  seen_t, seen_x = np.asarray(t, np.float64), np.asarray(x, np.float64)
+  running = np.zeros((0, dims)) if running is None else np.asarray(
+      running, np.float64).reshape(-1, dims)
+  seen_t = np.concatenate([np.asarray(t, np.float64),
+                           np.full(len(running), float(t_next))])
+  seen_x = np.concatenate([np.asarray(x, np.float64).reshape(-1, dims),
+                           running])
   t_points = np.full(len(points), t_next, np.float64)
   for _ in range(count):
     if len(seen_t):
@@ -289,11 +299,13 @@ def data(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def explore(space: ss.SearchSpace, rows: np.ndarray, t_next: int,
-            members: Sequence[int], seed: int) -> dict:
+            members: Sequence[int], seed: int,
+            running: np.ndarray | None = None) -> dict:
   """PB2's new values ``{field: [len(members)]}`` of the continuous fields
-  for ``members``, which start interval ``t_next``."""
+  for ``members``, which start interval ``t_next`` beside members
+  training with ``running`` (encoded, ``[k, d]``)."""
   t, x, change = data(rows)
   dims = len(continuous_fields(space))
   points = candidates(dims, seed)
-  chosen = select(t, x, change, t_next, len(members), points)
+  chosen = select(t, x, change, t_next, len(members), points, running)
   return decode(space, chosen)

@@ -358,16 +358,19 @@ class PBT(Rule):
     old = {name: np.asarray(whole_value(getattr(hparams, name)))
            for name in fields}
     change = fitness.astype(np.float64) - rule_state.last_fitness
+    x = pb2.encode(self.space, old)
     rows = pb2.append(rule_state.pb2_rows, int(rule_state.decisions),
-                      pb2.encode(self.space, old)[ready], change[ready])
+                      x[ready], change[ready])
     rule_state = rule_state._replace(pb2_rows=rows)
-    members = np.flatnonzero(whole_value(result.replaced))
+    replaced = np.asarray(whole_value(result.replaced), bool)
+    members = np.flatnonzero(replaced)
     if not members.size:
       return rule_state, result
     rule_state, key = split_key(rule_state)
     seed = int(jax.random.randint(key, (), 0, np.iinfo(np.int32).max))
+    # The kept members' values are pending points of the next interval.
     chosen = pb2.explore(self.space, rows, int(rule_state.decisions) + 1,
-                         members, seed)
+                         members, seed, running=x[~replaced])
     return rule_state, result._replace(
         hparams=_with_rows(self.space, result.hparams, members, chosen))
 

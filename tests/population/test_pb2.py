@@ -182,3 +182,18 @@ def test_explore_is_a_function_of_its_seed():
     np.testing.assert_array_equal(a[name], b[name])
     assert len(a[name]) == 2
   assert any(not np.array_equal(a[n], c[n]) for n in a)
+
+
+def test_the_choice_keeps_away_from_the_members_still_running(monkeypatch):
+  """Flat data: the bound is highest where the variance is, so a member
+  running at 0.5 next interval pushes the choice away from 0.5 (and it
+  would not without it)."""
+  monkeypatch.setattr(pb2, 'fit_params', lambda t, x, y: PARAMS)
+  points = np.linspace(0.0, 1.0, 101)[:, None]
+  flat = np.array([0.3, 0.3])
+  alone = pb2.select(T, X, flat, 2, 1, points)
+  beside = pb2.select(T, X, flat, 2, 1, points, running=np.array([[0.5]]))
+  mean_free = pb2.select(T, X, flat, 2, 1, points,
+                         running=np.array([alone[0]]))
+  assert abs(beside[0, 0] - 0.5) > 0.2
+  assert abs(mean_free[0, 0] - alone[0, 0]) > 0.1
