@@ -12,8 +12,9 @@ else once for the ``[M, ...]`` batch with numpy, with gymnasium's
 formulas and gymnasium's float types, so the results are gymnasium's
 (``tests/test_env_batch.py`` compares them step by step).
 
-Why not a library: EnvPool (C++ envs stepped by a thread pool) publishes
-no wheel for this Python, and gymnasium's vector API steps MuJoCo and
+Why not a library: EnvPool (C++ envs stepped by a thread pool) is not in
+the package index this project installs from, so it cannot be a
+dependency; gymnasium's vector API steps MuJoCo and
 Pendulum envs one after another (``SyncVectorEnv``) or in one process
 each (``AsyncVectorEnv``, which is what the actor processes already are);
 only CartPole has a vectorized implementation there.
