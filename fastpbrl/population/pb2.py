@@ -170,6 +170,9 @@ def log_marginal_likelihood(t, x, y, params: KernelParams) -> float:
 _BOUNDS = (VARIANCE_BOUNDS, LENGTHSCALE_BOUNDS, EPSILON_BOUNDS, NOISE_BOUNDS)
 # Starting points of the likelihood's maximisation (log space but epsilon).
 _STARTS = ((1.0, 0.2, 0.1, 0.1), (1.0, 1.0, 0.01, 0.5), (1.0, 0.05, 0.3, 0.01))
+# The settings with no data to fit them (the first decision): the first
+# start, whose length scale spreads several choices over the box.
+PRIOR = KernelParams(*_STARTS[0])
 
 
 def _to_params(z: np.ndarray) -> KernelParams:
@@ -250,8 +253,7 @@ def select(t: np.ndarray, x: np.ndarray, y: np.ndarray, t_next: int,
     mean, _ = predict(posterior(t, x, z, params), np.full(len(points), t_next,
                                                           np.float64), points)
   else:
-    params = KernelParams(1.0, 0.2, 0.1, 0.1)
-    mean = np.zeros(len(points))
+    params, mean = PRIOR, np.zeros(len(points))
   kappa = math.sqrt(beta(t_next, len(points)))
   chosen = np.zeros((0, dims))
   running = np.zeros((0, dims)) if running is None else np.asarray(
