@@ -70,7 +70,7 @@ from benchmarks.update_speed.implementations import (  # noqa: F401
     TorchVectorized, _LearnerRunner, _Runner, _SkipCase, _TorchRunner,
     random_batch, torch_device)
 from benchmarks.update_speed.measurements import (  # noqa: F401
-    _abstract, _cpu_model, _flops_from, _jax_device_peak_bytes,
+    _abstract, _flops_from, _jax_device_peak_bytes,
     _memory_total_bytes, _peak_rss_bytes, _version, calls_per_sample,
     device_description, is_out_of_memory, machine_description,
     measure_matmul_peak, xla_flops)
