@@ -9,7 +9,11 @@ train for a fixed wall-clock budget on:
   published by a thread), the loop ``fastpbrl.run`` runs;
 * ``on-device``: ``fastpbrl.device_pipeline.DevicePipeline`` (the JAX env
   ``--jax-env`` stepped, acted in, inserted, sampled and updated in one
-  compiled call).
+  compiled call). On the CPU backend, ``--cpu-devices K`` gives XLA ``K``
+  host devices and splits the population over them (``--devices``), so
+  that the one compiled call runs on ``K`` cores: the actors path uses
+  the cores its actor processes run on, and XLA runs a small network's
+  operations on one thread.
 
 Once warm (the warm-up and the first ``--warm-calls`` calls, which hold the
 compiles, are excluded) each row reports the population's env steps per
@@ -49,7 +53,7 @@ import jax
 import numpy as np
 
 from benchmarks.provenance import git_commit
-from fastpbrl import agents, jax_envs
+from fastpbrl import agents, jax_envs, sharding
 from fastpbrl.agents.td3 import TD3Config
 from fastpbrl.build import make_env_spec
 from fastpbrl.device_pipeline import DevicePipeline, EnvCall
@@ -80,6 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help='on-device: envs each member acts in at once')
   parser.add_argument('--replay-capacity', type=int, default=10_000,
                       help='transitions per member')
+  parser.add_argument('--cpu-devices', type=int, default=1,
+                      help='on-device rows on the CPU backend: host devices '
+                      'the population is split over (rows whose N they do '
+                      'not divide use one)')
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--out', default=None)
   parser.add_argument('--one', nargs=2, metavar=('N', 'MODE'),
@@ -87,25 +95,26 @@ def parse_args(argv=None) -> argparse.Namespace:
   return parser.parse_args(argv)
 
 
-def td3_population(args, n: int, env_id: str):
+def td3_population(args, n: int, env_id: str, mesh=None):
   """``(config, agent, hparams, learner, state)`` of ``n`` TD3 members of
-  ``args.hidden`` networks on ``env_id`` (also ``learner_wait``'s)."""
+  ``args.hidden`` networks on ``env_id`` (also ``learner_wait``'s), split
+  over ``mesh``'s devices when one is given."""
   config = TD3Config(hidden_sizes=tuple(args.hidden),
                      batch_size=args.batch_size,
                      steps_per_call=args.steps_per_call)
   agent = agents.make_agent('td3', make_env_spec(env_id), config)
   hparams = population_hparams(agent, n)
-  learner = PopulationLearner(agent)
+  learner = PopulationLearner(agent, mesh=mesh)
   state = learner.init(jax.random.PRNGKey(args.seed), hparams)
   return config, agent, hparams, learner, state
 
 
-def setup(args, n: int, env_id: str):
+def setup(args, n: int, env_id: str, mesh=None):
   pipeline_config = PipelineConfig(
       num_steps=args.steps_per_call, batch_size=args.batch_size,
       warmup_steps=args.warmup_steps, warmup_counts_as_data=False,
       replay_capacity=args.replay_capacity, replay_location='host')
-  return (*td3_population(args, n, env_id), pipeline_config)
+  return (*td3_population(args, n, env_id, mesh), pipeline_config)
 
 
 class Clock:
@@ -161,8 +170,10 @@ def run_actors(args, n: int) -> dict:
 
 
 def run_on_device(args, n: int) -> dict:
-  _, agent, hparams, learner, state, pipeline_config = setup(args, n,
-                                                              args.jax_env)
+  devices = sharding.choose_devices('auto', n)
+  mesh = sharding.make_mesh(devices) if len(devices) > 1 else None
+  _, agent, hparams, learner, state, pipeline_config = setup(
+      args, n, args.jax_env, mesh)
   pipeline = DevicePipeline(jax_envs.make(args.jax_env), agent, learner, n,
                             pipeline_config, seed=args.seed,
                             envs_per_member=args.envs_per_member)
@@ -181,6 +192,7 @@ def run_on_device(args, n: int) -> dict:
   jax.block_until_ready(state)
   row = clock.row(n, 'on-device', pipeline, pipeline.update_steps)
   row['envs_per_member'] = args.envs_per_member
+  row['devices'] = len(devices)
   pipeline.close()
   return row
 
@@ -194,16 +206,28 @@ def one(args, n: int, mode: str) -> dict:
   return row
 
 
+def child_env(args, mode: str) -> dict:
+  """A row's process environment: ``--cpu-devices`` host devices for an
+  on-device row on the CPU backend (read when its XLA starts)."""
+  env = dict(os.environ)
+  if mode == 'on-device' and args.cpu_devices > 1:
+    env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') + ' --xla_force_host_'
+                        f'platform_device_count={args.cpu_devices}').strip()
+  return env
+
+
 def table(rows: list[dict]) -> str:
-  lines = ['| N | path | env | env steps/s | update steps/s | learner wait '
-           '| peak memory |', '|---:|---|---|---:|---:|---:|---:|']
+  lines = ['| N | path | env | devices | env steps/s | update steps/s '
+           '| learner wait | peak memory |',
+           '|---:|---|---|---:|---:|---:|---:|---:|']
   for r in rows:
     if 'error' in r:
       lines.append(f'| {r["members"]} | {r["mode"]} | {r.get("env", "")} | '
-                   f'{r["error"]} | | | |')
+                   f'| {r["error"]} | | | |')
       continue
     lines.append(
         f'| {r["members"]} | {r["mode"]} | {r["env"]} | '
+        f'{r.get("devices", 1)} | '
         f'{r["env_steps_per_s"]:,.0f} | {r["update_steps_per_s"]:,.0f} | '
         f'{r["wait_fraction"]:.1%} | '
         f'{r["peak_rss_bytes"] / 2**30:.2f} GiB |')
@@ -225,7 +249,8 @@ def main(argv=None) -> None:
     for mode in args.modes:
       command = [sys.executable, '-m', 'benchmarks.data_paths', '--one',
                  str(n), mode, *(argv if argv is not None else sys.argv[1:])]
-      done = subprocess.run(command, capture_output=True, text=True)
+      done = subprocess.run(command, capture_output=True, text=True,
+                            env=child_env(args, mode))
       if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ['(no output)']
         rows.append({'members': n, 'mode': mode,

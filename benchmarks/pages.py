@@ -300,14 +300,15 @@ def data_paths(folder: str) -> str:
   for row in record['rows']:
     if 'error' in row:
       rows.append([str(row['members']), row['mode'], row.get('env', ''),
-                   row['error'], '', '', ''])
+                   '', row['error'], '', '', ''])
       continue
     rows.append([str(row['members']), row['mode'], row['env'],
+                 str(row.get('devices', 1)),
                  f'{row["env_steps_per_s"]:,.0f}',
                  f'{row["update_steps_per_s"]:,.0f}',
                  f'{100 * row["wait_fraction"]:.1f}%',
                  f'{row["peak_rss_bytes"] / 2**30:.2f} GiB'])
-  header = ['N', 'path', 'env', 'env steps/s', 'update steps/s',
+  header = ['N', 'path', 'env', 'devices', 'env steps/s', 'update steps/s',
             'learner wait', 'peak memory']
   settings = record['settings']
   machine = record['machine']
@@ -319,7 +320,7 @@ def data_paths(folder: str) -> str:
            _command(record['command'])]
   if _commit(record):
     facts.append(_commit(record))
-  return '\n\n'.join([_table(header, 'rllrrrr', rows),
+  return '\n\n'.join([_table(header, 'rllrrrrr', rows),
                        _source([_link(folder, 'data_paths.json')], *facts)])
 
 

@@ -140,9 +140,6 @@ def check_processes(config: RunConfig, rule, mesh):
   if not processes.several:
     return processes
   where = f'over {processes.count} processes'
-  check(not is_jax_env(config.env),
-        f'--env {config.env}: JAX envs run in one process (on all its '
-        f'devices), not {where} yet; start one process')
   check(rule.multi_process,
         f'fastpbrl {rule.name} does not run {where} yet')
   check(not config.checkpoint_replay,
@@ -150,13 +147,15 @@ def check_processes(config: RunConfig, rule, mesh):
         'has its own replay); drop it')
   problem = rule.multi_process_problem(config, where)
   check(problem is None, problem or '')
-  check(config.replay_location in ('auto', 'host'),
+  jax_env = is_jax_env(config.env)
+  check(jax_env or config.replay_location in ('auto', 'host'),
         f'--replay-location {config.replay_location}: {where} each process '
         'samples its members from a host replay; use auto or host')
-  log.info('process %d of %d: members %d-%d of %d (their actors and replay '
-           'live here)', processes.index, processes.count,
-           processes.local.start, processes.local.stop - 1,
-           config.population_size)
+  log.info('process %d of %d: members %d-%d of %d (%s live here)',
+           processes.index, processes.count, processes.local.start,
+           processes.local.stop - 1, config.population_size,
+           'their envs and replay rings' if jax_env else
+           'their actors and replay')
   return processes
 
 

@@ -39,6 +39,16 @@ checkpoints do not know which path runs. What differs, by design:
 * **Resume.** The envs' states are not checkpointed: a resumed run starts
   new episodes (the replay, with ``--checkpoint-replay``, the policies and
   the counters are restored; episodes cut by the stop are not logged).
+* **Several processes** (``fastpbrl.launch``, ``fastpbrl.distributed``).
+  The envs and rings are global arrays over every process's devices, split
+  by member with the learner's mesh: each device steps its own members'
+  envs, and the one program is the single-process program partitioned
+  over the processes. Every process drives the same calls (they are
+  collectives). What the loop sees is this process's members, as with the
+  actor path: ``env_steps``, ``last_active`` and the episode records are
+  its rows (member numbers from 0), ``restart_members`` and
+  ``copy_member_data`` take its rows, ``publish`` its rows of the
+  policies; the pipeline gathers them into the global arrays.
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl import collect, jax_envs
+from fastpbrl import collect, jax_envs, sharding
 from fastpbrl.collect import Plan
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.pipeline import PipelineConfig
@@ -83,6 +93,7 @@ class _ReplayView:
     replay = self._pipeline.envs.replay
     size = np.asarray(replay.size)
     rows = int(size.max()) if size.size else 0
+    # One process only: --checkpoint-replay is refused over several.
     per_member = size.ndim == 1
     data = {k: np.asarray(v[:, :rows] if per_member else v[:rows])
             for k, v in replay.data.items()}
@@ -103,7 +114,7 @@ class DevicePipeline:
                config, *, envs_per_member: int = 1, interleave: int = 1,
                seed: int = 0,
                resume_env_steps: Sequence[int] | None = None,
-               replay_state: dict | None = None):
+               replay_state: dict | None = None, processes=None):
     """Args:
       env: the JAX env every member acts in.
       agent: the population's agent (its ``act``).
@@ -114,11 +125,19 @@ class DevicePipeline:
       envs_per_member: ``E``, envs each member acts in at once.
       interleave: ``G``, groups of acting then updating per call.
       seed: the run's seed (env resets, exploration, sampling).
-      resume_env_steps, replay_state: as ``Pipeline``'s.
+      resume_env_steps, replay_state: as ``Pipeline``'s (``[N]`` steps:
+        every member's, also over several processes).
+      processes: the run's ``fastpbrl.distributed.Processes`` (None: one
+        process); over several, the learner's mesh spans them all and the
+        loop sees this process's members (see the module's docstring).
     """
     config.validate(num_members)
     self.config, self.env, self.agent = config, env, agent
     self.num_members, self.envs_per_member = num_members, envs_per_member
+    self._processes = processes
+    self._local = (processes.local if processes is not None
+                   else slice(0, num_members))
+    self._mesh = getattr(learner, 'mesh', None)
     _check_memory(self.replay_bytes(), config, num_members)
     self.plan = Plan.of(config.num_steps, config.update_to_data_ratio,
                         envs_per_member, interleave)
@@ -137,11 +156,13 @@ class DevicePipeline:
                        else int(self._learn_after.max()))
     self._random_left = np.zeros(num_members, np.int64) if resumed else (
         warmup.copy())
-    self.env_steps = np.zeros(num_members, np.int64)
+    # Every member's counters (the same in every process); the loop reads
+    # this process's rows (``env_steps``, ``last_active``).
+    self._steps = np.zeros(num_members, np.int64)
+    self._active = np.ones(num_members, bool)
     self.update_steps = 0
     self.calls = 0
     self.policy_version = 0
-    self.last_active = np.ones(num_members, bool)
     self._episodes: list[EpisodeRecord] = []
     self._start_version = np.zeros((num_members, envs_per_member), np.int64)
     self._next_eval = (config.eval_interval if config.eval_interval else
@@ -159,7 +180,8 @@ class DevicePipeline:
 
   @classmethod
   def create(cls, run_config, agent, learner, *, shared_replay: bool,
-             seed: int, resume_env_steps=None, replay_state=None):
+             seed: int, resume_env_steps=None, replay_state=None,
+             processes=None):
     """The pipeline of a run's settings (``fastpbrl.config.RunConfig``)."""
     n = int(run_config.population_size)
     if learner.batch_size is None:
@@ -177,36 +199,97 @@ class DevicePipeline:
     return cls(jax_envs.make(run_config.env), agent, learner, n, config,
                envs_per_member=run_config.envs_per_member,
                interleave=run_config.interleave, seed=seed,
-               resume_env_steps=resume_env_steps, replay_state=replay_state)
+               resume_env_steps=resume_env_steps, replay_state=replay_state,
+               processes=processes)
 
   # ----------------------------------------------------------- building
 
   def _initial_envs(self, replay_state: dict | None) -> collect.EnvsState:
+    """Fresh episodes and empty (or restored) rings, built by one jitted
+    call placed on the mesh: over several processes each builds only its
+    members' rows."""
     config, n = self.config, self.num_members
     fields = transition_fields(self.env.env_spec)
-    replay = device_replay.init_state(config.layout, fields, n,
-                                      config.replay_capacity)
-    if replay_state is not None:
-      replay = jax.device_put(device_replay.state_of_dict(replay,
-                                                          replay_state))
+
+    def build(random_left, key, replay):
+      if replay is None:
+        replay = device_replay.init_state(config.layout, fields, n,
+                                          config.replay_capacity)
+      return self._placed(collect.init(self.env, n, self.envs_per_member,
+                                       replay, random_left, key))
+
+    replay = None
+    if replay_state is not None:  # one process (see _ReplayView)
+      like = jax.eval_shape(lambda: device_replay.init_state(
+          config.layout, fields, n, config.replay_capacity))
+      replay = device_replay.state_of_dict(like, replay_state)
       log.info('replay restored: %s transitions per ring',
                np.asarray(replay.size).tolist())
-    return collect.init(self.env, n, self.envs_per_member, replay,
-                        jnp.asarray(self._random_left, jnp.int32),
-                        jax.random.PRNGKey(self._seed))
+    # Host values (the same in every process) for the jitted calls:
+    # numpy, never an array placed on one device.
+    return jax.jit(build)(np.asarray(self._random_left, np.int32),
+                          _host_key(self._seed), replay)
+
+  def _placed(self, envs: collect.EnvsState) -> collect.EnvsState:
+    """Inside a jitted call: ``envs`` pinned to the learner's mesh (the
+    layout ``update_with_envs`` gives them), unchanged without one."""
+    if self._mesh is None:
+      return envs
+    return sharding.constrain(envs, self._mesh, self.num_members,
+                              collect.per_member_leaves(envs))
 
   def _compile_host_calls(self) -> None:
     env, agent, plan = self.env, self.agent, self.plan
     steps = plan.groups * plan.env_steps
     self._collect = jax.jit(
-        lambda envs, params, hparams: collect.run(env, agent, params, hparams,
-                                                  envs, steps),
+        lambda envs, params, hparams: self._placed_first(collect.run(
+            env, agent, params, hparams, envs, steps)),
         donate_argnums=0)
     self._evaluate = jax.jit(functools.partial(collect.evaluate, env, agent),
                              static_argnums=3)
-    self._restart = jax.jit(functools.partial(collect.restart, env),
-                            donate_argnums=0)
-    self._copy = jax.jit(device_replay.copy_members, donate_argnums=0)
+    self._restart = jax.jit(
+        lambda envs, flags, warmup: self._placed(collect.restart(
+            env, envs, flags, warmup)), donate_argnums=0)
+    self._copy = jax.jit(
+        lambda envs, dst, src: self._placed(envs._replace(
+            replay=device_replay.copy_members(envs.replay, dst, src))),
+        donate_argnums=0)
+    self._split_key = jax.jit(_split_key)
+
+  def _placed_first(self, pair):
+    envs, rest = pair
+    return self._placed(envs), rest
+
+  # ------------------------------------------------- this process's rows
+
+  @property
+  def env_steps(self) -> np.ndarray:
+    """Env steps collected per member of this process (its rows)."""
+    return self._steps[self._local]
+
+  @property
+  def last_active(self) -> np.ndarray:
+    """Per member of this process: True where the last call kept its
+    updates (it was not warming up after a restart)."""
+    return self._active[self._local]
+
+  def _host(self, tree: Any) -> Any:
+    """``tree``'s whole values as numpy, in every process."""
+    if self._processes is None:
+      return jax.device_get(tree)
+    return self._processes.host(tree)
+
+  def _global_rows(self, tree: Any) -> Any:
+    """Global arrays from this process's rows (as published)."""
+    if self._processes is None:
+      return tree
+    return self._processes.global_rows(tree)
+
+  def _everyone(self, local: np.ndarray) -> np.ndarray:
+    """``[N]`` numpy from every process's rows (a collective)."""
+    if self._processes is None:
+      return np.asarray(local)
+    return self._processes.members(local)
 
   # ------------------------------------------------------------ the loop
 
@@ -231,17 +314,19 @@ class DevicePipeline:
     Returns None once ``should_stop()`` is True."""
     del timeout  # nothing here waits on another process
     self._mark_busy()
-    while (self.env_steps < self._learn_after).any():
-      if should_stop is not None and should_stop():
+    while (self._steps < self._learn_after).any():
+      # Every process collects alike; a stop is agreed on after the call.
+      if should_stop is not None and should_stop() and (
+          self._processes is None or not self._processes.several):
         return None
       self._collect_only()
-    data = int(self.env_steps.min()) - self._data_from
-    self.last_active = self._random_left == 0
+    data = int(self._steps.min()) - self._data_from
+    self._active = self._random_left == 0
     if self.update_steps + self.config.num_steps <= (
         self.config.update_to_data_ratio * data):
       # Update-only: the loop runs it as learner.update on the device
       # replay; counted here, as nothing else reports it back.
-      self.envs, key = _split_key(self.envs)
+      self.envs, key = self._split_key(self.envs)
       self.update_steps += self.config.num_steps
       self.calls += 1
       self._mark_idle()
@@ -253,60 +338,66 @@ class DevicePipeline:
     the new envs, counters and finished episodes."""
     self._mark_busy()
     (state, metrics), envs, episodes = learner.update_with_envs(
-        state, hparams, actor_hparams, self.envs, self.last_active)
+        state, hparams, actor_hparams, self.envs, self._active)
     self.envs = _unaliased(envs)
-    self._take_episodes(jax.device_get(episodes))
+    self._take_episodes(self._host(episodes))
     self._advance(self.plan.env_steps_per_call(self.envs_per_member))
     self._evaluate_due(state, learner, actor_hparams)
     self._mark_idle()
     return state, metrics
 
   def _collect_only(self) -> None:
-    envs, episodes = self._collect(self.envs, self._params,
-                                   self._actor_hparams)
+    envs, episodes = self._collect(self.envs,
+                                   self._global_rows(self._params),
+                                   self._global_rows(self._actor_hparams))
     self.envs = _unaliased(envs)
-    self._take_episodes(jax.device_get(episodes))
+    self._take_episodes(self._host(episodes))
     self._advance(self.plan.env_steps_per_call(self.envs_per_member),
                   updated=False)
 
   def _advance(self, steps: int, updated: bool = True) -> None:
     """Counts ``steps`` env steps per member, and a learner call when
     the call also ``updated``."""
-    self.env_steps += steps
+    self._steps += steps
     self._random_left = np.maximum(self._random_left - steps, 0)
     if updated:
       self.update_steps += self.config.num_steps
       self.calls += 1
 
   def _take_episodes(self, episodes: collect.Episodes) -> None:
-    """Episode records from ``[T, N, E]`` flags and returns (``T`` env
-    steps, the first one right after ``self.env_steps``)."""
-    done = episodes.done.reshape(-1, self.num_members, self.envs_per_member)
-    returns = episodes.episode_return.reshape(done.shape)
-    lengths = episodes.episode_length.reshape(done.shape)
+    """Records of this process's members' episodes from ``[T, N, E]``
+    flags and returns (``T`` env steps, the first one right after
+    ``self._steps``), numbered from 0 as its rows."""
+    shape = (-1, self.num_members, self.envs_per_member)
+    first = self._local.start
+    done, returns, lengths = (
+        np.asarray(x).reshape(shape)[:, self._local]
+        for x in (episodes.done, episodes.episode_return,
+                  episodes.episode_length))
     for t, m, e in zip(*np.nonzero(done)):
       self._episodes.append(EpisodeRecord(
           member=int(m), episode_return=float(returns[t, m, e]),
           episode_length=int(lengths[t, m, e]), evaluation=False,
-          env_steps=int(self.env_steps[m] + (t + 1) * self.envs_per_member),
+          env_steps=int(self._steps[first + m]
+                        + (t + 1) * self.envs_per_member),
           policy_version=self.policy_version,
-          start_policy_version=int(self._start_version[m, e])))
-      self._start_version[m, e] = self.policy_version
+          start_policy_version=int(self._start_version[first + m, e])))
+      self._start_version[first + m, e] = self.policy_version
     del self._episodes[:-100_000]  # undrained records kept at most
 
   def _evaluate_due(self, state, learner, actor_hparams) -> None:
     """Every member's evaluation, on the device, once the members passed
     the next ``--eval-every`` boundary."""
-    if self._next_eval is None or self.env_steps.min() < self._next_eval:
+    if self._next_eval is None or self._steps.min() < self._next_eval:
       return
     at = self._next_eval
-    while self._next_eval <= self.env_steps.min():
+    while self._next_eval <= self._steps.min():
       self._next_eval += self.config.eval_interval
-    key = jax.random.fold_in(jax.random.PRNGKey(self._seed), at)
-    returns, lengths = jax.device_get(self._evaluate(
+    key = _host_key(self._seed, at)
+    returns, lengths = (x[self._local] for x in self._host(self._evaluate(
         learner.policy_params(state), actor_hparams, key,
-        self.config.eval_episodes))
-    for m in range(self.num_members):
+        self.config.eval_episodes)))
+    for m in range(returns.shape[0]):
       for k in range(returns.shape[1]):
         self._episodes.append(EpisodeRecord(
             member=m, episode_return=float(returns[m, k]),
@@ -317,10 +408,12 @@ class DevicePipeline:
   def evaluate(self, policy_params, actor_hparams, episodes: int,
                seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``[N, episodes]`` returns and lengths of noise-free episodes of
-    ``policy_params``, played on the device (the final evaluation)."""
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), 2**30)
-    return jax.device_get(self._evaluate(policy_params, actor_hparams, key,
-                                         episodes))
+    ``policy_params`` (this process's rows, as published), played on the
+    device (the final evaluation); every member's, in every process."""
+    key = _host_key(seed, 2**30)
+    return self._host(self._evaluate(
+        self._global_rows(policy_params), self._global_rows(actor_hparams),
+        key, episodes))
 
   def drain_episodes(self) -> list[EpisodeRecord]:
     records, self._episodes = self._episodes, []
@@ -329,36 +422,44 @@ class DevicePipeline:
   # ------------------------------------------------------- rule actions
 
   def restart_members(self, members: Sequence[int] | np.ndarray) -> None:
-    """Starts ``members`` over as new experiments: new episodes, an empty
-    ring, a warm-up of random actions; their updates are discarded until
-    it is over."""
+    """Starts ``members`` (this process's rows) over as new experiments:
+    new episodes, an empty ring, a warm-up of random actions; their
+    updates are discarded until it is over. Over several processes every
+    process calls it (with its own rows, maybe none)."""
     if self.config.layout != 'per_member':
       raise ValueError('restart_members needs layout="per_member"; the '
                        f'{self.config.layout} layout has no per-member data')
-    members = np.asarray(members, np.int64).reshape(-1)
-    if not members.size:
+    local = np.zeros(self._local.stop - self._local.start, bool)
+    local[np.asarray(members, np.int64).reshape(-1)] = True
+    flags = self._everyone(local)
+    if not flags.any():
       return
-    flags = np.zeros(self.num_members, bool)
-    flags[members] = True
     self.envs = _unaliased(self._restart(
-        self.envs, jnp.asarray(flags),
-        jnp.asarray(self._warmup_length, jnp.int32)))
+        self.envs, flags, self._warmup_length.astype(np.int32)))
     self._random_left[flags] = self._warmup_length[flags]
     self._start_version[flags] = self.policy_version + 1
 
   def copy_member_data(self, dst_indices, src_indices) -> None:
-    """Member ``dst[k]`` gets member ``src[k]``'s ring."""
+    """Member ``dst[k]`` gets member ``src[k]``'s ring (this process's
+    rows; every process calls it, with its own pairs, maybe none)."""
     if self.config.layout != 'per_member':
       raise ValueError('copy_member_data needs layout="per_member"; the '
                        f'{self.config.layout} layout has no per-member data')
-    self.envs = self.envs._replace(replay=self._copy(
-        self.envs.replay, jnp.asarray(dst_indices, jnp.int32),
-        jnp.asarray(src_indices, jnp.int32)))
+    first = self._local.start
+    source = np.arange(first, self._local.stop)  # global member numbers
+    source[np.asarray(dst_indices, np.int64)] = (
+        np.asarray(src_indices, np.int64) + first)
+    source = self._everyone(source)
+    dst = np.flatnonzero(source != np.arange(self.num_members))
+    if not dst.size:
+      return
+    self.envs = self._copy(self.envs, dst.astype(np.int32),
+                           source[dst].astype(np.int32))
 
   # ---------------------------------------------------------------- stats
 
   def env_steps_per_member(self) -> int:
-    return int(self.env_steps.min())
+    return int(self._steps.min())
 
   def _mark_busy(self) -> None:
     now = time.monotonic()
@@ -433,6 +534,14 @@ def _unaliased(envs: collect.EnvsState) -> collect.EnvsState:
     return x
 
   return jax.tree.map(own, envs)
+
+
+def _host_key(seed: int, data: int | None = None) -> np.ndarray:
+  """``PRNGKey(seed)`` (folded with ``data``) as numpy."""
+  key = jax.random.PRNGKey(seed)
+  if data is not None:
+    key = jax.random.fold_in(key, data)
+  return np.asarray(key)
 
 
 def _split_key(envs: collect.EnvsState):

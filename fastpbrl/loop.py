@@ -32,6 +32,7 @@ from fastpbrl.config import as_learner_calls
 from fastpbrl.device_pipeline import EnvCall
 from fastpbrl.logging import append_rows
 from fastpbrl.rules.base import Decision, Observation, Rule
+from fastpbrl.types import ReplaySample
 
 log = logging.getLogger('fastpbrl')
 
@@ -184,18 +185,20 @@ def read_back(parts: Parts, loop: Loop, divergence: Divergence,
 def learner_call(parts: Parts, loop: Loop, batch) -> Any:
   """One learner call on ``batch``; returns its metrics (device arrays)."""
   rule = parts.rule_run.rule
+  if not isinstance(batch, (EnvCall, ReplaySample)):
+    # This process's rows; a device replay's rings are global already.
+    batch = parts.processes.global_rows(batch)
   if isinstance(batch, EnvCall):  # the call steps JAX envs and collects
     loop.state, metrics = parts.pipeline.run_call(
         parts.learner, loop.state, loop.hparams,
         rule.actor_hparams(loop.hparams))
     if not rule.shared_critic:
-      loop.member_update_steps += (parts.learner.num_steps
-                                   * parts.pipeline.last_active)
+      loop.member_update_steps += (
+          parts.learner.num_steps
+          * parts.processes.members(parts.pipeline.last_active))
   elif rule.shared_critic:
-    batch = parts.processes.global_rows(batch)
     loop.state, metrics = parts.learner.update(loop.state, loop.hparams, batch)
   else:  # members restarted and still warming up keep their state
-    batch = parts.processes.global_rows(batch)
     active = parts.processes.members(parts.pipeline.last_active)
     loop.state, metrics = parts.learner.update(loop.state, loop.hparams,
                                                batch, active)

@@ -245,7 +245,7 @@ def open_pipeline(stack: contextlib.ExitStack, built: Built,
           seed=resume.pipeline_seed(config.seed, start.counters['calls'], 0),
           resume_env_steps=(resumed_env_steps(built, start)
                             if config.resume else None),
-          replay_state=start.replay_state)
+          replay_state=start.replay_state, processes=processes)
       stack.callback(pipeline.close)
       return pipeline
     pipeline = Pipeline.create(

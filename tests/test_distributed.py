@@ -305,6 +305,67 @@ def test_rule_over_two_processes_stops_on_sigterm_and_resumes(tmp_path, rule):
   assert len(members) == 4, members
 
 
+JAX_ENV_FLAGS = ['--env', 'gymnax:Pendulum-v1', '--population-size', '4',
+                 '--warmup-steps', '100', '--hidden-sizes', '8', '8',
+                 '--batch-size', '8', '--steps-per-call', '10',
+                 '--eval-episodes', '1', '--replay-capacity', '2000',
+                 '--ready-after', '100', '--eval-every', '100',
+                 '--fraction', '0.5', '--no-progress', '--track', 'none']
+
+
+@pytest.mark.slow
+def test_jax_env_over_two_processes_is_the_run_on_two_devices(tmp_path):
+  """PBT on the on-device path over 2 processes (1 CPU device each, the
+  envs and rings of members 0-1 in process 0, of 2-3 in process 1) takes
+  the decisions of the same run in one process on 2 devices and ends with
+  the same returns, exactly: each device runs the same partitioned
+  program on the same members in both (nothing sums across members; a
+  PBT copy between devices is a copy). Both processes log alike, and the
+  run resumes over 2 processes to a larger budget."""
+  pytest.importorskip('gymnax')
+  two, one = str(tmp_path / 'two'), str(tmp_path / 'one')
+  command = [sys.executable, '-m', 'experiments.pbt', *JAX_ENV_FLAGS]
+  proc = subprocess.run(
+      LAUNCH + ['--num-processes', '2', '--', *command, '--env-steps', '600',
+                '--run-dir', two],
+      cwd=REPO, env=ENV, capture_output=True, text=True, timeout=DEADLINE_S)
+  out = proc.stdout + proc.stderr
+  assert proc.returncode == 0, out[-5000:]
+  assert 'process 1 of 2: members 2-3 of 4 (their envs and replay rings' in out
+  proc = subprocess.run(
+      [*command, '--env-steps', '600', '--run-dir', one], cwd=REPO,
+      env={**ENV, 'XLA_FLAGS': ENV.get('XLA_FLAGS', '')
+           + ' --xla_force_host_platform_device_count=2'},
+      capture_output=True, text=True, timeout=DEADLINE_S)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+  assert 'population of 4 over 2 devices' in proc.stderr
+  lineage = lines(os.path.join(two, 'lineage.jsonl'))
+  assert exploits(os.path.join(two, 'lineage.jsonl')), lineage
+  assert lineage == lines(os.path.join(one, 'lineage.jsonl'))
+  finals = [json.load(open(os.path.join(d, 'final_returns.json')))
+            for d in (two, one)]
+  assert finals[0]['final_returns'] == finals[1]['final_returns']
+  other = os.path.join(two, 'processes', '1')
+  for name in ('lineage.jsonl', 'hparams.csv'):
+    assert lines(os.path.join(two, name)) == lines(os.path.join(other, name))
+  assert len(os.listdir(os.path.join(two, 'members'))) == 4
+
+  proc = subprocess.run(
+      LAUNCH + ['--num-processes', '2', '--', sys.executable, '-m',
+                'experiments.pbt', '--resume', two, '--env-steps', '800',
+                '--no-progress'],
+      cwd=REPO, env=ENV, capture_output=True, text=True, timeout=DEADLINE_S)
+  out = proc.stdout + proc.stderr
+  assert proc.returncode == 0, out[-5000:]
+  assert sorted(re.findall(r'\[process (\d)\] INFO resumed ', out)) == [
+      '0', '1'], out[-5000:]
+  steps = [json.loads(line)['env_steps']
+           for line in lines(os.path.join(two, 'lineage.jsonl'))]
+  assert max(steps) > 600  # decided again after the resume
+  assert lines(os.path.join(two, 'lineage.jsonl')) == lines(
+      os.path.join(other, 'lineage.jsonl'))
+
+
 def test_processes_of_a_single_process_change_nothing():
   """One process: the run loop's ``Processes`` hands every value back as
   it is (the single-process loop is unchanged), and owns every member."""
