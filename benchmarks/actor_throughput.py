@@ -26,6 +26,15 @@ Usage::
 
   python -m benchmarks.actor_throughput                  # the CPU sweep
   python -m benchmarks.actor_throughput --envs HalfCheetah-v5 --members 8
+  # with the learning benchmark's evaluations (5 episodes every 2,500
+  # steps, played by the actor beside training: one batch of evaluation
+  # envs, serial or vectorized as the training envs)
+  python -m benchmarks.actor_throughput --envs HalfCheetah-v5 \
+      --members 4 8 16 --eval-every 2500 --eval-episodes 5 \
+      --out benchmarks/results/cpu/actor_throughput_eval.json
+
+With evaluations the rate counts training env steps only (what reaches the
+replay), as a run's budget does.
 
 A table goes to stdout, every row with the command, machine, date and
 commit to ``--out`` (default ``benchmarks/results/cpu/
@@ -73,6 +82,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument('--repeats', type=int, default=2,
                       help='runs of each mode per row, alternating')
   parser.add_argument('--chunk-steps', type=int, default=32)
+  parser.add_argument('--eval-every', type=int, default=0,
+                      help='training env steps per member between '
+                      'evaluations (0: none)')
+  parser.add_argument('--eval-episodes', type=int, default=5,
+                      help='episodes per evaluation, played at once')
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--out', default=os.path.join(
       'benchmarks', 'results', 'cpu', 'actor_throughput.json'))
@@ -135,6 +149,7 @@ def actor_steps_per_s(args, env_id: str, n: int,
         transition_fields=transition_fields(spec), num_members=n, store=store,
         sink=sink, seed=args.seed, num_processes=1,
         chunk_steps=args.chunk_steps, warmup_steps=0,
+        eval_interval=args.eval_every, eval_episodes=args.eval_episodes,
         vectorized_envs=vectorized)
     with pool:
       pool.start()
@@ -159,6 +174,15 @@ def actor_steps_per_s(args, env_id: str, n: int,
   return float(steps / (end - start)), float(steps / cpu)
 
 
+def evaluations(settings) -> str:
+  """The evaluations the actor played beside training, in words."""
+  every = getattr(settings, 'eval_every', 0)
+  if not every:
+    return 'no evaluations'
+  return (f'evaluations of {settings.eval_episodes} episodes every '
+          f'{every:,} training steps')
+
+
 def table(record: dict) -> str:
   lines = ['| env | members per actor | batch | per CPU-second: serial | '
            'vectorized | ratio | per wall second: serial | vectorized | '
@@ -180,7 +204,8 @@ def main(argv=None) -> None:
   logging.basicConfig(level=logging.WARNING)
   cores = len(os.sched_getaffinity(0))
   print(f'actor throughput: TD3 {tuple(args.hidden)}, one actor process, '
-        f'{args.seconds:g} s per row, {cores} cores available', flush=True)
+        f'{args.seconds:g} s per row, {cores} cores available, '
+        f'{evaluations(args)}', flush=True)
   plain, rows = {}, []
   for env_id in args.envs:
     before = plain_steps_per_s(env_id, args.seconds / 2, args.seed)
@@ -213,7 +238,8 @@ def main(argv=None) -> None:
     json.dump(record, f, indent=1)
   with open(os.path.splitext(args.out)[0] + '.md', 'w') as f:
     f.write(f'Actor throughput: env steps/s of one actor process, TD3 '
-            f'{tuple(args.hidden)} policy + noise; {cores} cores; '
+            f'{tuple(args.hidden)} policy + noise, {evaluations(args)}; '
+            f'{cores} cores; '
             f'{record["date"]}.\nCommand: `{record["command"]}`\n\n'
             f'{table(record)}\n\nA plain gymnasium loop (one env, random '
             f'actions), env steps per wall second: ' + ', '.join(

@@ -324,10 +324,10 @@ def data_paths(folder: str) -> str:
                        _source([_link(folder, 'data_paths.json')], *facts)])
 
 
-def actor_throughput(folder: str) -> str:
+def actor_throughput(folder: str, name: str = 'actor_throughput.json') -> str:
   """Env steps per second of one actor process, serial beside vectorized,
   from ``benchmarks/actor_throughput.py``."""
-  record = _json(folder, 'actor_throughput.json')
+  record = _json(folder, name)
   rows = [[row['env'], str(row['members']), row['batch'],
            f'{row["serial_per_cpu_s"]:,.0f}',
            f'{row["vectorized_per_cpu_s"]:,.0f}',
@@ -341,7 +341,12 @@ def actor_throughput(folder: str) -> str:
   settings, machine = record['settings'], record['machine']
   plain = ', '.join(f'{env} {rate:,.0f}'
                     for env, rate in record['plain'].items())
+  every = settings.get('eval_every', 0)
+  played = (f'evaluations of {settings["eval_episodes"]} episodes every '
+            f'{every:,} training env steps played beside training (the rates '
+            f'count training steps)' if every else 'no evaluations')
   facts = [f'TD3 {tuple(settings["hidden"])} policy with exploration noise, '
+           f'{played}, '
            f'one actor process, the mean of {settings["repeats"]} runs of '
            f'{settings["seconds"]:g} s per mode once warm, the modes '
            f'alternating', f'a plain gymnasium loop (one env, random '
@@ -352,8 +357,7 @@ def actor_throughput(folder: str) -> str:
   if _commit(record):
     facts.append(_commit(record))
   return '\n\n'.join([_table(header, 'lrlrrrrrr', rows),
-                       _source([_link(folder, 'actor_throughput.json')],
-                               *facts)])
+                       _source([_link(folder, name)], *facts)])
 
 
 def main_command(folder: str) -> str:
@@ -496,6 +500,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
                                          'end_to_end_80.json'),
     'cpu-data-paths': lambda: data_paths('cpu'),
     'cpu-actor-throughput': lambda: actor_throughput('cpu'),
+    'cpu-actor-throughput-eval': lambda: actor_throughput(
+        'cpu', 'actor_throughput_eval.json'),
     'resume-curve': resume_curve,
     'learning budgets': lambda: learning_budgets('learning'),
     'learning results': lambda: learning('learning'),

@@ -23,7 +23,9 @@ before the actor resets that env.
 Evaluation: every ``eval_interval`` training env steps of a member, its
 ``eval_episodes`` separate evaluation environments each play one episode
 without exploration noise, all at once and stepped in lockstep with
-training (the same vectorized call returns both kinds of action), so
+training (the evaluation envs of all hosted members are one more
+``EnvBatch``, vectorized where the training envs are, which steps only
+the envs whose episode is under way) (the same vectorized call returns both kinds of action), so
 collection never pauses and an evaluation lasts as long as its longest
 episode, not the sum of its episodes: 5 episodes of 1,000 steps fit in an
 ``eval_interval`` of 2,500 steps, where one after another they would take
@@ -69,7 +71,6 @@ import jax
 from acme import specs
 
 from fastpbrl.actors.channel import Channel, ChannelHandle
-from fastpbrl.actors.env_batch import true_objective
 from fastpbrl.actors.param_store import ParamStore, ParamStoreHandle
 from fastpbrl.actors.vector_envs import make_batch
 from fastpbrl.types import make_env_spec, scale_action
@@ -223,6 +224,7 @@ class Actor:
     """Builds the training envs and the agent, and resets each env with
     its member's seed."""
     m = self.members.size
+    self._vectorized = vectorized
     self._batch = make_batch(env_fn, m, vectorized)
     self.env_spec = make_env_spec(self._batch.envs[0])
     self._agent = agent_fn(self.env_spec)
@@ -262,7 +264,10 @@ class Actor:
     self._eval_interval = int(eval_interval)
     self._eval_episodes = int(eval_episodes)
     k = self._eval_episodes
-    self._eval_envs = None  # [M][K] environments, made at the first one
+    # Made at the first evaluation: one batch of M * K envs (member j's
+    # k-th is env j * K + k), and the same envs as [M][K] lists.
+    self._eval_batch = None
+    self._eval_envs = None
     self._eval_running = np.zeros((m, k), bool)  # episodes under way
     self._eval_obs = np.zeros((m, k, *obs_spec.shape), obs_spec.dtype)
     self._eval_returns = np.zeros((m, k), np.float64)
@@ -301,11 +306,8 @@ class Actor:
 
   def close(self) -> None:
     self._batch.close()
-    for env in [e for row in (self._eval_envs or []) for e in row]:
-      try:
-        env.close()
-      except Exception:  # closing is best effort at shutdown
-        pass
+    if self._eval_batch is not None:
+      self._eval_batch.close()
 
   # ---------------------------------------------------------------- policy
 
@@ -370,10 +372,12 @@ class Actor:
     due = (self._steps >= self._next_eval) & ~self._eval_running.any(axis=1)
     if not due.any():
       return
-    if self._eval_envs is None:
-      self._eval_envs = [[self._env_fn() for _ in range(self._eval_episodes)]
-                         for _ in range(self.members.size)]
-      self._eval_seeded = [False] * self.members.size
+    if self._eval_batch is None:
+      m, k = self.members.size, self._eval_episodes
+      self._eval_batch = make_batch(self._env_fn, m * k, self._vectorized)
+      envs = self._eval_batch.envs
+      self._eval_envs = [envs[j * k:(j + 1) * k] for j in range(m)]
+      self._eval_seeded = [False] * m
     # Freeze the evaluated members' newest policies for the whole evaluation.
     self._refresh_params()
     self._wait_for_params()
@@ -390,9 +394,10 @@ class Actor:
       # continue the env's own generator.
       first = not self._eval_seeded[j]
       self._eval_seeded[j] = True
-      for k, env in enumerate(self._eval_envs[j]):
+      for k in range(self._eval_episodes):
         seed = eval_env_seed(self._seeds[j].eval_env, k) if first else None
-        self._eval_obs[j, k] = env.reset(seed=seed)[0]
+        self._eval_obs[j, k] = self._eval_batch.reset(
+            j * self._eval_episodes + k, seed)
       self._eval_returns[j] = 0.0
       self._eval_lengths[j] = 0
       interval = self._eval_interval
@@ -497,20 +502,27 @@ class Actor:
       self._returns[j], self._lengths[j] = 0.0, 0
       self._obs[j] = self._batch.reset(j)
     if eval_actions is not None:
-      for j, k in zip(*np.nonzero(self._eval_running)):
-        n_ep = self._eval_step(j, k, eval_actions[j, k], out, n_ep)
+      n_ep = self._eval_step(eval_actions, out, n_ep)
     return n_ep
 
-  def _eval_step(self, j: int, k: int, action, out, n_ep: int) -> int:
-    """One step of member ``j``'s ``k``-th evaluation episode; each
-    evaluation env plays one episode per evaluation."""
-    o2, r, term, trunc, info = self._eval_envs[j][k].step(action)
-    self._eval_returns[j, k] += float(r)
-    self._eval_lengths[j, k] += 1
-    if term or trunc:
+  def _eval_step(self, actions: np.ndarray, out, n_ep: int) -> int:
+    """One step of every evaluation episode under way (``actions``:
+    ``[M, K, ...]``); each evaluation env plays one episode per
+    evaluation."""
+    running = self._eval_running.copy()
+    m, k = running.shape
+    step = self._eval_batch.step(
+        actions.reshape(m * k, *actions.shape[2:]), running.reshape(-1))
+    shape = (m, k)
+    self._eval_returns += np.where(running, step.reward.reshape(shape), 0.0)
+    self._eval_lengths += running
+    self._eval_obs[running] = step.observation.reshape(
+        m, k, *step.observation.shape[1:])[running]
+    ended = running & (step.terminated | step.truncated).reshape(shape)
+    for j, e in zip(*np.nonzero(ended)):
       out['episode_member'][n_ep] = self.members[j]
-      out['episode_return'][n_ep] = self._eval_returns[j, k]
-      out['episode_length'][n_ep] = self._eval_lengths[j, k]
+      out['episode_return'][n_ep] = self._eval_returns[j, e]
+      out['episode_length'][n_ep] = self._eval_lengths[j, e]
       out['episode_evaluation'][n_ep] = 1
       # The training env steps of the policy it played (as a return curve
       # wants), not the steps trained while it was played.
@@ -518,10 +530,9 @@ class Actor:
       # The frozen version played the whole episode.
       out['episode_policy_version'][n_ep] = self._eval_start_version[j]
       out['episode_start_version'][n_ep] = self._eval_start_version[j]
-      out['episode_objective'][n_ep] = true_objective(info)
+      out['episode_objective'][n_ep] = step.true_objective[j * k + e]
       n_ep += 1
-      self._eval_running[j, k] = False
-    self._eval_obs[j, k] = o2
+    self._eval_running &= ~ended
     return n_ep
 
 

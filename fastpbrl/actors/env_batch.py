@@ -16,6 +16,10 @@ checks for every batch against gymnasium's own ``step``:
 * ``reset(j, seed)`` resets env ``j`` through gymnasium (its wrappers and
   its ``np_random``), so a seed gives the initial state it gives
   ``gymnasium.make(...).reset(seed=seed)``.
+* ``step(actions, active)`` steps only the envs ``active`` flags (the
+  evaluation envs whose episode is still under way); the others are left
+  as they are, time limit included, and their rows of the result mean
+  nothing.
 
 :class:`SerialEnvs` serves every env: it calls each env's ``step`` in
 turn. The vectorized batches of ``fastpbrl.actors.vector_envs`` serve the
@@ -59,8 +63,10 @@ class EnvBatch(abc.ABC):
     return self.envs[j].reset(seed=seed)[0]
 
   @abc.abstractmethod
-  def step(self, actions: np.ndarray) -> EnvStep:
-    """Steps every env with its row of ``actions`` (the env's units)."""
+  def step(self, actions: np.ndarray,
+           active: np.ndarray | None = None) -> EnvStep:
+    """Steps every env (or those ``active``, ``[M]`` bool, flags) with its
+    row of ``actions`` (the env's units)."""
 
   def close(self) -> None:
     for env in self.envs:
@@ -78,17 +84,25 @@ class SerialEnvs(EnvBatch):
     space = self.envs[0].observation_space
     self._obs = np.zeros((self.size, *space.shape), space.dtype)
 
-  def step(self, actions: np.ndarray) -> EnvStep:
+  def step(self, actions: np.ndarray,
+           active: np.ndarray | None = None) -> EnvStep:
     m = self.size
     reward = np.zeros(m, np.float64)
     terminated = np.zeros(m, bool)
     truncated = np.zeros(m, bool)
     objective = np.full(m, np.nan)
-    for j, env in enumerate(self.envs):
-      obs, reward[j], terminated[j], truncated[j], info = env.step(actions[j])
+    for j in stepped(m, active):
+      obs, reward[j], terminated[j], truncated[j], info = self.envs[j].step(
+          actions[j])
       self._obs[j] = obs
       objective[j] = true_objective(info)
     return EnvStep(self._obs.copy(), reward, terminated, truncated, objective)
+
+
+def stepped(size: int, active: np.ndarray | None):
+  """The envs a step with ``active`` steps: all of ``size``, or those it
+  flags."""
+  return range(size) if active is None else np.flatnonzero(active)
 
 
 def true_objective(info: dict) -> float:

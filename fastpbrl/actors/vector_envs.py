@@ -46,7 +46,7 @@ from gymnasium.envs.mujoco.half_cheetah_v5 import HalfCheetahEnv
 from gymnasium.envs.mujoco.hopper_v5 import HopperEnv
 from gymnasium.envs.mujoco.walker2d_v5 import Walker2dEnv
 
-from fastpbrl.actors.env_batch import EnvBatch, EnvStep, SerialEnvs
+from fastpbrl.actors.env_batch import EnvBatch, EnvStep, SerialEnvs, stepped
 
 # The wrappers gymnasium.make adds; any other one may change what the env
 # returns, so such an env is stepped serially.
@@ -96,10 +96,11 @@ class _TimeLimited(EnvBatch):
     """Copies env ``j``'s state into the batch's arrays after a reset."""
     raise NotImplementedError
 
-  def _truncated(self) -> np.ndarray:
-    """Counts this step; True where it reached the time limit (as
-    ``TimeLimit``: also on a terminal step)."""
-    self._elapsed += 1
+  def _truncated(self, active: np.ndarray | None) -> np.ndarray:
+    """Counts this step of the ``active`` envs (all by default); True
+    where it reached the time limit (as ``TimeLimit``: also on a terminal
+    step)."""
+    self._elapsed += 1 if active is None else active
     if self._max_steps is None:
       return np.zeros(self.size, bool)
     return self._elapsed >= self._max_steps
@@ -131,11 +132,13 @@ class Locomotion(_TimeLimited):
     self._qpos[j] = self._qpos_views[j]
     self._qvel[j] = self._qvel_views[j]
 
-  def step(self, actions: np.ndarray) -> EnvStep:
+  def step(self, actions: np.ndarray,
+           active: np.ndarray | None = None) -> EnvStep:
     x_before = self._qpos[:, 0].copy()
-    for raw, ctrl, action in zip(self._raw, self._ctrl, actions):
-      ctrl[:] = action
-      mujoco.mj_step(raw.model, raw.data, nstep=self._frame_skip)
+    for j in stepped(self.size, active):
+      self._ctrl[j][:] = actions[j]
+      mujoco.mj_step(self._raw[j].model, self._raw[j].data,
+                     nstep=self._frame_skip)
     np.stack(self._qpos_views, out=self._qpos)
     np.stack(self._qvel_views, out=self._qvel)
     x_velocity = (self._qpos[:, 0] - x_before) / self._dt
@@ -149,7 +152,7 @@ class Locomotion(_TimeLimited):
       terminated = ~healthy & self._raw[0]._terminate_when_unhealthy  # noqa: SLF001
     reward = reward - ctrl_cost
     return EnvStep(self._observation(), reward, terminated,
-                   self._truncated(), np.full(self.size, np.nan))
+                   self._truncated(active), np.full(self.size, np.nan))
 
   def _observation(self) -> np.ndarray:
     velocity = self._qvel
@@ -210,7 +213,8 @@ class Pendulum(_TimeLimited):
   def _load(self, j: int) -> None:
     self._state[j] = self._raw[j].state
 
-  def step(self, actions: np.ndarray) -> EnvStep:
+  def step(self, actions: np.ndarray,
+           active: np.ndarray | None = None) -> EnvStep:
     u = self._raw[0]
     g, m, length, dt = u.g, u.m, u.l, u.dt
     th, thdot = self._state[:, 0], self._state[:, 1]
@@ -221,11 +225,13 @@ class Pendulum(_TimeLimited):
                          + 3.0 / (m * length**2) * torque) * dt
     new_thdot = np.clip(new_thdot, -u.max_speed, u.max_speed)
     new_th = th + new_thdot * dt
-    self._state = np.stack([new_th, new_thdot], axis=1)
+    state = np.stack([new_th, new_thdot], axis=1)
+    self._state = (state if active is None else
+                   np.where(active[:, None], state, self._state))
     obs = np.stack([np.cos(new_th), np.sin(new_th), new_thdot],
                    axis=1).astype(np.float32)
-    return EnvStep(obs, -costs, np.zeros(self.size, bool), self._truncated(),
-                   np.full(self.size, np.nan))
+    return EnvStep(obs, -costs, np.zeros(self.size, bool),
+                   self._truncated(active), np.full(self.size, np.nan))
 
 
 def _angle_normalize(x: np.ndarray) -> np.ndarray:

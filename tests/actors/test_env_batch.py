@@ -79,6 +79,45 @@ def test_vectorized_batch_steps_as_gymnasium(env_id, kind, limit, exact):
     assert ended['terminated'] >= 1
 
 
+MASKED = CASES + [('Hopper-v5', SerialEnvs, 25, True)]
+
+
+@pytest.mark.parametrize('env_id,kind,limit,exact', MASKED,
+                         ids=[f'{c[0]}-{c[1].__name__}' for c in MASKED])
+def test_a_masked_step_steps_only_the_active_envs(env_id, kind, limit, exact):
+  """``step(actions, active)``, as the evaluation envs are stepped: the
+  flagged envs step as gymnasium's do, the others do not move (their
+  next steps, time limit included, are those of envs never stepped in
+  between)."""
+  env_fn = functools.partial(make, env_id, limit)
+  batch = vector_envs.make_batch(env_fn, MEMBERS,
+                                 vectorized=kind is not SerialEnvs)
+  assert type(batch) is kind
+  reference = [env_fn() for _ in range(MEMBERS)]
+  compare = (np.testing.assert_array_equal if exact else functools.partial(
+      np.testing.assert_allclose, rtol=0, atol=1e-9))
+  for j, env in enumerate(reference):
+    batch.reset(j, seed=200 + j)
+    env.reset(seed=200 + j)
+  space = reference[0].action_space
+  rng = np.random.default_rng(1)
+  truncated = 0
+  for _ in range(3 * limit):
+    actions = rng.uniform(space.low, space.high,
+                          (MEMBERS, *space.shape)).astype(space.dtype)
+    active = rng.random(MEMBERS) < 0.6
+    got = batch.step(actions, active)
+    for j in np.flatnonzero(active):
+      obs, reward, term, trunc, _ = reference[j].step(actions[j])
+      compare(got.observation[j], obs)
+      compare(got.reward[j], reward)
+      assert (got.terminated[j], got.truncated[j]) == (term, trunc)
+      if term or trunc:
+        truncated += trunc
+        np.testing.assert_array_equal(batch.reset(j), reference[j].reset()[0])
+  assert truncated >= 1
+
+
 def test_serial_envs_step_each_env_and_keep_its_true_objective():
   class Scored(gym.Env):
     observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
@@ -131,7 +170,9 @@ def test_vectorized_off_or_one_env_gives_serial_envs():
 
 def test_an_actor_fills_the_same_chunks_with_and_without_vectorized_envs():
   """Hopper (terminations and time-limit truncations), warm-up actions,
-  then the members' TD3 policies: every chunk field is equal."""
+  then the members' TD3 policies, and evaluations of 3 episodes every 20
+  steps (one batch of 6 evaluation envs, stepped while their episodes
+  last): every chunk field is equal, the evaluation episodes' too."""
   env_fn = functools.partial(make, 'Hopper-v5', 25)
   spec = make_env_spec(env_fn())
   config = TD3Config(hidden_sizes=(8,))
@@ -141,13 +182,14 @@ def test_an_actor_fills_the_same_chunks_with_and_without_vectorized_envs():
   state = learner.init(jax.random.PRNGKey(0), hparams)
   tree = jax.device_get((learner.policy_params(state), hparams))
   agent_fn = functools.partial(agents.make_agent, 'td3', config=config)
-  layout = chunk_layout(transition_fields(spec), 2, 80, 1)
+  layout = chunk_layout(transition_fields(spec), 2, 80, 3)
   chunks = []
   with ParamStore.create(tree) as store:
     store.write(tree)
     for vectorized in (True, False):
       actor = Actor(members=[0, 1], env_fn=env_fn, agent_fn=agent_fn,
                     store=store, seed=3, warmup_steps=50,
+                    eval_interval=20, eval_episodes=3,
                     vectorized_envs=vectorized)
       out = layout.views(bytearray(layout.nbytes))
       assert actor.fill(out)
@@ -155,5 +197,7 @@ def test_an_actor_fills_the_same_chunks_with_and_without_vectorized_envs():
       chunks.append({k: np.array(v) for k, v in out.items()})
   vectorized, serial = chunks
   assert vectorized['terminated'].any() and vectorized['truncated'].any()
+  evaluations = vectorized['episode_evaluation'][:vectorized['meta'][1]]
+  assert evaluations.sum() >= 6  # ended evaluation episodes, both members
   for name in serial:
     np.testing.assert_array_equal(vectorized[name], serial[name], name)
