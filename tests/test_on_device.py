@@ -434,3 +434,20 @@ def test_pb2_is_reproducible_and_resumes_with_its_history(tmp_path):
   resumed = [json.loads(line) for line in
              open(tmp_path / 'c' / 'lineage.jsonl').read().splitlines()]
   assert max(e['step'] for e in resumed if e['event'] == 'exploit') > 600
+
+
+@pytest.mark.slow
+def test_hypertrick_evicts_and_restarts_slots_on_device(tmp_path):
+  """HyperTrick on the device: losing slots are evicted and start new
+  configurations from scratch (an empty ring and a new warm-up, through
+  ``DevicePipeline.restart_members``), and the run goes on to its end."""
+  kw = dict(TINY, population_size=2, env_steps=1_200)
+  fastpbrl.train('hypertrick', run_dir=str(tmp_path / 'run'), num_workers=4,
+                 num_phases=2, phase_env_steps=200, **kw)
+  with open(tmp_path / 'run' / 'rule.csv') as f:
+    launched = [float(line.split(',')[3]) for line in f.readlines()[1:]
+                if line.split(',')[2] == 'workers_launched']
+  assert max(launched) >= 3  # a slot took a third configuration
+  run = fastpbrl.load_run(str(tmp_path / 'run'))
+  assert len(run.final_returns) == 2
+  assert all(math.isfinite(x) for x in run.final_returns)
