@@ -2,7 +2,6 @@
 
 import os
 
-import pytest
 
 from fastpbrl.logging import (RuleLog, RunLogger, evaluation_points,
                               plot_returns, read_member_csvs, read_rule_csv,

@@ -11,7 +11,7 @@ import numpy as np
 from acme import specs
 
 from fastpbrl.learner import PopulationLearner
-from fastpbrl.types import Transition, make_env_spec
+from fastpbrl.types import make_env_spec
 from fastpbrl.types import random_transitions as random_batch  # noqa: F401
 from tests import numerics
 

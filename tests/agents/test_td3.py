@@ -10,7 +10,6 @@ import pytest
 from fastpbrl.agents import td3
 from fastpbrl.agents.base import periodic_flag
 from fastpbrl.learner import PopulationLearner, SharedCriticLearner, population_hparams
-from fastpbrl.types import Transition
 from tests import numerics
 from tests.agents.helpers import (assert_population_matches_loop, env_spec,
                                   member, random_batch)

@@ -7,7 +7,6 @@ import functools
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from fastpbrl import agents
