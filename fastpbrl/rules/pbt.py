@@ -329,7 +329,7 @@ class PBT(Rule):
     parent = whole_value(result.parent)
     if self.config.explore == 'pb2':
       rule_state, result = self._pb2(rule_state, obs.hparams, result, fitness,
-                                     ready)
+                                     ready, replaced)
     rule_state = rule_state._replace(
         decisions=np.asarray(rule_state.decisions + 1, np.int64),
         last_fitness=_fitness_after(rule_state.last_fitness, fitness, ready,
@@ -350,10 +350,10 @@ class PBT(Rule):
         logs=tuple((LINEAGE, e) for e in events))
 
   def _pb2(self, rule_state: PBTState, hparams, result: pbt_lib.PBTResult,
-           fitness: np.ndarray, ready: np.ndarray):
+           fitness: np.ndarray, ready: np.ndarray, replaced: np.ndarray):
     """PB2's explore (``fastpbrl.population.pb2``): the intervals that
-    just ended join the data; the replaced members take the GP-UCB choice
-    for the continuous fields, the others keep theirs."""
+    just ended join the data; the ``replaced`` members (``[N]`` bool) take
+    the GP-UCB choice for the continuous fields, the others keep theirs."""
     fields = pb2.continuous_fields(self.space)
     old = {name: np.asarray(whole_value(getattr(hparams, name)))
            for name in fields}
@@ -362,7 +362,7 @@ class PBT(Rule):
     rows = pb2.append(rule_state.pb2_rows, int(rule_state.decisions),
                       x[ready], change[ready])
     rule_state = rule_state._replace(pb2_rows=rows)
-    replaced = np.asarray(whole_value(result.replaced), bool)
+    replaced = np.asarray(replaced, bool)
     members = np.flatnonzero(replaced)
     if not members.size:
       return rule_state, result
