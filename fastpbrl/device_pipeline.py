@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl import collect, jax_envs, sharding
+from fastpbrl import collect, distributed, jax_envs, sharding
 from fastpbrl.collect import Plan
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.pipeline import PipelineConfig
@@ -134,9 +134,9 @@ class DevicePipeline:
     config.validate(num_members)
     self.config, self.env, self.agent = config, env, agent
     self.num_members, self.envs_per_member = num_members, envs_per_member
-    self._processes = processes
-    self._local = (processes.local if processes is not None
-                   else slice(0, num_members))
+    # One process: Processes hands every value back as it is.
+    self._processes = processes or distributed.Processes(None, num_members)
+    self._local = self._processes.local
     self._mesh = getattr(learner, 'mesh', None)
     _check_memory(self.replay_bytes(), config, num_members)
     self.plan = Plan.of(config.num_steps, config.update_to_data_ratio,
@@ -273,23 +273,6 @@ class DevicePipeline:
     updates (it was not warming up after a restart)."""
     return self._active[self._local]
 
-  def _host(self, tree: Any) -> Any:
-    """``tree``'s whole values as numpy, in every process."""
-    if self._processes is None:
-      return jax.device_get(tree)
-    return self._processes.host(tree)
-
-  def _global_rows(self, tree: Any) -> Any:
-    """Global arrays from this process's rows (as published)."""
-    if self._processes is None:
-      return tree
-    return self._processes.global_rows(tree)
-
-  def _everyone(self, local: np.ndarray) -> np.ndarray:
-    """``[N]`` numpy from every process's rows (a collective)."""
-    if self._processes is None:
-      return np.asarray(local)
-    return self._processes.members(local)
 
   # ------------------------------------------------------------ the loop
 
@@ -316,8 +299,8 @@ class DevicePipeline:
     self._mark_busy()
     while (self._steps < self._learn_after).any():
       # Every process collects alike; a stop is agreed on after the call.
-      if should_stop is not None and should_stop() and (
-          self._processes is None or not self._processes.several):
+      if (should_stop is not None and should_stop()
+          and not self._processes.several):
         return None
       self._collect_only()
     data = int(self._steps.min()) - self._data_from
@@ -340,18 +323,18 @@ class DevicePipeline:
     (state, metrics), envs, episodes = learner.update_with_envs(
         state, hparams, actor_hparams, self.envs, self._active)
     self.envs = _unaliased(envs)
-    self._take_episodes(self._host(episodes))
+    self._take_episodes(self._processes.host(episodes))
     self._advance(self.plan.env_steps_per_call(self.envs_per_member))
     self._evaluate_due(state, learner, actor_hparams)
     self._mark_idle()
     return state, metrics
 
   def _collect_only(self) -> None:
-    envs, episodes = self._collect(self.envs,
-                                   self._global_rows(self._params),
-                                   self._global_rows(self._actor_hparams))
+    rows = self._processes.global_rows
+    envs, episodes = self._collect(self.envs, rows(self._params),
+                                   rows(self._actor_hparams))
     self.envs = _unaliased(envs)
-    self._take_episodes(self._host(episodes))
+    self._take_episodes(self._processes.host(episodes))
     self._advance(self.plan.env_steps_per_call(self.envs_per_member),
                   updated=False)
 
@@ -394,9 +377,10 @@ class DevicePipeline:
     while self._next_eval <= self._steps.min():
       self._next_eval += self.config.eval_interval
     key = _host_key(self._seed, at)
-    returns, lengths = (x[self._local] for x in self._host(self._evaluate(
+    returns, lengths = self._processes.host(self._evaluate(
         learner.policy_params(state), actor_hparams, key,
-        self.config.eval_episodes)))
+        self.config.eval_episodes))
+    returns, lengths = returns[self._local], lengths[self._local]
     for m in range(returns.shape[0]):
       for k in range(returns.shape[1]):
         self._episodes.append(EpisodeRecord(
@@ -411,9 +395,9 @@ class DevicePipeline:
     ``policy_params`` (this process's rows, as published), played on the
     device (the final evaluation); every member's, in every process."""
     key = _host_key(seed, 2**30)
-    return self._host(self._evaluate(
-        self._global_rows(policy_params), self._global_rows(actor_hparams),
-        key, episodes))
+    rows = self._processes.global_rows
+    return self._processes.host(self._evaluate(
+        rows(policy_params), rows(actor_hparams), key, episodes))
 
   def drain_episodes(self) -> list[EpisodeRecord]:
     records, self._episodes = self._episodes, []
@@ -431,7 +415,7 @@ class DevicePipeline:
                        f'{self.config.layout} layout has no per-member data')
     local = np.zeros(self._local.stop - self._local.start, bool)
     local[np.asarray(members, np.int64).reshape(-1)] = True
-    flags = self._everyone(local)
+    flags = self._processes.members(local)
     if not flags.any():
       return
     self.envs = _unaliased(self._restart(
@@ -449,7 +433,7 @@ class DevicePipeline:
     source = np.arange(first, self._local.stop)  # global member numbers
     source[np.asarray(dst_indices, np.int64)] = (
         np.asarray(src_indices, np.int64) + first)
-    source = self._everyone(source)
+    source = self._processes.members(source)
     dst = np.flatnonzero(source != np.arange(self.num_members))
     if not dst.size:
       return
