@@ -17,8 +17,10 @@ these shardings (``with_sharding_constraint`` inside the jitted functions),
 so the donated state stays sharded call after call.
 
 ``whole_value`` reads an array back to the host whole, when the mesh spans
-several processes too (``fastpbrl.distributed``). ``choose_devices``
-implements the run flag ``--devices``.
+several processes too (``fastpbrl.distributed``); ``placed_like`` puts a
+whole host value back, as the array it replaces was placed; and
+``process_zero_value`` hands every process process 0's host value.
+``choose_devices`` implements the run flag ``--devices``.
 """
 
 from __future__ import annotations
@@ -128,6 +130,29 @@ def whole_value(x: Any) -> np.ndarray:
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return np.asarray(x)
+
+
+def placed_like(value: np.ndarray, like: jax.Array) -> jax.Array:
+  """``value`` (numpy, ``like``'s shape, its own dtype), the whole host
+  value, placed with ``like``'s sharding, which may span several
+  processes: each process places its own rows of it (every process must
+  pass the same value)."""
+  value = np.asarray(value)
+  if value.shape != like.shape:
+    raise ValueError(f'value of shape {value.shape} placed like an array of '
+                     f'shape {like.shape}')
+  return jax.make_array_from_callback(value.shape, like.sharding,
+                                      lambda index: value[index])
+
+
+def process_zero_value(x: Any) -> Any:
+  """Process 0's value of the host tree ``x`` (numpy leaves), in every
+  process; ``x`` itself in a single-process run. A host computation that
+  may round differently on another machine (an optimizer in float64) is
+  made one decision this way. Every process must call it."""
+  if jax.process_count() == 1:
+    return x
+  return jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(x))
 
 
 def choose_devices(requested: Any, population_size: int,

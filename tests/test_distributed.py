@@ -314,17 +314,22 @@ JAX_ENV_FLAGS = ['--env', 'gymnax:Pendulum-v1', '--population-size', '4',
 
 
 @pytest.mark.slow
-def test_jax_env_over_two_processes_is_the_run_on_two_devices(tmp_path):
+@pytest.mark.parametrize('explore', ['perturb', 'pb2'])
+def test_jax_env_over_two_processes_is_the_run_on_two_devices(tmp_path,
+                                                              explore):
   """PBT on the on-device path over 2 processes (1 CPU device each, the
   envs and rings of members 0-1 in process 0, of 2-3 in process 1) takes
   the decisions of the same run in one process on 2 devices and ends with
   the same returns, exactly: each device runs the same partitioned
   program on the same members in both (nothing sums across members; a
   PBT copy between devices is a copy). Both processes log alike, and the
-  run resumes over 2 processes to a larger budget."""
+  run resumes over 2 processes to a larger budget. With PB2 each process
+  fits the GP to the same gathered data and takes process 0's choice,
+  which is the one-process run's on this machine."""
   pytest.importorskip('gymnax')
   two, one = str(tmp_path / 'two'), str(tmp_path / 'one')
-  command = [sys.executable, '-m', 'experiments.pbt', *JAX_ENV_FLAGS]
+  command = [sys.executable, '-m', 'experiments.pbt', *JAX_ENV_FLAGS,
+             '--explore', explore]
   proc = subprocess.run(
       LAUNCH + ['--num-processes', '2', '--', *command, '--env-steps', '600',
                 '--run-dir', two],

@@ -47,7 +47,7 @@ def test_rewards_are_clipped_and_the_game_score_kept():
   """Space Invaders pays 5 to 30 points an alien; the agent sees +1."""
   env = envs.make_env('ALE/SpaceInvaders-v5')
   rng = np.random.default_rng(0)
-  rewards, infos = [], []
+  rewards = []
   try:
     env.reset(seed=0)
     done = False

@@ -37,7 +37,7 @@ from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
 from fastpbrl.rules.common import (check_evaluations_per, search_space_of,
                                    validate_space)
 from fastpbrl.rules.registry import register
-from fastpbrl.sharding import whole_value
+from fastpbrl.sharding import placed_like, process_zero_value, whole_value
 
 LINEAGE = 'lineage.jsonl'
 
@@ -262,9 +262,6 @@ class PBT(Rule):
 
   def multi_process_problem(self, config: PBTRunConfig,
                             where: str) -> Optional[str]:
-    if config.explore == 'pb2':
-      return (f'--explore pb2 is not supported {where} (its choice is set '
-              'on one process\'s arrays); use perturb or resample')
     if config.copy_replay:
       return (f'--copy-replay is not supported {where} (a member\'s replay '
               'stays in its own process); drop it')
@@ -369,8 +366,11 @@ class PBT(Rule):
     rule_state, key = split_key(rule_state)
     seed = int(jax.random.randint(key, (), 0, np.iinfo(np.int32).max))
     # The kept members' values are pending points of the next interval.
-    chosen = pb2.explore(self.space, rows, int(rule_state.decisions) + 1,
-                         members, seed, running=x[~replaced])
+    # Every process fits the same data; process 0's choice is taken, since
+    # the fit's float64 optimizer may round otherwise on another machine.
+    chosen = process_zero_value(pb2.explore(
+        self.space, rows, int(rule_state.decisions) + 1, members, seed,
+        running=x[~replaced]))
     return rule_state, result._replace(
         hparams=_with_rows(self.space, result.hparams, members, chosen))
 
@@ -463,17 +463,18 @@ def _with_rows(space: ss.SearchSpace, hparams, members: np.ndarray,
                chosen: dict):
   """``hparams`` with ``members``' fields set to ``chosen``'s values, then
   the space's constraint on those members; each array keeps its dtype and
-  sharding."""
+  sharding (over several processes too: every process passes the same
+  ``chosen``)."""
   values, rows = {}, None
   for name, new in chosen.items():
     old = getattr(hparams, name)
     full = np.array(whole_value(old))
     full[members] = new.astype(full.dtype)
-    values[name] = jax.device_put(full, old.sharding)
+    values[name] = placed_like(full, old)
     rows = np.isin(np.arange(full.shape[0]), members)
   updated = ss.constrained(space, hparams._replace(**values))
   return jax.tree.map(lambda new, old: jnp.where(
-      jax.device_put(rows, old.sharding), new, old), updated, hparams)
+      placed_like(rows, old), new, old), updated, hparams)
 
 
 class ScheduleState(NamedTuple):
