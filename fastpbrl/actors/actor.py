@@ -615,7 +615,16 @@ class ActorSpec:
 
 
 def configure_actor_process() -> None:
-  """Pins JAX to the CPU with one thread (call before any JAX computation).
+  """Pins JAX to the CPU with one thread and synchronous dispatch (call
+  before any JAX computation).
+
+  Synchronous: the actor needs each policy call's actions at once, and
+  JAX's asynchronous CPU dispatch would hand every call to a worker
+  thread and wake this one when it is done; two thread hand-offs per env
+  step, each a wait for a core when the machine is busy (the learner runs
+  beside the actors). On a busy 2-core machine that wait was most of a
+  small policy call's time (``benchmarks/results/cpu/actor_throughput.md``
+  against ``actor_throughput_async.md``, the actors before this).
 
   The first thing an actor process does. It works because importing
   fastpbrl (and jax) initialises no backend: only the first computation
@@ -630,6 +639,7 @@ def configure_actor_process() -> None:
   if '--xla_cpu_multi_thread_eigen' not in flags:
     os.environ['XLA_FLAGS'] = f'{flags} {SINGLE_THREAD_XLA_FLAGS}'.strip()
   jax.config.update('jax_platforms', 'cpu')
+  jax.config.update('jax_cpu_enable_async_dispatch', False)
 
 
 def run_actor(spec: ActorSpec) -> None:
