@@ -142,9 +142,6 @@ def check_processes(config: RunConfig, rule, mesh):
   where = f'over {processes.count} processes'
   check(rule.multi_process,
         f'fastpbrl {rule.name} does not run {where} yet')
-  check(not config.checkpoint_replay,
-        f'--checkpoint-replay is not supported {where} yet (each process '
-        'has its own replay); drop it')
   problem = rule.multi_process_problem(config, where)
   check(problem is None, problem or '')
   jax_env = is_jax_env(config.env)

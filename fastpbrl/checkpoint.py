@@ -12,7 +12,10 @@ finds a whole one. A checkpoint holds
 
 * ``replay`` (only with ``--checkpoint-replay``): the replay's contents
   (``Replay.state_dict``), in the same atomic step as the rest, so a resumed
-  run continues with the data the killed run had at that call.
+  run continues with the data the killed run had at that call. Over several
+  processes each holds only its own members' replay, which orbax (writing
+  host numpy from process 0 alone) cannot save, so each process writes its
+  own file beside the checkpoint instead (:class:`ProcessReplayFiles`).
 
 Replay is off by default: a population of 80 members with 1M transitions
 each would be tens of GB per checkpoint. Without it a resumed run refills
@@ -28,13 +31,18 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from fastpbrl.sharding import whole_value
+
+# Beside ``checkpoints``: each process's replay of each kept checkpoint
+# (``ProcessReplayFiles``), in a folder orbax does not manage.
+REPLAY_FILES = 'checkpoint_replays'
 
 
 class CheckpointError(RuntimeError):
@@ -69,6 +77,106 @@ def remove_unfinished_saves(directory: str) -> list[str]:
   return removed
 
 
+def _flat(tree: dict, prefix: str = '') -> dict[str, np.ndarray]:
+  """``{'data': {'reward': x}, 'pos': y}`` as ``{'data/reward': x, 'pos': y}``."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f'{prefix}{key}/'))
+    else:
+      out[f'{prefix}{key}'] = np.asarray(value)
+  return out
+
+
+def _nested(flat: dict[str, np.ndarray]) -> dict:
+  """The inverse of ``_flat``."""
+  out: dict = {}
+  for key, value in flat.items():
+    *parents, leaf = key.split('/')
+    node = out
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return out
+
+
+class ProcessReplayFiles:
+  """Each process's replay for each checkpoint of a run over several
+  processes, as ``<run>/checkpoint_replays/<step>/process_<p>.npz``
+  (host-side).
+
+  A process writes its file (to a temporary name, then renamed, so a file
+  is always whole) before the checkpoint's orbax save, and all processes
+  meet at a barrier between the two: a checkpoint that orbax completed
+  has every process's file. A file records the members it holds, so a
+  resume over another split of the population is refused rather than
+  given the wrong rings. Files of steps that orbax no longer keeps, or
+  whose save never completed, are removed after each save.
+
+  numpy's ``.npz`` rather than orbax here: orbax's multi-process saving
+  writes host arrays from one process, while each process's replay is
+  its own data.
+  """
+
+  def __init__(self, run_dir: str, index: int):
+    self.root = os.path.join(os.path.abspath(run_dir), REPLAY_FILES)
+    self.index = index
+
+  def path(self, step: int) -> str:
+    return os.path.join(self.root, str(step), f'process_{self.index}.npz')
+
+  def write(self, step: int, replay: dict, members: slice) -> None:
+    """Writes ``replay`` (a ``Replay.state_dict()``) of the members
+    ``members`` for checkpoint ``step``."""
+    path = self.path(step)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = path + '.partial'
+    with open(partial, 'wb') as f:
+      np.savez(f, members=np.asarray([members.start, members.stop],
+                                     np.int64), **_flat(replay))
+    os.replace(partial, path)
+
+  def read(self, step: int, members: slice) -> dict:
+    """This process's replay of checkpoint ``step``.
+
+    Raises:
+      FileNotFoundError: if the checkpoint has no file for this process.
+      ValueError: if the file holds other members than ``members``.
+    """
+    with np.load(self.path(step)) as f:
+      flat = {k: f[k] for k in f.files}
+    saved = flat.pop('members').tolist()
+    if saved != [members.start, members.stop]:
+      raise ValueError(
+          f'the replay this process saved at checkpoint {step} holds '
+          f'members {saved[0]}-{saved[1] - 1}, this process runs '
+          f'{members.start}-{members.stop - 1}')
+    return _nested(flat)
+
+  def prune(self, keep: Sequence[int]) -> None:
+    """Removes this process's files of the steps not in ``keep``, and the
+    step folders left empty."""
+    if not os.path.isdir(self.root):
+      return
+    for name in os.listdir(self.root):
+      if name.isdigit() and int(name) in keep:
+        continue
+      folder = os.path.join(self.root, name)
+      for suffix in ('', '.partial'):
+        path = os.path.join(folder, f'process_{self.index}.npz{suffix}')
+        if os.path.exists(path):
+          os.remove(path)
+      try:
+        os.rmdir(folder)
+      except OSError:
+        pass  # another process's file is still there
+
+  def nbytes(self, step: int) -> int:
+    """Bytes of this process's file of checkpoint ``step`` (0 if none)."""
+    path = self.path(step)
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
 class Checkpointer:
   """Saves and restores run checkpoints under ``directory/checkpoints``."""
 
@@ -76,30 +184,45 @@ class Checkpointer:
     self.directory = os.path.abspath(os.path.join(directory, 'checkpoints'))
     self.removed_tmp = remove_unfinished_saves(self.directory)
     self._failed = False
+    self.replay_files = ProcessReplayFiles(directory, jax.process_index())
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
                                              create=True))
 
   def save(self, step: int, state: Any, extra: Any, meta: dict,
-           replay: Optional[dict] = None) -> None:
+           replay: Optional[dict] = None,
+           replay_members: Optional[slice] = None) -> None:
     """Writes checkpoint ``step`` and waits until it is complete on disk.
 
     ``replay``: a ``Replay.state_dict()`` to store with it (or None).
+    ``replay_members``: over several processes, the members this process's
+    ``replay`` holds; it then goes to this process's own file
+    (``ProcessReplayFiles``) rather than into the orbax checkpoint.
     """
     # Host copies: the learner donates the device state on its next call.
     # Over several processes each gathers the whole population (a rule's
     # state is small) and orbax writes it once, from process 0.
     state, extra = jax.tree.map(whole_value, (state, extra))
+    files = replay is not None and replay_members is not None
     items = dict(state=ocp.args.StandardSave(state),
                  extra=ocp.args.StandardSave(extra),
-                 meta=ocp.args.JsonSave({**meta,
-                                         'has_replay': replay is not None}))
-    if replay is not None:
+                 meta=ocp.args.JsonSave({
+                     **meta, 'has_replay': replay is not None,
+                     # Set where each process saved its own file.
+                     **({'replay_processes': jax.process_count()} if files
+                        else {})}))
+    if replay is not None and not files:
       items['replay'] = ocp.args.StandardSave(replay)
     try:
+      if files:
+        self.replay_files.write(step, replay, replay_members)
+        # Every process's file is in place before orbax completes the step.
+        multihost_utils.sync_global_devices(f'fastpbrl replay files {step}')
       self._manager.save(step, args=ocp.args.Composite(**items), force=True)
       self._manager.wait_until_finished()
+      if files:
+        self.replay_files.prune(self._manager.all_steps())
     except Exception as e:  # orbax/tensorstore report I/O errors as ValueError
       self._failed = True
       # orbax's writer tasks that failed too are reported by asyncio when
@@ -117,7 +240,7 @@ class Checkpointer:
     step = self.latest_step()
     if step is None:
       return
-    size = 0
+    size = self.replay_files.nbytes(step)
     for root, _, files in os.walk(os.path.join(self.directory, str(step))):
       size += sum(os.path.getsize(os.path.join(root, f)) for f in files)
     free = shutil.disk_usage(self.directory).free
@@ -166,6 +289,12 @@ class Checkpointer:
     if replay_template is not None:
       meta['replay'] = jax.tree.map(np.asarray, restored.replay)
     return restored.state, restored.extra, meta
+
+  def restore_process_replay(self, members: slice,
+                             step: Optional[int] = None) -> dict:
+    """This process's replay of checkpoint ``step`` (the latest by
+    default), saved with ``replay_members`` (``ProcessReplayFiles.read``)."""
+    return self.replay_files.read(self._step(step), members)
 
   def _step(self, step: Optional[int]) -> int:
     step = self.latest_step() if step is None else step

@@ -90,15 +90,20 @@ class _ReplayView:
     self._pipeline = pipeline
 
   def state_dict(self) -> dict:
+    """This process's rings (over several processes, each saves its own
+    members' with ``fastpbrl.checkpoint.ProcessReplayFiles``); every
+    process must call it, at the same point."""
     replay = self._pipeline.envs.replay
-    size = np.asarray(replay.size)
+    # Every member's sizes (gathered over several processes), so that all
+    # processes cut their rings alike: the cut is one program over all.
+    size = sharding.whole_value(replay.size)
     rows = int(size.max()) if size.size else 0
-    # One process only: --checkpoint-replay is refused over several.
     per_member = size.ndim == 1
-    data = {k: np.asarray(v[:, :rows] if per_member else v[:rows])
-            for k, v in replay.data.items()}
-    return {'data': data, 'pos': np.asarray(replay.pos, np.int64),
-            'size': size.astype(np.int64),
+    local = distributed.to_local(replay._replace(data={
+        k: v[:, :rows] if per_member else v[:rows]
+        for k, v in replay.data.items()}))
+    return {'data': local.data, 'pos': local.pos.astype(np.int64),
+            'size': local.size.astype(np.int64),
             'inserted': self._pipeline.env_steps.copy()}
 
   state_rows = staticmethod(Replay.state_rows)
@@ -218,17 +223,31 @@ class DevicePipeline:
       return self._placed(collect.init(self.env, n, self.envs_per_member,
                                        replay, random_left, key))
 
-    replay = None
-    if replay_state is not None:  # one process (see _ReplayView)
-      like = jax.eval_shape(lambda: device_replay.init_state(
-          config.layout, fields, n, config.replay_capacity))
-      replay = device_replay.state_of_dict(like, replay_state)
-      log.info('replay restored: %s transitions per ring',
-               np.asarray(replay.size).tolist())
+    replay = (None if replay_state is None else
+              self._restored_replay(replay_state, fields))
     # Host values (the same in every process) for the jitted calls:
     # numpy, never an array placed on one device.
     return jax.jit(build)(np.asarray(self._random_left, np.int32),
                           _host_key(self._seed), replay)
+
+  def _restored_replay(self, replay_state: dict, fields):
+    """The rings of this process's ``replay_state`` (``_ReplayView``'s
+    format) at full capacity: numpy in one process, global arrays over
+    several (each process gives its members' rings; a shared ring is
+    whole, and the same, in each)."""
+    config = self.config
+    per_member = config.layout != 'shared'
+    rows = self._processes.local_count if per_member else self.num_members
+    like = jax.eval_shape(lambda: device_replay.init_state(
+        config.layout, fields, rows, config.replay_capacity))
+    replay = device_replay.state_of_dict(like, replay_state)
+    log.info('replay restored: %s transitions per ring',
+             np.asarray(replay.size).tolist())
+    if not self._processes.several:
+      return replay
+    return distributed.to_global(
+        replay, self._mesh, self.num_members,
+        per_member=jax.tree.map(lambda _: per_member, replay))
 
   def _placed(self, envs: collect.EnvsState) -> collect.EnvsState:
     """Inside a jitted call: ``envs`` pinned to the learner's mesh (the

@@ -113,15 +113,20 @@ def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
         f'--resume {config.resume!r}: its checkpoint was written by an '
         'earlier fastpbrl, whose rules kept their state another way; '
         'start a new run (or finish this one with that version)')
-  replay_template = None
+  replay_template = process_replay = None
   if config.checkpoint_replay and saved_meta.get('has_replay'):
-    replay_template = state_template(
-        'shared' if rule.shared_replay else 'per_member',
-        transition_fields(env_spec), config.population_size,
-        saved_meta['replay_rows'])
+    process_replay = restore_process_replay(checkpointer, config, saved_meta,
+                                            processes)
+    if process_replay is None:
+      replay_template = state_template(
+          'shared' if rule.shared_replay else 'per_member',
+          transition_fields(env_spec), config.population_size,
+          saved_meta['replay_rows'])
   state, extra, meta = checkpointer.restore(
       fresh.state, {'hparams': fresh.hparams, 'rule': fresh.rule_state},
       replay_template=replay_template)
+  if process_replay is not None:
+    meta['replay'] = process_replay
   state = jax.tree.map(jnp.asarray, state)
   hparams = jax.tree.map(jnp.asarray, extra['hparams'])
   state, hparams = shard_state(learner, state, hparams)
@@ -136,6 +141,31 @@ def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
             + (' (this checkpoint holds no replay)'
                if config.checkpoint_replay else '')))
   return Restored(state, hparams, rule_state, counters, replay_state)
+
+
+def restore_process_replay(checkpointer: Checkpointer, config: RunConfig,
+                           saved_meta: dict, processes) -> Optional[dict]:
+  """This process's replay of a checkpoint written over several processes
+  (None for one written by one process, whose replay orbax restores);
+  refused unless the run resumes over as many processes, each with the
+  members it had."""
+  # None: in the orbax checkpoint, saved by one process.
+  files = saved_meta.get('replay_processes')
+  saved = files or 1
+  if saved != processes.count:
+    raise ConfigError(
+        f'--resume {config.resume!r}: its replay was saved by {saved} '
+        f'process{"es" if saved > 1 else ""} and this run has '
+        f'{processes.count}; resume over {saved}, or add '
+        '--no-checkpoint-replay to refill the replay instead')
+  if files is None:
+    return None
+  try:
+    return checkpointer.restore_process_replay(processes.local)
+  except (OSError, ValueError) as e:
+    raise ConfigError(f'--resume {config.resume!r}: {e}; resume with the '
+                      'processes and devices of the saving run, or add '
+                      '--no-checkpoint-replay to refill the replay') from None
 
 
 def like(template: Any, restored: Any) -> Any:
@@ -195,7 +225,9 @@ class Saver:
          'log_sizes': sizes[0], 'process_log_sizes': sizes,
          'replay_rows': (None if replay is None else
                          self.pipeline.replay.state_rows(replay))},
-        replay=replay)
+        replay=replay,
+        replay_members=(self.processes.local if self.processes.several
+                        else None))
     if replay is not None:
       log.info('checkpoint %d with replay (%s) written in %.1f s', loop.calls,
                format_bytes(sum(x.nbytes for x in jax.tree.leaves(replay))),

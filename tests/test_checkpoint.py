@@ -3,6 +3,7 @@ is never picked up; an empty directory is a clear error."""
 
 import os
 import shutil
+import types
 
 import chex
 import gymnasium as gym
@@ -13,6 +14,7 @@ import pytest
 from fastpbrl import resume
 from fastpbrl.agents import td3
 from fastpbrl.checkpoint import CheckpointError, Checkpointer
+from fastpbrl.config import ConfigError
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.replay import make_replay, transition_fields
 from fastpbrl.types import make_env_spec
@@ -76,6 +78,78 @@ def test_replay_round_trips_with_the_checkpoint(tmp_path, population):
   _, _, meta = ckpt.restore(state, {'hparams': hparams},
                             replay_template=replay.state_template(30))
   chex.assert_trees_all_equal(meta['replay'], replay.state_dict())
+
+
+def filled_replay(learner, members, rows, seed):
+  replay = make_replay('per_member', transition_fields(
+      learner.agent.env_spec), members, capacity=100)
+  rng = np.random.default_rng(seed)
+  chunk = {k: rng.normal(size=(members, rows, *shape)).astype(dtype)
+           for k, (shape, dtype) in replay.fields.items()}
+  replay.insert(list(range(members)), chunk)
+  return replay
+
+
+def test_a_process_replay_goes_to_its_own_file_with_its_members(
+    tmp_path, population):
+  """Over several processes (``replay_members`` given) the replay goes to
+  this process's file, not into orbax's checkpoint; it reads back exactly
+  for the same members, and is refused for others. Files of checkpoints
+  orbax no longer keeps, or whose save never completed, are removed."""
+  learner, hparams = population
+  state = learner.init(jax.random.PRNGKey(0), hparams)
+  ckpt = Checkpointer(str(tmp_path), max_to_keep=2)
+  files = ckpt.replay_files
+  # A save killed between this process's file and orbax's rename.
+  stale = files.path(9)
+  os.makedirs(os.path.dirname(stale))
+  open(stale + '.partial', 'wb').close()
+  replays = {}
+  for step in (1, 2, 3):
+    replays[step] = filled_replay(learner, 2, 10 * step, step).state_dict()
+    ckpt.save(step, state, {'hparams': hparams}, {},
+              replay=replays[step], replay_members=slice(2, 4))
+  meta = ckpt.restore_meta()
+  assert meta['has_replay'] and meta['replay_processes'] == 1
+  assert not os.path.exists(os.path.join(ckpt.directory, '3', 'replay'))
+  assert sorted(os.listdir(files.root)) == ['2', '3']
+  for step in (2, 3):
+    chex.assert_trees_all_equal(
+        ckpt.restore_process_replay(slice(2, 4), step), replays[step])
+  assert ckpt.replay_files.nbytes(3) > 0
+  with pytest.raises(ValueError, match='holds members 2-3, this process '
+                     'runs 0-1'):
+    ckpt.restore_process_replay(slice(0, 2))
+
+
+def test_a_resume_takes_the_replay_only_from_the_split_that_saved_it(
+    tmp_path, population):
+  """Each process reads its own file back; a resume over another number
+  of processes than saved the replay (files or orbax's), or with other
+  members in this process, is one ConfigError naming the way out."""
+  learner, hparams = population
+  state = learner.init(jax.random.PRNGKey(0), hparams)
+  ckpt = Checkpointer(str(tmp_path))
+  saved = filled_replay(learner, 2, 5, 0).state_dict()
+  ckpt.save(1, state, {'hparams': hparams}, {}, replay=saved,
+            replay_members=slice(0, 2))
+  config = types.SimpleNamespace(resume=str(tmp_path))
+  one = types.SimpleNamespace(count=1, local=slice(0, 2))
+  chex.assert_trees_all_equal(resume.restore_process_replay(
+      ckpt, config, ckpt.restore_meta(), one), saved)
+  # Saved in the orbax checkpoint, by one process: orbax restores it.
+  assert resume.restore_process_replay(
+      ckpt, config, {'has_replay': True}, one) is None
+  two = types.SimpleNamespace(count=2, local=slice(0, 2))
+  for meta, processes, message in (
+      ({'replay_processes': 2}, one, 'saved by 2 processes and this run '
+       'has 1; resume over 2'),
+      ({'has_replay': True}, two, 'saved by 1 process and this run has 2'),
+      (ckpt.restore_meta(), types.SimpleNamespace(count=1, local=slice(1, 3)),
+       'holds members 0-1, this process runs 1-2')):
+    with pytest.raises(ConfigError, match=message) as error:
+      resume.restore_process_replay(ckpt, config, meta, processes)
+    assert '--no-checkpoint-replay' in str(error.value)
 
 
 def test_a_save_that_would_not_fit_is_refused_before_writing(

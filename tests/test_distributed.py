@@ -208,9 +208,10 @@ class TwoProcessCase(types.SimpleNamespace):
 
 
 TWO_PROCESS = {
+    # Each process also checkpoints its own replay and restores it.
     'pbt': TwoProcessCase(
         flags=['--ready-after', '100', '--eval-every', '100',
-               '--fraction', '0.5'],
+               '--fraction', '0.5', '--checkpoint-replay'],
         budget='--env-steps', per_member=1,
         decided=lambda d: exploits(os.path.join(d, 'lineage.jsonl')),
         logs=('lineage.jsonl', 'hparams.csv')),
@@ -288,6 +289,13 @@ def test_rule_over_two_processes_stops_on_sigterm_and_resumes(tmp_path, rule):
   resumed = re.findall(r'\[process (\d)\] INFO resumed .* at call '
                        + stopped[0][0] + r' ', out)
   assert sorted(resumed) == ['0', '1'], out[-5000:]
+  restored = re.findall(r'\[process (\d)\] INFO replay restored: \[(\d+), '
+                        r'(\d+)\] transitions per ring', out)
+  if '--checkpoint-replay' in case.flags:
+    assert sorted(p for p, *_ in restored) == ['0', '1'], out[-5000:]
+    assert all(int(n) >= 100 for _, *sizes in restored for n in sizes)
+  else:
+    assert not restored and 'replay refilled' in out, out[-5000:]
   finals = re.findall(r'\[process \d\] INFO final evaluation .*: (.*)\n', out)
   assert len(finals) == 2 and finals[0] == finals[1], out[-5000:]
   returns = json.loads(open(os.path.join(run_dir, 'final_returns.json')).read())
@@ -325,11 +333,16 @@ def test_jax_env_over_two_processes_is_the_run_on_two_devices(tmp_path,
   PBT copy between devices is a copy). Both processes log alike, and the
   run resumes over 2 processes to a larger budget. With PB2 each process
   fits the GP to the same gathered data and takes process 0's choice,
-  which is the one-process run's on this machine."""
+  which is the one-process run's on this machine. With
+  ``--checkpoint-replay`` each process saves its own members' rings and
+  restores them, and the resumed run equals the one-process run resumed
+  from its checkpoint (whose replay orbax saved whole)."""
   pytest.importorskip('gymnax')
   two, one = str(tmp_path / 'two'), str(tmp_path / 'one')
   command = [sys.executable, '-m', 'experiments.pbt', *JAX_ENV_FLAGS,
-             '--explore', explore]
+             '--explore', explore, '--checkpoint-replay']
+  on_two_devices = {**ENV, 'XLA_FLAGS': ENV.get('XLA_FLAGS', '')
+                    + ' --xla_force_host_platform_device_count=2'}
   proc = subprocess.run(
       LAUNCH + ['--num-processes', '2', '--', *command, '--env-steps', '600',
                 '--run-dir', two],
@@ -339,9 +352,7 @@ def test_jax_env_over_two_processes_is_the_run_on_two_devices(tmp_path,
   assert 'process 1 of 2: members 2-3 of 4 (their envs and replay rings' in out
   proc = subprocess.run(
       [*command, '--env-steps', '600', '--run-dir', one], cwd=REPO,
-      env={**ENV, 'XLA_FLAGS': ENV.get('XLA_FLAGS', '')
-           + ' --xla_force_host_platform_device_count=2'},
-      capture_output=True, text=True, timeout=DEADLINE_S)
+      env=on_two_devices, capture_output=True, text=True, timeout=DEADLINE_S)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
   assert 'population of 4 over 2 devices' in proc.stderr
   lineage = lines(os.path.join(two, 'lineage.jsonl'))
@@ -364,11 +375,26 @@ def test_jax_env_over_two_processes_is_the_run_on_two_devices(tmp_path,
   assert proc.returncode == 0, out[-5000:]
   assert sorted(re.findall(r'\[process (\d)\] INFO resumed ', out)) == [
       '0', '1'], out[-5000:]
+  # Each process restored its own members' rings: 2 rings of 600.
+  assert sorted(re.findall(r'\[process (\d)\] INFO replay restored: '
+                           r'\[600, 600\] transitions', out)) == ['0', '1'], (
+                               out[-5000:])
   steps = [json.loads(line)['env_steps']
            for line in lines(os.path.join(two, 'lineage.jsonl'))]
   assert max(steps) > 600  # decided again after the resume
   assert lines(os.path.join(two, 'lineage.jsonl')) == lines(
       os.path.join(other, 'lineage.jsonl'))
+  proc = subprocess.run(
+      [sys.executable, '-m', 'experiments.pbt', '--resume', one,
+       '--env-steps', '800', '--no-progress'], cwd=REPO, env=on_two_devices,
+      capture_output=True, text=True, timeout=DEADLINE_S)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+  assert 'replay restored: [600, 600, 600, 600]' in proc.stderr
+  assert lines(os.path.join(two, 'lineage.jsonl')) == lines(
+      os.path.join(one, 'lineage.jsonl'))
+  finals = [json.load(open(os.path.join(d, 'final_returns.json')))
+            for d in (two, one)]
+  assert finals[0]['final_returns'] == finals[1]['final_returns']
 
 
 def test_processes_of_a_single_process_change_nothing():
