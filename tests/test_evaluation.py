@@ -53,3 +53,19 @@ def test_lockstep_evaluation_equals_one_episode_at_a_time():
   # Members differ (different weights), seeds differ per member and episode:
   # these returns lie > 5 apart, far beyond the 1e-3 they are rounded to.
   assert len({round(float(r), 3) for r in returns.ravel()}) == n * k
+
+
+def test_scale_action_is_the_clipped_affine_map():
+  """``scale_action`` clips by two ufuncs: the values of ``np.clip`` then
+  the affine map, bit for bit, NaN and signed zero included, in the
+  action's float type."""
+  spec = make_env_spec(gym.make('Pendulum-v1')).actions  # [-2, 2]
+  values = np.array([[-3.0], [-1.0], [-0.0], [0.3], [1.0], [7.5], [np.nan]])
+  for dtype in (np.float32, np.float64):
+    a = values.astype(dtype)
+    got = scale_action(a, spec)
+    want = spec.minimum + (np.clip(a, -1.0, 1.0) + 1.0) * 0.5 * (
+        spec.maximum - spec.minimum)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

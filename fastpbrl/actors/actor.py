@@ -289,7 +289,7 @@ class Actor:
         [_key_data(s.key, prng_impl) for s in self._seeds]))
     self._eval_key_data = jax.device_put(np.stack(
         [_key_data(s.eval_key, prng_impl) for s in self._seeds]))
-    self._policy, self._policy_and_eval = _make_policy_fns(
+    self._policy, self._policy_and_eval = make_policy_fns(
         self._agent, prng_impl)
     self._freeze_rows = jax.jit(_select_rows)
 
@@ -489,7 +489,7 @@ class Actor:
     self._returns += step.reward
     self._lengths += 1
     self._obs[:] = step.observation
-    for j in np.flatnonzero(step.terminated | step.truncated):
+    for j in (step.terminated | step.truncated).nonzero()[0]:
       views.episode_member[n_ep] = int(self.members[j])
       views.episode_return[n_ep] = self._returns[j]
       views.episode_length[n_ep] = self._lengths[j]
@@ -549,7 +549,7 @@ def _select_rows(rows, new, old):
           rows.reshape(rows.shape + (1,) * (a.ndim - 1)), a, b), new, old)
 
 
-def _make_policy_fns(agent, prng_impl: str):
+def make_policy_fns(agent, prng_impl: str):
   """The two jitted CPU policy calls over all hosted members.
 
   ``policy(params[M], hparams[M], obs[M], key_data[M], steps[M])`` returns

@@ -127,6 +127,12 @@ class Locomotion(_TimeLimited):
     self._qvel_views = [r.data.qvel for r in self._raw]
     self._qpos = np.stack(self._qpos_views)
     self._qvel = np.stack(self._qvel_views)
+    # Flat views of the two, which one ``np.concatenate`` of the envs'
+    # arrays fills (a C call; ``np.stack`` is Python around it).
+    self._qpos_flat = self._qpos.reshape(-1)
+    self._qvel_flat = self._qvel.reshape(-1)
+    self._no_objective = np.full(self.size, np.nan)
+    self._no_objective.flags.writeable = False
 
   def _load(self, j: int) -> None:
     self._qpos[j] = self._qpos_views[j]
@@ -139,11 +145,11 @@ class Locomotion(_TimeLimited):
       self._ctrl[j][:] = actions[j]
       mujoco.mj_step(self._raw[j].model, self._raw[j].data,
                      nstep=self._frame_skip)
-    np.stack(self._qpos_views, out=self._qpos)
-    np.stack(self._qvel_views, out=self._qvel)
+    np.concatenate(self._qpos_views, out=self._qpos_flat)
+    np.concatenate(self._qvel_views, out=self._qvel_flat)
     x_velocity = (self._qpos[:, 0] - x_before) / self._dt
     # As the envs' control_cost: in the actions' float type.
-    ctrl_cost = self._ctrl_weight * np.sum(np.square(actions), axis=-1)
+    ctrl_cost = self._ctrl_weight * np.square(actions).sum(axis=-1)
     reward = self._forward_weight * x_velocity
     terminated = np.zeros(self.size, bool)
     if self.has_health:
@@ -152,7 +158,7 @@ class Locomotion(_TimeLimited):
       terminated = ~healthy & self._raw[0]._terminate_when_unhealthy  # noqa: SLF001
     reward = reward - ctrl_cost
     return EnvStep(self._observation(), reward, terminated,
-                   self._truncated(active), np.full(self.size, np.nan))
+                   self._truncated(active), self._no_objective)
 
   def _observation(self) -> np.ndarray:
     velocity = self._qvel
