@@ -36,6 +36,16 @@ Usage::
 With evaluations the rate counts training env steps only (what reaches the
 replay), as a run's budget does.
 
+Where a step's time goes: for each row, a fresh process set up as an
+actor (``configure_actor_process``) also times the two parts that both
+modes share, each alone, in CPU microseconds per step of all the row's
+members: the physics (MuJoCo's ``mj_step`` with the env's frame skip on
+each env, as both modes call it; none for an env without MuJoCo physics)
+and the policy (the actor's jitted call for all members, noise included,
+and the copy of its actions to numpy). Everything else in a step is what
+a vectorized batch can shrink, so ``serial / (physics + policy)`` bounds
+the ratio vectorized/serial per CPU-second: the ``bound`` column.
+
 A table goes to stdout, every row with the command, machine, date and
 commit to ``--out`` (default ``benchmarks/results/cpu/
 actor_throughput.json``) and a table to the same name with ``.md``.
@@ -48,6 +58,7 @@ import argparse
 import functools
 import json
 import logging
+import multiprocessing
 import os
 import platform
 import sys
@@ -57,9 +68,11 @@ import gymnasium as gym
 import jax
 import numpy as np
 
+from benchmarks.pages import step_split_table
 from benchmarks.provenance import cpu_model, git_commit
 from fastpbrl import agents
 from fastpbrl.actors import ActorPool, ParamStore
+from fastpbrl.actors.actor import configure_actor_process, make_policy_fns
 from fastpbrl.actors.vector_envs import batch_kind
 from fastpbrl.agents.td3 import TD3Config
 from fastpbrl.learner import PopulationLearner, population_hparams
@@ -174,6 +187,82 @@ def actor_steps_per_s(args, env_id: str, n: int,
   return float(steps / (end - start)), float(steps / cpu)
 
 
+def _cpu_us_per_call(call, seconds: float) -> float:
+  """CPU microseconds per ``call()``, over at least ``seconds`` of CPU time
+  once warm."""
+  for _ in range(20):
+    call()
+  calls, start = 0, time.process_time()
+  while (used := time.process_time() - start) < seconds:
+    for _ in range(50):
+      call()
+    calls += 50
+  return used / calls * 1e6
+
+
+def physics_us(env_id: str, n: int, seconds: float, seed: int):
+  """CPU µs of MuJoCo's physics alone for one step of ``n`` envs (random
+  controls, an env reset every 1,000 steps); None for an env without
+  MuJoCo physics."""
+  envs = [gym.make(env_id).unwrapped for _ in range(n)]
+  if not hasattr(envs[0], 'model'):
+    return None
+  import mujoco  # noqa: PLC0415 (only MuJoCo envs get here)
+  rng = np.random.default_rng(seed)
+  for j, env in enumerate(envs):
+    env.reset(seed=seed + j)
+  controls = rng.uniform(-1, 1, (1000, n, envs[0].data.ctrl.size))
+  step = [0]
+
+  def call():
+    t = step[0] % 1000
+    for j, env in enumerate(envs):
+      env.data.ctrl[:] = controls[t, j]
+      mujoco.mj_step(env.model, env.data, nstep=env.frame_skip)
+    step[0] += 1
+    if step[0] % 1000 == 0:
+      for env in envs:
+        env.reset()
+
+  return _cpu_us_per_call(call, seconds)
+
+
+def policy_us(hidden: tuple, env_id: str, n: int, seconds: float,
+              seed: int) -> float:
+  """CPU µs of the actor's policy call for ``n`` members (TD3, noise
+  included, its actions copied to numpy)."""
+  spec = make_env_spec(gym.make(env_id))
+  agent = agents.make_agent('td3', spec, TD3Config(hidden_sizes=hidden))
+  hparams = population_hparams(agent, n)
+  state = PopulationLearner(agent).init(jax.random.PRNGKey(seed), hparams)
+  params, hparams = jax.device_put(jax.device_get(
+      (PopulationLearner(agent).policy_params(state), hparams)))
+  policy, _ = make_policy_fns(agent, 'threefry2x32')
+  keys = jax.device_put(np.stack([np.asarray(jax.random.key_data(
+      jax.random.key(seed + j))) for j in range(n)]))
+  obs = np.zeros((n, *spec.observations.shape), spec.observations.dtype)
+  steps = np.arange(n, dtype=np.uint32)
+  return _cpu_us_per_call(
+      lambda: np.array(policy(params, hparams, obs, keys, steps)), seconds)
+
+
+def step_costs(hidden: tuple, env_id: str, n: int, seconds: float,
+               seed: int) -> dict:
+  """The physics' and the policy's CPU µs per step of ``n`` members, each
+  timed alone in this process (run it in a fresh one: it is set up as an
+  actor process is)."""
+  configure_actor_process()
+  return {'physics_us': physics_us(env_id, n, seconds, seed),
+          'policy_us': policy_us(hidden, env_id, n, seconds, seed)}
+
+
+def spawned_step_costs(args, env_id: str, n: int) -> dict:
+  """``step_costs`` in a fresh spawned process."""
+  with multiprocessing.get_context('spawn').Pool(1) as pool:
+    return pool.apply(step_costs, (tuple(args.hidden), env_id, n,
+                                   args.seconds / 2, args.seed))
+
+
 def evaluations(settings) -> str:
   """The evaluations the actor played beside training, in words."""
   every = getattr(settings, 'eval_every', 0)
@@ -199,6 +288,19 @@ def table(record: dict) -> str:
   return '\n'.join(lines)
 
 
+def step_split(row: dict) -> dict:
+  """A row's CPU µs per step of all its members: each mode's (from its
+  rate per CPU-second) and the rest beside the shared parts, and the
+  bound ``serial / (physics + policy)`` on the ratio per CPU-second."""
+  serial = row['members'] / row['serial_per_cpu_s'] * 1e6
+  vectorized = row['members'] / row['vectorized_per_cpu_s'] * 1e6
+  shared = (row['physics_us'] or 0.0) + row['policy_us']
+  return {'serial_us': serial, 'vectorized_us': vectorized,
+          'rest_serial_us': serial - shared,
+          'rest_vectorized_us': vectorized - shared,
+          'bound': serial / shared}
+
+
 def main(argv=None) -> None:
   args = parse_args(argv)
   logging.basicConfig(level=logging.WARNING)
@@ -216,10 +318,12 @@ def main(argv=None) -> None:
         for mode in MODES:
           runs[mode].append(actor_steps_per_s(args, env_id, n,
                                               mode == 'vectorized'))
-      row = {'env': env_id, 'members': n, 'batch': kind, 'runs': runs}
+      row = {'env': env_id, 'members': n, 'batch': kind, 'runs': runs,
+             **spawned_step_costs(args, env_id, n)}
       for mode, r in runs.items():
         row[mode] = float(np.mean([wall for wall, _ in r]))
         row[f'{mode}_per_cpu_s'] = float(np.mean([cpu for _, cpu in r]))
+      row.update(step_split(row))
       rows.append(row)
       print(table({'rows': [row]}).splitlines()[-1], flush=True)
     after = plain_steps_per_s(env_id, args.seconds / 2, args.seed)
@@ -243,8 +347,10 @@ def main(argv=None) -> None:
             f'{record["date"]}.\nCommand: `{record["command"]}`\n\n'
             f'{table(record)}\n\nA plain gymnasium loop (one env, random '
             f'actions), env steps per wall second: ' + ', '.join(
-                f'{env} {rate:,.0f}' for env, rate in plain.items()) + '.\n')
+                f'{env} {rate:,.0f}' for env, rate in plain.items()) + '.\n'
+            f'\n{step_split_table(record)}\n')
   print(table(record))
+  print(step_split_table(record))
 
 
 if __name__ == '__main__':

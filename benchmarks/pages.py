@@ -356,8 +356,41 @@ def actor_throughput(folder: str, name: str = 'actor_throughput.json') -> str:
            _command(record['command'])]
   if _commit(record):
     facts.append(_commit(record))
-  return '\n\n'.join([_table(header, 'lrlrrrrrr', rows),
-                       _source([_link(folder, name)], *facts)])
+  blocks = [_table(header, 'lrlrrrrrr', rows),
+            _source([_link(folder, name)], *facts)]
+  split = step_split_table(record)
+  if split:
+    blocks.append(split)
+  return '\n\n'.join(blocks)
+
+
+def step_split_table(record: dict) -> str:
+  """Where an actor's step goes, for the rows that timed its shared parts
+  (``actor_throughput.step_split``); empty for a record without them."""
+  rows = []
+  for r in record['rows']:
+    if 'bound' not in r:
+      continue
+    physics = ('-' if r['physics_us'] is None else
+               f'{r["physics_us"]:,.0f} ({r["physics_us"] / r["serial_us"]:.0%})')
+    rows.append([r['env'], str(r['members']), f'{r["serial_us"]:,.0f}',
+                 f'{r["vectorized_us"]:,.0f}', physics,
+                 f'{r["policy_us"]:,.0f} ({r["policy_us"] / r["serial_us"]:.0%})',
+                 f'{r["rest_serial_us"]:,.0f}',
+                 f'{r["rest_vectorized_us"]:,.0f}', f'{r["bound"]:.2f}x'])
+  if not rows:
+    return ''
+  header = ['env', 'members per actor', 'CPU µs per step: serial',
+            'vectorized', 'physics alone', 'policy alone', 'rest: serial',
+            'rest: vectorized', 'bound on the ratio']
+  return ('Where a step of all of a row\'s members goes, in CPU µs: each '
+          'mode\'s from its rate above, and the two parts both modes share, '
+          'timed alone in a process set up as an actor (MuJoCo\'s `mj_step` '
+          'on each env; the jitted TD3 call with its noise), with their '
+          'share of a serial step. Only the rest differs between the modes; '
+          'if vectorizing removed all of it, the ratio per CPU-second would '
+          'be serial / (physics + policy), the last column.\n\n'
+          + _table(header, 'lrrrrrrrr', rows))
 
 
 def main_command(folder: str) -> str:

@@ -1,0 +1,37 @@
+"""The actor-throughput benchmark's split of a step into its parts."""
+
+import pytest
+
+from benchmarks import actor_throughput
+from benchmarks.pages import step_split_table
+
+
+def row(physics_us):
+  return {'env': 'E', 'members': 8, 'serial_per_cpu_s': 8_000.0,
+          'vectorized_per_cpu_s': 10_000.0, 'physics_us': physics_us,
+          'policy_us': 100.0}
+
+
+def test_step_split_is_the_rates_per_step_of_all_members():
+  # 8 members at 8,000 steps per CPU-second: 1,000 µs per step of all 8;
+  # at 10,000: 800 µs.
+  split = actor_throughput.step_split(row(400.0))
+  assert split == pytest.approx({
+      'serial_us': 1_000.0, 'vectorized_us': 800.0,
+      'rest_serial_us': 500.0, 'rest_vectorized_us': 300.0, 'bound': 2.0})
+  # An env without MuJoCo physics: only the policy is shared.
+  assert actor_throughput.step_split(row(None))['bound'] == pytest.approx(10.0)
+
+
+def test_the_table_shows_rows_that_timed_their_parts():
+  timed = {**row(400.0), **actor_throughput.step_split(row(400.0))}
+  table = step_split_table({'rows': [timed, row(400.0)]})
+  assert table.count('| E | 8 |') == 1
+  assert '| 1,000 | 800 | 400 (40%) | 100 (10%) | 500 | 300 | 2.00x |' in table
+  assert step_split_table({'rows': [row(400.0)]}) == ''
+
+
+def test_the_parts_are_timed_on_the_envs_they_apply_to():
+  assert actor_throughput.physics_us('Pendulum-v1', 2, 0.01, 0) is None
+  assert actor_throughput.physics_us('HalfCheetah-v5', 2, 0.01, 0) > 0
+  assert actor_throughput.policy_us((8,), 'Pendulum-v1', 2, 0.01, 0) > 0
