@@ -443,8 +443,10 @@ class DevicePipeline:
     self._start_version[flags] = self.policy_version + 1
 
   def copy_member_data(self, dst_indices, src_indices) -> None:
-    """Member ``dst[k]`` gets member ``src[k]``'s ring (this process's
-    rows; every process calls it, with its own pairs, maybe none)."""
+    """Member ``dst[k]`` gets member ``src[k]``'s ring, both numbered from
+    this process's first member (``Processes.local_pairs``: a source may
+    be another process's member; the copy is one program over the global
+    rings). Every process calls it, with its own pairs, maybe none."""
     if self.config.layout != 'per_member':
       raise ValueError('copy_member_data needs layout="per_member"; the '
                        f'{self.config.layout} layout has no per-member data')

@@ -394,14 +394,13 @@ class Processes:
     return mine - self.local.start
 
   def local_pairs(self, members, sources) -> tuple[np.ndarray, np.ndarray]:
-    """``(members, sources)`` as this process's row numbers; raises
-    ``ValueError`` where a pair crosses processes (a member's replay stays
-    in its own process)."""
+    """The pairs whose member is this process's, both numbered from its
+    first member: a source held by another process falls outside
+    ``[0, local_count)``. A host replay refuses such a pair (its rings
+    hold only this process's members); the device rings of a JAX env,
+    global arrays, copy it (``DevicePipeline.copy_member_data``)."""
     members, sources = np.asarray(members), np.asarray(sources)
     mine = (members >= self.local.start) & (members < self.local.stop)
-    theirs = (sources >= self.local.start) & (sources < self.local.stop)
-    if np.any(mine != theirs):
-      raise ValueError('replay data cannot be copied between processes')
     return members[mine] - self.local.start, sources[mine] - self.local.start
 
   def host(self, tree: Any) -> Any:

@@ -333,14 +333,15 @@ def test_jax_env_over_two_processes_is_the_run_on_two_devices(tmp_path,
   PBT copy between devices is a copy). Both processes log alike, and the
   run resumes over 2 processes to a larger budget. With PB2 each process
   fits the GP to the same gathered data and takes process 0's choice,
-  which is the one-process run's on this machine. With
+  which is the one-process run's on this machine. ``--copy-replay``
+  copies rings across processes as across devices. With
   ``--checkpoint-replay`` each process saves its own members' rings and
   restores them, and the resumed run equals the one-process run resumed
   from its checkpoint (whose replay orbax saved whole)."""
   pytest.importorskip('gymnax')
   two, one = str(tmp_path / 'two'), str(tmp_path / 'one')
   command = [sys.executable, '-m', 'experiments.pbt', *JAX_ENV_FLAGS,
-             '--explore', explore, '--checkpoint-replay']
+             '--explore', explore, '--checkpoint-replay', '--copy-replay']
   on_two_devices = {**ENV, 'XLA_FLAGS': ENV.get('XLA_FLAGS', '')
                     + ' --xla_force_host_platform_device_count=2'}
   proc = subprocess.run(
@@ -382,6 +383,9 @@ def test_jax_env_over_two_processes_is_the_run_on_two_devices(tmp_path,
   steps = [json.loads(line)['env_steps']
            for line in lines(os.path.join(two, 'lineage.jsonl'))]
   assert max(steps) > 600  # decided again after the resume
+  # Some copy took a ring from the other process (members 0-1 | 2-3).
+  assert any(e['member'] // 2 != e['parent'] // 2
+             for e in exploits(os.path.join(two, 'lineage.jsonl')))
   assert lines(os.path.join(two, 'lineage.jsonl')) == lines(
       os.path.join(other, 'lineage.jsonl'))
   proc = subprocess.run(

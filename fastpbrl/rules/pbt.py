@@ -30,6 +30,7 @@ from fastpbrl import search_space as ss
 from fastpbrl.agents import dqn
 from fastpbrl.config import (ConfigError, RunConfig, as_flag_error,
                              as_update_steps, check)
+from fastpbrl.jax_envs import is_jax_env
 from fastpbrl.population import pb2
 from fastpbrl.population import pbt as pbt_lib
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
@@ -262,9 +263,13 @@ class PBT(Rule):
 
   def multi_process_problem(self, config: PBTRunConfig,
                             where: str) -> Optional[str]:
-    if config.copy_replay:
-      return (f'--copy-replay is not supported {where} (a member\'s replay '
-              'stays in its own process); drop it')
+    # A JAX env's rings are global arrays: a copy between processes is
+    # part of the one partitioned program. A host replay holds only its
+    # process's members.
+    if config.copy_replay and not is_jax_env(config.env):
+      return (f'--copy-replay is not supported {where} for a gymnasium env '
+              '(a member\'s replay stays in its own process); drop it, or '
+              'use a JAX env (--env gymnax:... or brax:...)')
     return None
 
   def prepare(self, agent) -> None:

@@ -300,3 +300,16 @@ def test_pb2_needs_a_continuous_field():
   # Over several processes it runs (tests/test_distributed.py runs it).
   rule = PBT(PBTRunConfig(explore='pb2'))
   assert rule.multi_process_problem(rule.config, 'over 2 processes') is None
+
+
+def test_copy_replay_over_processes_needs_a_jax_env():
+  """A JAX env's rings are global arrays, copied across processes inside
+  the partitioned program (tests/test_distributed.py); a gymnasium env's
+  replay stays in its process, so the flag is refused there, by name."""
+  gym_env = PBT(PBTRunConfig(env='Pendulum-v1', copy_replay=True))
+  problem = gym_env.multi_process_problem(gym_env.config, 'over 2 processes')
+  assert problem.startswith('--copy-replay is not supported over 2 '
+                            'processes for a gymnasium env')
+  jax_env = PBT(PBTRunConfig(env='gymnax:Pendulum-v1', copy_replay=True))
+  assert jax_env.multi_process_problem(jax_env.config,
+                                       'over 2 processes') is None
