@@ -292,6 +292,11 @@ class DevicePipeline:
     updates (it was not warming up after a restart)."""
     return self._active[self._local]
 
+  @property
+  def population_active(self) -> np.ndarray:
+    """``last_active`` of every member: the same in every process, so the
+    loop needs no gather for it."""
+    return self._active.copy()
 
   # ------------------------------------------------------------ the loop
 

@@ -193,9 +193,8 @@ def learner_call(parts: Parts, loop: Loop, batch) -> Any:
         parts.learner, loop.state, loop.hparams,
         rule.actor_hparams(loop.hparams))
     if not rule.shared_critic:
-      loop.member_update_steps += (
-          parts.learner.num_steps
-          * parts.processes.members(parts.pipeline.last_active))
+      loop.member_update_steps += (parts.learner.num_steps
+                                   * parts.pipeline.population_active)
   elif rule.shared_critic:
     loop.state, metrics = parts.learner.update(loop.state, loop.hparams, batch)
   else:  # members restarted and still warming up keep their state
