@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fastpbrl
-from fastpbrl import agents, collect, jax_envs
+from fastpbrl import agents, collect, envs, jax_envs
 from fastpbrl.config import ConfigError
 from fastpbrl.collect import Plan
 from fastpbrl.device_pipeline import DevicePipeline, EnvCall
@@ -306,7 +306,7 @@ def test_bad_env_ids_stop_with_one_line_naming_env():
 
 
 def test_gymnasium_view_plays_the_jax_env():
-  env = fastpbrl.envs.make_env(PENDULUM)
+  env = envs.make_env(PENDULUM)
   obs, _ = env.reset(seed=3)
   assert obs.shape == (3,) and env.action_space.shape == (1,)
   steps = 0
