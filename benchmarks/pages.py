@@ -535,6 +535,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     'cpu-actor-throughput': lambda: actor_throughput('cpu'),
     'cpu-actor-throughput-eval': lambda: actor_throughput(
         'cpu', 'actor_throughput_eval.json'),
+    'cpu-actor-step-split': lambda: actor_throughput(
+        'cpu', 'actor_step_split.json'),
     'resume-curve': resume_curve,
     'learning budgets': lambda: learning_budgets('learning'),
     'learning results': lambda: learning('learning'),
