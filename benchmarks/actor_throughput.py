@@ -66,13 +66,15 @@ import time
 
 import gymnasium as gym
 import jax
+import mujoco
 import numpy as np
 
 from benchmarks.pages import step_split_table
 from benchmarks.provenance import cpu_model, git_commit
 from fastpbrl import agents
 from fastpbrl.actors import ActorPool, ParamStore
-from fastpbrl.actors.actor import configure_actor_process, make_policy_fns
+from fastpbrl.actors.actor import (configure_actor_process, key_data_of,
+                                   make_policy_fns)
 from fastpbrl.actors.vector_envs import batch_kind
 from fastpbrl.agents.td3 import TD3Config
 from fastpbrl.learner import PopulationLearner, population_hparams
@@ -188,16 +190,16 @@ def actor_steps_per_s(args, env_id: str, n: int,
 
 
 def _cpu_us_per_call(call, seconds: float) -> float:
-  """CPU microseconds per ``call()``, over at least ``seconds`` of CPU time
-  once warm."""
-  for _ in range(20):
-    call()
-  calls, start = 0, time.process_time()
+  """CPU microseconds per ``call(i)`` (``i``: the call's number), over at
+  least ``seconds`` of CPU time once warm."""
+  for i in range(20):
+    call(i)
+  calls, start = 20, time.process_time()
   while (used := time.process_time() - start) < seconds:
-    for _ in range(50):
-      call()
+    for i in range(calls, calls + 50):
+      call(i)
     calls += 50
-  return used / calls * 1e6
+  return used / (calls - 20) * 1e6
 
 
 def physics_us(env_id: str, n: int, seconds: float, seed: int):
@@ -207,20 +209,16 @@ def physics_us(env_id: str, n: int, seconds: float, seed: int):
   envs = [gym.make(env_id).unwrapped for _ in range(n)]
   if not hasattr(envs[0], 'model'):
     return None
-  import mujoco  # noqa: PLC0415 (only MuJoCo envs get here)
   rng = np.random.default_rng(seed)
   for j, env in enumerate(envs):
     env.reset(seed=seed + j)
   controls = rng.uniform(-1, 1, (1000, n, envs[0].data.ctrl.size))
-  step = [0]
 
-  def call():
-    t = step[0] % 1000
+  def call(i):
     for j, env in enumerate(envs):
-      env.data.ctrl[:] = controls[t, j]
+      env.data.ctrl[:] = controls[i % 1000, j]
       mujoco.mj_step(env.model, env.data, nstep=env.frame_skip)
-    step[0] += 1
-    if step[0] % 1000 == 0:
+    if i % 1000 == 999:
       for env in envs:
         env.reset()
 
@@ -234,16 +232,18 @@ def policy_us(hidden: tuple, env_id: str, n: int, seconds: float,
   spec = make_env_spec(gym.make(env_id))
   agent = agents.make_agent('td3', spec, TD3Config(hidden_sizes=hidden))
   hparams = population_hparams(agent, n)
-  state = PopulationLearner(agent).init(jax.random.PRNGKey(seed), hparams)
+  learner = PopulationLearner(agent)
+  state = learner.init(jax.random.PRNGKey(seed), hparams)
   params, hparams = jax.device_put(jax.device_get(
-      (PopulationLearner(agent).policy_params(state), hparams)))
-  policy, _ = make_policy_fns(agent, 'threefry2x32')
-  keys = jax.device_put(np.stack([np.asarray(jax.random.key_data(
-      jax.random.key(seed + j))) for j in range(n)]))
+      (learner.policy_params(state), hparams)))
+  impl = 'threefry2x32'  # the actors' default (PipelineConfig.prng_impl)
+  policy, _ = make_policy_fns(agent, impl)
+  keys = jax.device_put(np.stack([key_data_of(seed + j, impl)
+                                  for j in range(n)]))
   obs = np.zeros((n, *spec.observations.shape), spec.observations.dtype)
   steps = np.arange(n, dtype=np.uint32)
   return _cpu_us_per_call(
-      lambda: np.array(policy(params, hparams, obs, keys, steps)), seconds)
+      lambda i: np.array(policy(params, hparams, obs, keys, steps)), seconds)
 
 
 def step_costs(hidden: tuple, env_id: str, n: int, seconds: float,

@@ -286,9 +286,9 @@ class Actor:
     self._hparams = None
     # On the device once, not converted from numpy at every policy call.
     self._key_data = jax.device_put(np.stack(
-        [_key_data(s.key, prng_impl) for s in self._seeds]))
+        [key_data_of(s.key, prng_impl) for s in self._seeds]))
     self._eval_key_data = jax.device_put(np.stack(
-        [_key_data(s.eval_key, prng_impl) for s in self._seeds]))
+        [key_data_of(s.eval_key, prng_impl) for s in self._seeds]))
     self._policy, self._policy_and_eval = make_policy_fns(
         self._agent, prng_impl)
     self._freeze_rows = jax.jit(_select_rows)
@@ -536,7 +536,7 @@ class Actor:
     return n_ep
 
 
-def _key_data(seed: int, prng_impl: str) -> np.ndarray:
+def key_data_of(seed: int, prng_impl: str) -> np.ndarray:
   """The raw data of the ``prng_impl`` key seeded with ``seed``."""
   key = jax.random.key(seed, impl=prng_impl)
   return np.asarray(jax.random.key_data(key))
