@@ -44,7 +44,11 @@ each env, as both modes call it; none for an env without MuJoCo physics)
 and the policy (the actor's jitted call for all members, noise included,
 and the copy of its actions to numpy). Everything else in a step is what
 a vectorized batch can shrink, so ``serial / (physics + policy)`` bounds
-the ratio vectorized/serial per CPU-second: the ``bound`` column.
+the ratio vectorized/serial per CPU-second: the ``bound`` column. The
+same process times the vectorized actor's own work alone (its loop with
+``mj_step`` doing nothing and constant actions for the policy call); the
+vectorized rest beyond it is what the two shared parts cost more when they
+run in turn with everything else than alone.
 
 A table goes to stdout, every row with the command, machine, date and
 commit to ``--out`` (default ``benchmarks/results/cpu/
@@ -63,6 +67,7 @@ import os
 import platform
 import sys
 import time
+from unittest import mock
 
 import gymnasium as gym
 import jax
@@ -72,7 +77,8 @@ import numpy as np
 from benchmarks.pages import step_split_table
 from benchmarks.provenance import cpu_model, git_commit
 from fastpbrl import agents
-from fastpbrl.actors import ActorPool, ParamStore
+from fastpbrl.actors import Actor, ActorPool, ParamStore, chunk_layout
+from fastpbrl.actors import vector_envs
 from fastpbrl.actors.actor import (configure_actor_process, key_data_of,
                                    make_policy_fns)
 from fastpbrl.actors.vector_envs import batch_kind
@@ -142,13 +148,7 @@ def actor_steps_per_s(args, env_id: str, n: int,
   """Env steps per second of wall time and per second of CPU time of
   one actor process hosting ``n`` members that act with their TD3
   policies."""
-  spec = make_env_spec(gym.make(env_id))
-  config = TD3Config(hidden_sizes=tuple(args.hidden))
-  agent = agents.make_agent('td3', spec, config)
-  hparams = population_hparams(agent, n)
-  learner = PopulationLearner(agent)
-  state = learner.init(jax.random.PRNGKey(args.seed), hparams)
-  tree = jax.device_get((learner.policy_params(state), hparams))
+  spec, config, _, tree = _td3_population(args.hidden, env_id, n, args.seed)
   replay = PerMemberReplay(transition_fields(spec), n, capacity=200_000)
 
   def sink(actor_id, members, chunk):
@@ -225,17 +225,25 @@ def physics_us(env_id: str, n: int, seconds: float, seed: int):
   return _cpu_us_per_call(call, seconds)
 
 
+def _td3_population(hidden: tuple, env_id: str, n: int, seed: int):
+  """The env spec, the TD3 config and agent, and the host tree
+  ``(policy_params, hparams)`` of ``n`` fresh TD3 members."""
+  spec = make_env_spec(gym.make(env_id))
+  config = TD3Config(hidden_sizes=tuple(hidden))
+  agent = agents.make_agent('td3', spec, config)
+  hparams = population_hparams(agent, n)
+  learner = PopulationLearner(agent)
+  state = learner.init(jax.random.PRNGKey(seed), hparams)
+  tree = jax.device_get((learner.policy_params(state), hparams))
+  return spec, config, agent, tree
+
+
 def policy_us(hidden: tuple, env_id: str, n: int, seconds: float,
               seed: int) -> float:
   """CPU µs of the actor's policy call for ``n`` members (TD3, noise
   included, its actions copied to numpy)."""
-  spec = make_env_spec(gym.make(env_id))
-  agent = agents.make_agent('td3', spec, TD3Config(hidden_sizes=hidden))
-  hparams = population_hparams(agent, n)
-  learner = PopulationLearner(agent)
-  state = learner.init(jax.random.PRNGKey(seed), hparams)
-  params, hparams = jax.device_put(jax.device_get(
-      (learner.policy_params(state), hparams)))
+  spec, _, agent, tree = _td3_population(hidden, env_id, n, seed)
+  params, hparams = jax.device_put(tree)
   impl = 'threefry2x32'  # the actors' default (PipelineConfig.prng_impl)
   policy, _ = make_policy_fns(agent, impl)
   keys = jax.device_put(np.stack([key_data_of(seed + j, impl)
@@ -246,6 +254,43 @@ def policy_us(hidden: tuple, env_id: str, n: int, seconds: float,
       lambda i: np.array(policy(params, hparams, obs, keys, steps)), seconds)
 
 
+class _NoPhysics:
+  """Stands in for the ``mujoco`` module of ``vector_envs``: its
+  ``mj_step`` does nothing."""
+
+  @staticmethod
+  def mj_step(model, data, nstep=1):
+    del model, data, nstep
+
+
+def bookkeeping_us(hidden: tuple, env_id: str, n: int, seconds: float,
+                   seed: int, chunk_steps: int = 32) -> float:
+  """CPU µs per step of ``n`` members of the vectorized actor without the
+  two shared parts: its real loop (``Actor.fill`` into a chunk) with
+  ``mj_step`` doing nothing and the policy call replaced by constant
+  actions. What is left is the actor's own per-step work and the batch's
+  numpy. Pendulum's physics is that numpy, so it stays in."""
+  spec, config, _, tree = _td3_population(hidden, env_id, n, seed)
+  layout = chunk_layout(transition_fields(spec), n, chunk_steps)
+  chunk = layout.views(bytearray(layout.nbytes))
+  constant = jax.device_put(np.zeros((n, *spec.actions.shape),
+                                     spec.actions.dtype))
+  with ParamStore.create(tree) as store, mock.patch.object(
+      vector_envs, 'mujoco', _NoPhysics):
+    store.write(tree)
+    actor = Actor(members=range(n), env_fn=functools.partial(gym.make, env_id),
+                  agent_fn=functools.partial(agents.make_agent, 'td3',
+                                             config=config),
+                  store=store, seed=seed, warmup_steps=0)
+    # A probe, not the product: the actor's policy call, taken out.
+    actor._policy = lambda *args: constant  # noqa: SLF001
+    try:
+      return _cpu_us_per_call(lambda i: actor.fill(chunk), seconds) / (
+          chunk_steps)
+    finally:
+      actor.close()
+
+
 def step_costs(hidden: tuple, env_id: str, n: int, seconds: float,
                seed: int) -> dict:
   """The physics' and the policy's CPU µs per step of ``n`` members, each
@@ -253,7 +298,8 @@ def step_costs(hidden: tuple, env_id: str, n: int, seconds: float,
   actor process is)."""
   configure_actor_process()
   return {'physics_us': physics_us(env_id, n, seconds, seed),
-          'policy_us': policy_us(hidden, env_id, n, seconds, seed)}
+          'policy_us': policy_us(hidden, env_id, n, seconds, seed),
+          'bookkeeping_us': bookkeeping_us(hidden, env_id, n, seconds, seed)}
 
 
 def spawned_step_costs(args, env_id: str, n: int) -> dict:
@@ -291,14 +337,22 @@ def table(record: dict) -> str:
 def step_split(row: dict) -> dict:
   """A row's CPU µs per step of all its members: each mode's (from its
   rate per CPU-second) and the rest beside the shared parts, and the
-  bound ``serial / (physics + policy)`` on the ratio per CPU-second."""
+  bound ``serial / (physics + policy)`` on the ratio per CPU-second.
+  Where the row also timed the vectorized actor's own work alone
+  (``bookkeeping_us``), what its rest holds beyond that: the extra cost
+  of the shared parts run in turn with everything else rather than alone
+  (``extra_in_turn_us``)."""
   serial = row['members'] / row['serial_per_cpu_s'] * 1e6
   vectorized = row['members'] / row['vectorized_per_cpu_s'] * 1e6
   shared = (row['physics_us'] or 0.0) + row['policy_us']
-  return {'serial_us': serial, 'vectorized_us': vectorized,
-          'rest_serial_us': serial - shared,
-          'rest_vectorized_us': vectorized - shared,
-          'bound': serial / shared}
+  split = {'serial_us': serial, 'vectorized_us': vectorized,
+           'rest_serial_us': serial - shared,
+           'rest_vectorized_us': vectorized - shared,
+           'bound': serial / shared}
+  if row.get('bookkeeping_us') is not None:
+    split['extra_in_turn_us'] = (split['rest_vectorized_us']
+                                 - row['bookkeeping_us'])
+  return split
 
 
 def main(argv=None) -> None:

@@ -366,31 +366,80 @@ def actor_throughput(folder: str, name: str = 'actor_throughput.json') -> str:
 
 def step_split_table(record: dict) -> str:
   """Where an actor's step goes, for the rows that timed its shared parts
-  (``actor_throughput.step_split``); empty for a record without them."""
+  (``actor_throughput.step_split``); empty for a record without them.
+  Two more columns where the rows also timed the vectorized actor's own
+  work alone."""
+  timed = [r for r in record['rows'] if 'bound' in r]
+  own = bool(timed) and all('extra_in_turn_us' in r for r in timed)
   rows = []
-  for r in record['rows']:
-    if 'bound' not in r:
-      continue
+  for r in timed:
     physics = ('-' if r['physics_us'] is None else
                f'{r["physics_us"]:,.0f} ({r["physics_us"] / r["serial_us"]:.0%})')
-    rows.append([r['env'], str(r['members']), f'{r["serial_us"]:,.0f}',
-                 f'{r["vectorized_us"]:,.0f}', physics,
-                 f'{r["policy_us"]:,.0f} ({r["policy_us"] / r["serial_us"]:.0%})',
-                 f'{r["rest_serial_us"]:,.0f}',
-                 f'{r["rest_vectorized_us"]:,.0f}', f'{r["bound"]:.2f}x'])
+    cells = [r['env'], str(r['members']), f'{r["serial_us"]:,.0f}',
+             f'{r["vectorized_us"]:,.0f}', physics,
+             f'{r["policy_us"]:,.0f} ({r["policy_us"] / r["serial_us"]:.0%})',
+             f'{r["rest_serial_us"]:,.0f}', f'{r["rest_vectorized_us"]:,.0f}']
+    if own:
+      cells += [f'{r["bookkeeping_us"]:,.0f}', f'{r["extra_in_turn_us"]:,.0f}']
+    rows.append(cells + [f'{r["bound"]:.2f}x'])
   if not rows:
     return ''
   header = ['env', 'members per actor', 'CPU µs per step: serial',
             'vectorized', 'physics alone', 'policy alone', 'rest: serial',
-            'rest: vectorized', 'bound on the ratio']
-  return ('Where a step of all of a row\'s members goes, in CPU µs: each '
+            'rest: vectorized']
+  if own:
+    header += ['vectorized own work alone', 'shared parts\' extra in turn']
+  header.append('bound on the ratio')
+  text = ('Where a step of all of a row\'s members goes, in CPU µs: each '
           'mode\'s from its rate above, and the two parts both modes share, '
           'timed alone in a process set up as an actor (MuJoCo\'s `mj_step` '
           'on each env; the jitted TD3 call with its noise), with their '
           'share of a serial step. Only the rest differs between the modes; '
           'if vectorizing removed all of it, the ratio per CPU-second would '
-          'be serial / (physics + policy), the last column.\n\n'
-          + _table(header, 'lrrrrrrrr', rows))
+          'be serial / (physics + policy), the last column.')
+  if own:
+    text += (' The vectorized actor\'s own work alone is its real loop with '
+             '`mj_step` doing nothing and constant actions in place of the '
+             'policy call; the rest beyond it is what the physics and the '
+             'policy cost more in turn with everything else than alone.')
+  return text + '\n\n' + _table(header, 'l' + 'r' * (len(header) - 1), rows)
+
+
+def actor_baseline_table(record: dict) -> str:
+  """Each row's mean rates (env steps per wall second of one actor
+  process): the earlier commit's actor, this tree's serial and vectorized
+  actor, and the ratios to the earlier one."""
+  rows = [[r['env'], str(r['members']), f'{r["baseline"]:,.0f}',
+           f'{r["serial"]:,.0f}', f'{r["vectorized"]:,.0f}',
+           f'{r["serial"] / r["baseline"]:.2f}x',
+           f'{r["vectorized"] / r["baseline"]:.2f}x',
+           f'{r["vectorized"] / r["serial"]:.2f}x']
+          for r in record['rows']]
+  header = ['env', 'members per actor', 'earlier actor', 'serial',
+            'vectorized', 'serial / earlier', 'vectorized / earlier',
+            'vectorized / serial']
+  return _table(header, 'lrrrrrrr', rows)
+
+
+def actor_baseline(folder: str) -> str:
+  """Today's actor beside an earlier commit's, from
+  ``benchmarks/actor_baseline.py``."""
+  record = _json(folder, 'actor_baseline.json')
+  settings, machine = record['settings'], record['machine']
+  facts = [f'earlier actor: commit {record["baseline_commit"]}, measured by '
+           f'its own benchmark in the same run', f'TD3 '
+           f'{tuple(settings["hidden"])} policy with exploration noise, one '
+           f'actor process, env steps per wall second, the mean of '
+           f'{settings["repeats"]} runs of {settings["seconds"]:g} s per actor '
+           f'once warm, the three alternating',
+           f'machine {machine.get("cpu_model", machine["platform"])}, '
+           f'{machine["cores_available"]} cores, jax {machine["jax"]}',
+           f'date {record["date"]}', _command(record['command'])]
+  if _commit(record):
+    facts.append(_commit(record))
+  return '\n\n'.join([actor_baseline_table(record),
+                       _source([_link(folder, 'actor_baseline.json')],
+                               *facts)])
 
 
 def main_command(folder: str) -> str:
@@ -537,6 +586,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
         'cpu', 'actor_throughput_eval.json'),
     'cpu-actor-step-split': lambda: actor_throughput(
         'cpu', 'actor_step_split.json'),
+    'cpu-actor-baseline': lambda: actor_baseline('cpu'),
     'resume-curve': resume_curve,
     'learning budgets': lambda: learning_budgets('learning'),
     'learning results': lambda: learning('learning'),

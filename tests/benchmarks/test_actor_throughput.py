@@ -1,5 +1,6 @@
 """The actor-throughput benchmark's split of a step into its parts."""
 
+import mujoco
 import pytest
 
 from benchmarks import actor_throughput
@@ -35,3 +36,20 @@ def test_the_parts_are_timed_on_the_envs_they_apply_to():
   assert actor_throughput.physics_us('Pendulum-v1', 2, 0.01, 0) is None
   assert actor_throughput.physics_us('HalfCheetah-v5', 2, 0.01, 0) > 0
   assert actor_throughput.policy_us((8,), 'Pendulum-v1', 2, 0.01, 0) > 0
+
+
+def test_the_rest_beyond_the_actors_own_work_is_the_extra_in_turn():
+  timed = {**row(400.0), 'bookkeeping_us': 120.0}
+  split = actor_throughput.step_split(timed)
+  # 800 µs vectorized - 500 shared = 300 of rest, 120 of it own work.
+  assert split['extra_in_turn_us'] == pytest.approx(180.0)
+  table = step_split_table({'rows': [{**timed, **split}]})
+  assert '| 500 | 300 | 120 | 180 | 2.00x |' in table
+  assert 'own work alone' in table
+
+
+def test_the_actors_own_work_runs_without_physics_or_policy():
+  own = actor_throughput.bookkeeping_us((8,), 'HalfCheetah-v5', 2, 0.01, 0)
+  assert own > 0
+  # The probe's stand-in is gone afterwards: the real physics is back.
+  assert actor_throughput.vector_envs.mujoco is mujoco
