@@ -151,7 +151,12 @@ def main(argv=None) -> None:
   cores = len(os.sched_getaffinity(0))
   rows = []
   with tempfile.TemporaryDirectory(prefix='fastpbrl-baseline-') as tree:
-    baseline = extract_tree(args.baseline_rev, tree)
+    try:
+      baseline = extract_tree(args.baseline_rev, tree)
+    except (OSError, subprocess.CalledProcessError):
+      raise SystemExit(f'--baseline-rev: {args.baseline_rev!r} is not a '
+                       'commit of this git checkout (run from the '
+                       'repository, with its history)') from None
     print(f'actor baseline: {baseline[:12]} beside this tree, TD3 '
           f'{tuple(args.hidden)}, one actor process, {args.seconds:g} s per '
           f'run, {args.repeats} repeats, {cores} cores available', flush=True)

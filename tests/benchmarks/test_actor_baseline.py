@@ -62,3 +62,10 @@ def test_bad_settings_stop_with_the_flag_named(capsys):
   with pytest.raises(SystemExit):
     actor_baseline.parse_args(['--repeats', '0'])
   assert '--repeats' in capsys.readouterr().err
+
+
+def test_a_revision_not_in_the_checkout_stops_with_the_flag_named(
+    monkeypatch):
+  monkeypatch.chdir(ROOT)
+  with pytest.raises(SystemExit, match='--baseline-rev'):
+    actor_baseline.main(['--baseline-rev', 'no-such-revision'])
