@@ -1,9 +1,9 @@
 """Today's actor beside the actor of an earlier commit, in one run.
 
-The environments issue asked for batched actors with "at least 1.5x
-today's env steps per second per actor process on HalfCheetah-v5 with 8
-members per actor, measured in one run beside today's actors". Today's
-actors then were those of the commit before the batched env stepping
+The batched actors were to step at least 1.5x the env steps per second
+per actor process of the actors before them (HalfCheetah-v5, 8 members
+per actor), measured in one run beside those. The actors before them
+are those of the commit before the batched env stepping
 (``BASELINE_REV``): each env stepped by its own ``step``, JAX's
 asynchronous CPU dispatch, the per-step numpy of that time. This
 benchmark extracts that commit's tree (``git archive``) into a temporary
