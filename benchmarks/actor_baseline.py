@@ -35,18 +35,16 @@ import argparse
 import json
 import logging
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 
-import jax
 import numpy as np
 
 from benchmarks.actor_throughput import actor_steps_per_s
 from benchmarks.pages import actor_baseline_table
-from benchmarks.provenance import cpu_model, git_commit
+from benchmarks.provenance import cpu_machine, git_commit
 
 # The last commit whose actors stepped every env with its own ``step``:
 # the parent of "Step an actor's envs as one vectorized numpy batch".
@@ -167,9 +165,7 @@ def main(argv=None) -> None:
               flush=True)
   record = {'command': ' '.join(['python', '-m', 'benchmarks.actor_baseline',
                                  *(sys.argv[1:] if argv is None else argv)]),
-            'machine': {'platform': platform.platform(),
-                        'cpu_model': cpu_model(), 'cpus': os.cpu_count(),
-                        'cores_available': cores, 'jax': jax.__version__},
+            'machine': cpu_machine(),
             'date': time.strftime('%Y-%m-%d'), 'commit': git_commit(),
             'baseline_commit': baseline,
             'settings': {k: v for k, v in vars(args).items() if k != 'out'},

@@ -64,7 +64,6 @@ import json
 import logging
 import multiprocessing
 import os
-import platform
 import sys
 import time
 from unittest import mock
@@ -75,7 +74,7 @@ import mujoco
 import numpy as np
 
 from benchmarks.pages import step_split_table
-from benchmarks.provenance import cpu_model, git_commit
+from benchmarks.provenance import cpu_machine, git_commit
 from fastpbrl import agents
 from fastpbrl.actors import Actor, ActorPool, ParamStore, chunk_layout
 from fastpbrl.actors import vector_envs
@@ -384,10 +383,7 @@ def main(argv=None) -> None:
     plain[env_id] = (before + after) / 2
   record = {'command': ' '.join(['python', '-m', 'benchmarks.actor_throughput',
                                  *(sys.argv[1:] if argv is None else argv)]),
-            'machine': {'platform': platform.platform(),
-                        'cpu_model': cpu_model(),
-                        'cpus': os.cpu_count(), 'cores_available': cores,
-                        'jax': jax.__version__},
+            'machine': cpu_machine(),
             'date': time.strftime('%Y-%m-%d'), 'commit': git_commit(),
             'settings': {k: v for k, v in vars(args).items() if k != 'out'},
             'plain': plain, 'rows': rows}

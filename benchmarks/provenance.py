@@ -5,6 +5,8 @@ Host-side helpers shared by the benchmarks that write result files.
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import platform
 import subprocess
 
@@ -29,3 +31,12 @@ def cpu_model() -> str:
   except OSError:
     pass
   return platform.processor() or platform.machine()
+
+
+def cpu_machine() -> dict:
+  """The machine a CPU benchmark ran on: platform, CPU model, CPUs, the
+  cores this process may use and the jax version."""
+  return {'platform': platform.platform(), 'cpu_model': cpu_model(),
+          'cpus': os.cpu_count(),
+          'cores_available': len(os.sched_getaffinity(0)),
+          'jax': importlib.metadata.version('jax')}

@@ -1,10 +1,14 @@
 """The actor-throughput benchmark's split of a step into its parts."""
 
+from unittest import mock
+
 import mujoco
 import pytest
 
 from benchmarks import actor_throughput
 from benchmarks.pages import step_split_table
+from fastpbrl.actors import actor as actor_module
+from fastpbrl.actors.actor import make_policy_fns
 
 
 def row(physics_us):
@@ -49,7 +53,18 @@ def test_the_rest_beyond_the_actors_own_work_is_the_extra_in_turn():
 
 
 def test_the_actors_own_work_runs_without_physics_or_policy():
-  own = actor_throughput.bookkeeping_us((8,), 'HalfCheetah-v5', 2, 0.01, 0)
+  policy_calls = []
+
+  def counting_policy_fns(agent, prng_impl):
+    explore, with_eval = make_policy_fns(agent, prng_impl)
+    return (lambda *a: policy_calls.append(1) or explore(*a)), with_eval
+
+  with mock.patch.object(mujoco, 'mj_step',
+                         side_effect=mujoco.mj_step) as mj_step, \
+      mock.patch.object(actor_module, 'make_policy_fns', counting_policy_fns):
+    own = actor_throughput.bookkeeping_us((8,), 'HalfCheetah-v5', 2, 0.01, 0)
   assert own > 0
+  # The actor stepped (its loop ran) without MuJoCo's step or its policy.
+  assert mj_step.call_count == 0 and policy_calls == []
   # The probe's stand-in is gone afterwards: the real physics is back.
   assert actor_throughput.vector_envs.mujoco is mujoco
