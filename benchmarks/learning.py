@@ -616,6 +616,13 @@ def baseline_of(method: str) -> Optional[str]:
   return f'seeds-{agent}'
 
 
+def compare(rule: list, baseline: list) -> tuple[stats.Interval, str]:
+  """A rule's probability of improving on its baseline (best finals over
+  seeds), with its interval and verdict."""
+  poi = stats.improvement_interval(rule, baseline)
+  return poi, stats.verdict(poi, min(len(rule), len(baseline)))
+
+
 def seed_statistics(by: dict, tasks: list, order: dict) -> list[str]:
   """Markdown rows over seeds of the best member's final return: IQM with
   its 95% bootstrap interval, and each rule's probability of improving on
@@ -632,13 +639,73 @@ def seed_statistics(by: dict, tasks: list, order: dict) -> list[str]:
       cells = [stats.fmt_interval(stats.iqm_interval(finals[method]))]
       baseline = baseline_of(method)
       if baseline in finals:
-        poi = stats.improvement_interval(finals[method], finals[baseline])
-        seeds = min(len(finals[method]), len(finals[baseline]))
-        cells += [stats.fmt_interval(poi, 2), stats.verdict(poi, seeds)]
+        poi, verdict = compare(finals[method], finals[baseline])
+        cells += [stats.fmt_interval(poi, 2), verdict]
       else:
         cells += ['', '']
       lines.append(f'| {task} | {steps:,} | {method} | '
                    f'{len(finals[method])} | ' + ' | '.join(cells) + ' |')
+  return lines
+
+
+# The question the benchmark is for: does PBT, with each of its explores,
+# end ahead of as many members at the agent's defaults? Asked on every task
+# of the suite at the budget it is run at on the 2-core machine, held-out
+# tasks included.
+MATRIX_TASKS = (('Pendulum-v1', 20_000), ('Hopper-v5', 50_000),
+                ('HalfCheetah-v5', 50_000), ('Walker2d-v5', 50_000),
+                ('Ant-v5', 50_000))
+MATRIX_BASELINE = 'seeds-td3'
+MATRIX_RULES = ('pbt-td3', 'pbt-resample-td3', 'pbt-pb2-td3')
+MATRIX_NOTE = (
+    f'PBT against {MATRIX_BASELINE}, per task: each explore\'s verdict, its '
+    'probability of ending above a default seed with the 95% interval, and '
+    'its seeds ("not run": no run yet).')
+
+
+def _matrix_cell(rule: Optional[list], baseline: Optional[list]) -> str:
+  if rule is None:
+    return 'not run'
+  if baseline is None:
+    return f'no baseline yet, {len(rule)} seeds'
+  poi, verdict = compare(rule, baseline)
+  return f'{verdict}: P {stats.fmt_interval(poi, 2)}, {len(rule)} seeds'
+
+
+def matrix_summary(by: dict) -> list[str]:
+  """Markdown: a row per task of ``MATRIX_TASKS``, a column per PBT
+  explore with its verdict against ``MATRIX_BASELINE``, then a line naming
+  the tasks where one of them is better and those where one is worse.
+  Empty when no run of the matrix is in ``by``."""
+  methods = (MATRIX_BASELINE,) + MATRIX_RULES
+  if not any(m in by.get(key, {}) for key in MATRIX_TASKS for m in methods):
+    return []
+  lines = ['| task | ' + ' | '.join(methods) + ' |',
+           '|---|' + '---|' * len(methods)]
+  found = {'better': [], 'worse': []}
+  complete = 0  # tasks where every method has its MIN_SEEDS
+  for task, steps in MATRIX_TASKS:
+    finals = {m: [max(r['final_returns']) for r in runs]
+              for m, runs in by.get((task, steps), {}).items()}
+    baseline = finals.get(MATRIX_BASELINE)
+    cells = [f'{len(baseline)} seeds' if baseline else 'not run']
+    cells += [_matrix_cell(finals.get(m), baseline) for m in MATRIX_RULES]
+    complete += all(len(finals.get(m, [])) >= stats.MIN_SEEDS
+                    for m in methods)
+    name = f'{task} at {steps:,} env steps' + (
+        ' (held out)' if task in HELD_OUT else '')
+    for verdict, names in found.items():
+      if any(cell.startswith(verdict + ':') for cell in cells[1:]):
+        names.append(name)
+    lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
+  count = len(MATRIX_TASKS)
+  lines += ['', f'A PBT explore better than {MATRIX_BASELINE} on '
+            f'{len(found["better"])} of {count} tasks'
+            + (f' ({"; ".join(found["better"])})' if found['better'] else '')
+            + f'; worse on {len(found["worse"])}'
+            + (f' ({"; ".join(found["worse"])})' if found['worse'] else '')
+            + f'. Every method has {stats.MIN_SEEDS} seeds or more on '
+            f'{complete} of {count} tasks.']
   return lines
 
 
@@ -784,8 +851,11 @@ def report(out: str) -> str:
             f'Dates: {", ".join(dates)}. Held-out tasks (no default was '
             f'chosen on them, every method runs there untuned): '
             f'{", ".join(HELD_OUT)}.\n\n')
+  matrix = matrix_summary(by)
   table = (header + '\n'.join(lines) + '\n\n' + STATISTICS_NOTE + '\n\n'
            + '\n'.join(seed_statistics(by, tasks, order)) + '\n'
+           + ('\n' + MATRIX_NOTE + '\n\n' + '\n'.join(matrix) + '\n'
+              if matrix else '')
            + superseded_list(dropped))
   with open(os.path.join(out, 'results.md'), 'w') as f:
     f.write(table)

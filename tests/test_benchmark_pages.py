@@ -114,6 +114,7 @@ def test_the_learning_table_agrees_with_the_run_jsons():
     runs.setdefault(key, []).append(max(run['final_returns']))
   block = pages.BLOCKS['learning results']()
   means, over_seeds = block.split(learning.STATISTICS_NOTE)
+  over_seeds, matrix = over_seeds.split(learning.MATRIX_NOTE)
   seen = {}
   for cells in body_rows(means):
     task, steps, method, seeds, best = (c.strip() for c in cells[:5])
@@ -136,6 +137,27 @@ def test_the_learning_table_agrees_with_the_run_jsons():
     assert poi.split(' ')[0] == f'{wins / (len(x) * len(y)):.2f}', cells
     compared += 1
   assert compared >= 10
+  # The matrix: every PBT explore's seeds and P against the default seeds.
+  rows = table_rows(matrix[matrix.index('|'):])  # the lines after: no '|'
+  assert len(rows) == len(learning.MATRIX_TASKS)
+  compared = 0
+  for name, cells in rows.items():
+    task, steps = name.split(' at ')
+    steps = steps.split(' env steps')[0]
+    y = runs.get((task, steps, learning.MATRIX_BASELINE))
+    assert cells[learning.MATRIX_BASELINE] == (
+        f'{len(y)} seeds' if y else 'not run')
+    for method in learning.MATRIX_RULES:
+      x = runs.get((task, steps, method))
+      if x is None:
+        assert cells[method] == 'not run'
+        continue
+      assert cells[method].endswith(f', {len(x)} seeds'), cells[method]
+      if y:
+        wins = sum((a > b) + 0.5 * (a == b) for a in x for b in y)
+        assert f': P {wins / (len(x) * len(y)):.2f}' in cells[method]
+        compared += 1
+  assert compared >= 5
 
 
 def body_rows(text: str) -> list[list[str]]:

@@ -245,6 +245,48 @@ def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
   assert learning.baseline_of('sb3-td3') is None
 
 
+def _runs(*finals):
+  return [{'final_returns': [value, value - 50.0]} for value in finals]
+
+
+def test_matrix_gives_each_explores_verdict_per_task():
+  by = {('Pendulum-v1', 20_000): {
+      'seeds-td3': _runs(-150.0, -140.0, -160.0, -145.0, -155.0),
+      # Every seed above every default seed, then every one below.
+      'pbt-td3': _runs(-100.0, -110.0, -90.0, -105.0, -95.0),
+      'pbt-pb2-td3': _runs(-200.0, -210.0, -190.0, -205.0, -195.0),
+      # -100 beats all 5 default seeds, -300 none: P = 5 / 10.
+      'pbt-resample-td3': _runs(-100.0, -300.0)},
+        ('Hopper-v5', 50_000): {'pbt-td3': _runs(1.0, 2.0, 3.0)},
+        # Not a budget of the matrix: not in it.
+        ('HalfCheetah-v5', 100_000): {'seeds-td3': _runs(1.0)}}
+  lines = learning.matrix_summary(by)
+  rows = {line.split(' | ')[0][2:]: line.split(' | ')[1:] for line in lines
+          if line.startswith('| ') and not line.startswith('| task')}
+  assert list(rows) == ['Pendulum-v1 at 20,000 env steps',
+                        'Hopper-v5 at 50,000 env steps',
+                        'HalfCheetah-v5 at 50,000 env steps',
+                        'Walker2d-v5 at 50,000 env steps (held out)',
+                        'Ant-v5 at 50,000 env steps (held out)']
+  seeds, pbt, resample, pb2 = (c.rstrip(' |') for c in
+                               rows['Pendulum-v1 at 20,000 env steps'])
+  assert seeds == '5 seeds'
+  assert pbt == 'better: P 1.00 [1.00, 1.00], 5 seeds'
+  assert pb2 == 'worse: P 0.00 [0.00, 0.00], 5 seeds'
+  assert resample.startswith('too few seeds (< 5): P 0.50 [')
+  assert resample.endswith(', 2 seeds')
+  hopper = [c.rstrip(' |') for c in rows['Hopper-v5 at 50,000 env steps']]
+  assert hopper == ['not run', 'no baseline yet, 3 seeds', 'not run',
+                    'not run']
+  assert lines[-1] == (
+      'A PBT explore better than seeds-td3 on 1 of 5 tasks (Pendulum-v1 at '
+      '20,000 env steps); worse on 1 (Pendulum-v1 at 20,000 env steps). '
+      'Every method has 5 seeds or more on 0 of 5 tasks.')
+  # A folder with no run of the matrix (another experiment's) has none.
+  assert learning.matrix_summary(
+      {('HalfCheetah-v5', 100_000): {'pbt-td3': _runs(1.0)}}) == []
+
+
 def test_runs_on_code_without_a_later_fix_of_their_rule_are_superseded():
   """ef3bee1 changed when PBT decides, a2f8eb2 when HyperTrick restarts:
   runs of those rules on older code are superseded; the baseline's runs
