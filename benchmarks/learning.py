@@ -120,6 +120,11 @@ METHODS = {
     'pbt-resample-td3': ('pbt', ['--agent', 'td3', '--explore', 'resample']),
     # PB2 (Parker-Holder et al. 2020): a GP bandit chooses a copy's values.
     'pbt-pb2-td3': ('pbt', ['--agent', 'td3', '--explore', 'pb2']),
+    # Today's PBT with one replay for all members: each learns from every
+    # member's transitions (as CEM-RL's and DvD's shared critic does).
+    'pbt-shared-td3': ('pbt', ['--agent', 'td3', '--shared-replay']),
+    # The baseline with one replay for all members: what sharing alone gives.
+    'seeds-shared-td3': ('seeds', ['--agent', 'td3', '--shared-replay']),
     # The baseline with the update accounting of TD3's and SB3's reference
     # loops: no catch-up on the warm-up's data (see ``sb3-td3``).
     'seeds-td3-no-catch-up': ('seeds', ['--agent', 'td3',
@@ -648,17 +653,18 @@ def seed_statistics(by: dict, tasks: list, order: dict) -> list[str]:
   return lines
 
 
-# The question the benchmark is for: does PBT, with each of its explores,
-# end ahead of as many members at the agent's defaults? Asked on every task
-# of the suite at the budget it is run at on the 2-core machine, held-out
-# tasks included.
+# The question the benchmark is for: does PBT, with each of its explores
+# (and with a shared replay), end ahead of as many members at the agent's
+# defaults? Asked on every task of the suite at the budget it is run at on
+# the 2-core machine, held-out tasks included.
 MATRIX_TASKS = (('Pendulum-v1', 20_000), ('Hopper-v5', 50_000),
                 ('HalfCheetah-v5', 50_000), ('Walker2d-v5', 50_000),
                 ('Ant-v5', 50_000))
 MATRIX_BASELINE = 'seeds-td3'
-MATRIX_RULES = ('pbt-td3', 'pbt-resample-td3', 'pbt-pb2-td3')
+MATRIX_RULES = ('pbt-td3', 'pbt-resample-td3', 'pbt-pb2-td3',
+                'pbt-shared-td3')
 MATRIX_NOTE = (
-    f'PBT against {MATRIX_BASELINE}, per task: each explore\'s verdict, its '
+    f'PBT against {MATRIX_BASELINE}, per task: each variant\'s verdict, its '
     'probability of ending above a default seed with the 95% interval, and '
     'its seeds ("not run": no run yet).')
 
@@ -674,7 +680,7 @@ def _matrix_cell(rule: Optional[list], baseline: Optional[list]) -> str:
 
 def matrix_summary(by: dict) -> list[str]:
   """Markdown: a row per task of ``MATRIX_TASKS``, a column per PBT
-  explore with its verdict against ``MATRIX_BASELINE``, then a line naming
+  variant with its verdict against ``MATRIX_BASELINE``, then a line naming
   the tasks where one of them is better and those where one is worse.
   Empty when no run of the matrix is in ``by``."""
   methods = (MATRIX_BASELINE,) + MATRIX_RULES
@@ -699,7 +705,7 @@ def matrix_summary(by: dict) -> list[str]:
         names.append(name)
     lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
   count = len(MATRIX_TASKS)
-  lines += ['', f'A PBT explore better than {MATRIX_BASELINE} on '
+  lines += ['', f'A PBT variant better than {MATRIX_BASELINE} on '
             f'{len(found["better"])} of {count} tasks'
             + (f' ({"; ".join(found["better"])})' if found['better'] else '')
             + f'; worse on {len(found["worse"])}'

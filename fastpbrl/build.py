@@ -144,6 +144,9 @@ def check_processes(config: RunConfig, rule, mesh):
         f'fastpbrl {rule.name} does not run {where} yet')
   problem = rule.multi_process_problem(config, where)
   check(problem is None, problem or '')
+  check(rule.shared_replay or not rule.shares_replay(),
+        f'--shared-replay: {where} each process keeps a replay of its own '
+        'members only; run it in one process, or drop it')
   jax_env = is_jax_env(config.env)
   check(jax_env or config.replay_location in ('auto', 'host'),
         f'--replay-location {config.replay_location}: {where} each process '

@@ -26,7 +26,7 @@ GROUPS = (
     ('learning', ('warmup_steps', 'update_to_data_ratio',
                   'warmup_counts_as_data', 'hidden_sizes', 'network_init',
                   'batch_size', 'steps_per_call', 'replay_capacity',
-                  'replay_location')),
+                  'shared_replay', 'replay_location')),
     ('evaluation', ('eval_every', 'eval_episodes')),
     ('run folder, checkpoints and tracking', ('run_dir', 'resume',
                                               'checkpoint_every',

@@ -94,6 +94,13 @@ class RunConfig:
   """Update steps compiled into one learner call (default 50, DQN 10)."""
   replay_capacity: int = 1_000_000
   """Transitions per replay buffer."""
+  shared_replay: bool = False
+  """One replay for all members: each member's batches are drawn from every
+  member's transitions, so each learns from N times the data at the same
+  env steps. Off: each member learns from its own, as in the PBT papers
+  (the 2022 paper keeps one replay per agent when tuning hyperparameters).
+  CEM-RL and DvD always share one; HyperTrick cannot (it restarts a slot
+  with an empty replay of its own). One process only."""
   eval_every: int = 5_000
   """Env steps per member between evaluations (noise-free episodes of one
   frozen policy version); every run also evaluates each member's final

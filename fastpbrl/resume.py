@@ -119,7 +119,7 @@ def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
                                             processes)
     if process_replay is None:
       replay_template = state_template(
-          'shared' if rule.shared_replay else 'per_member',
+          'shared' if rule.shares_replay() else 'per_member',
           transition_fields(env_spec), config.population_size,
           saved_meta['replay_rows'])
   state, extra, meta = checkpointer.restore(

@@ -241,7 +241,7 @@ def open_pipeline(stack: contextlib.ExitStack, built: Built,
     if is_jax_env(config.env):  # stepped inside the learner call
       pipeline = DevicePipeline.create(
           config, built.agent, built.learner,
-          shared_replay=built.rule.shared_replay,
+          shared_replay=built.rule.shares_replay(),
           seed=resume.pipeline_seed(config.seed, start.counters['calls'], 0),
           resume_env_steps=(resumed_env_steps(built, start)
                             if config.resume else None),
@@ -252,7 +252,7 @@ def open_pipeline(stack: contextlib.ExitStack, built: Built,
         dataclasses.replace(config, population_size=processes.local_count,
                             replay_location='host')
         if processes.several else config,
-        built.agent, shared_replay=built.rule.shared_replay,
+        built.agent, shared_replay=built.rule.shares_replay(),
         seed=resume.pipeline_seed(config.seed, start.counters['calls'],
                                   processes.index),
         resume_env_steps=(resumed_env_steps(built, start)[processes.local]

@@ -362,13 +362,37 @@ def test_same_seed_same_run_and_resume_continues(tmp_path):
 
 
 @pytest.mark.slow
-def test_population_sharded_over_two_devices(tmp_path):
+def test_shared_replay_runs_on_device_and_resumes(tmp_path, monkeypatch):
+  """--shared-replay: the pipeline keeps one ring for all members, in the
+  run and in its resume from a checkpoint that holds that ring."""
+  layouts = []
+  create = DevicePipeline.create.__func__
+
+  def recording_create(cls, *args, **kwargs):
+    layouts.append(kwargs['shared_replay'])
+    return create(cls, *args, **kwargs)
+
+  monkeypatch.setattr(DevicePipeline, 'create', classmethod(recording_create))
+  kw = dict(TINY, shared_replay=True, checkpoint_replay=True,
+            ready_after=200)
+  fastpbrl.train('pbt', run_dir=str(tmp_path / 'run'),
+                 **dict(kw, env_steps=400))
+  fastpbrl.train(resume=str(tmp_path / 'run'), env_steps=600)
+  assert layouts == [True, True]
+  run = fastpbrl.load_run(str(tmp_path / 'run'))
+  assert run.episodes['env_steps'].max() == 600
+  assert all(math.isfinite(x) for x in run.final_returns)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('shared_replay', [False, True])
+def test_population_sharded_over_two_devices(tmp_path, shared_replay):
   """The envs, rings and members split over 2 (CPU) devices: the run is
   the one-device run's (same seed, same returns, to float tolerance of a
-  partitioned program)."""
+  partitioned program); a shared ring is replicated on both."""
   code = (
       'import json, fastpbrl\n'
-      f'kw = {TINY!r}\n'
+      f'kw = {dict(TINY, shared_replay=shared_replay)!r}\n'
       "kw['hidden_sizes'] = tuple(kw['hidden_sizes'])\n"
       "for d in ('1', '2'):\n"
       f"  fastpbrl.train('seeds', run_dir='{tmp_path}/d' + d, devices=d, **kw)\n"

@@ -511,6 +511,14 @@ class SharedReplay(Replay):
       self._inserted[:] = np.asarray(state['inserted'])
       self._epoch += 1
 
+  def clear(self, members) -> None:
+    """Refused: one member's data cannot be taken out of the shared ring
+    (a rule that restarts members needs per-member replays)."""
+    raise ValueError(f'members {list(members)} restart with an empty '
+                     'replay, but the population shares one replay: a rule '
+                     'that restarts members needs per-member replays (no '
+                     '--shared-replay)')
+
   def sample(self, rng, num_steps, batch_size) -> Transition:
     self._check_sample_args(num_steps, batch_size)
     with self._lock:

@@ -158,7 +158,9 @@ class Rule:
       the command's flags); an instance's settings are ``rule.config``.
     presets: ``{name: config}`` for ``--preset``, the first the default.
     shared_critic: train through the agent's shared-critic update.
-    shared_replay: one replay buffer for all members.
+    shared_replay: one replay buffer for all members, always (a rule whose
+      update needs it); for the others ``--shared-replay`` asks for one
+      (``shares_replay``).
     min_population: the least --population-size it works with.
     multi_process: runs over several processes (``fastpbrl.launch``).
     log_files: the files its decisions append to (``Decision.logs``).
@@ -186,6 +188,13 @@ class Rule:
     exit_if_spawned_import(f'a {self.name} rule was created')
     validate(config, self.min_population)
     self.config = config
+
+  def shares_replay(self) -> bool:
+    """Whether the run keeps one replay for all members: always for a rule
+    that needs it (``shared_replay``), else where ``--shared-replay``
+    asks. A shared replay cannot empty one member's data, so a rule that
+    restarts members (``Decision.restart``) refuses the flag."""
+    return self.shared_replay or self.config.shared_replay
 
   @classmethod
   def from_config(cls, config: RunConfig) -> 'Rule':

@@ -104,6 +104,9 @@ class HyperTrick(Rule):
   def __init__(self, config: HyperTrickRunConfig,
                space: Optional[ss.SearchSpace] = None):
     super().__init__(config)
+    check(not config.shared_replay,
+          '--shared-replay: HyperTrick restarts a slot as a new experiment, '
+          'with an empty replay of its own; drop it')
     check(config.phase_env_steps >= 1,
           f'--phase-env-steps must be >= 1, got {config.phase_env_steps}')
     self.phase_update_steps = as_update_steps(config.phase_env_steps, config)

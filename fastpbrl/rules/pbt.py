@@ -77,7 +77,8 @@ class PBTRunConfig(RunConfig):
   reset_optimizers: bool = False
   """Reset the optimizer states of members that copied another."""
   copy_replay: bool = False
-  """Also copy the source member's replay data (per-member buffers)."""
+  """Also copy the source member's replay data (per-member buffers; not with
+  --shared-replay)."""
   min_gap_absolute: float = 0.0
   """Replace a member only if the source's fitness is higher by more than this."""
   min_gap_relative: float = 0.0
@@ -213,6 +214,10 @@ class PBT(Rule):
     check(config.init_hparams in ('near-defaults', 'prior', 'defaults'),
           f'--init-hparams must be near-defaults, prior or defaults, got '
           f'{config.init_hparams!r}')
+    check(not (config.copy_replay and config.shared_replay),
+          '--copy-replay copies a member\'s own replay, and with '
+          '--shared-replay there is only the one all members share: drop '
+          'one of them')
     check(config.fitness_window >= 1,
           f'--fitness-window must be >= 1, got {config.fitness_window}')
     check(config.ready_after >= 0,

@@ -249,7 +249,7 @@ def _runs(*finals):
   return [{'final_returns': [value, value - 50.0]} for value in finals]
 
 
-def test_matrix_gives_each_explores_verdict_per_task():
+def test_matrix_gives_each_pbt_variants_verdict_per_task():
   by = {('Pendulum-v1', 20_000): {
       'seeds-td3': _runs(-150.0, -140.0, -160.0, -145.0, -155.0),
       # Every seed above every default seed, then every one below.
@@ -268,18 +268,19 @@ def test_matrix_gives_each_explores_verdict_per_task():
                         'HalfCheetah-v5 at 50,000 env steps',
                         'Walker2d-v5 at 50,000 env steps (held out)',
                         'Ant-v5 at 50,000 env steps (held out)']
-  seeds, pbt, resample, pb2 = (c.rstrip(' |') for c in
-                               rows['Pendulum-v1 at 20,000 env steps'])
+  seeds, pbt, resample, pb2, shared = (
+      c.rstrip(' |') for c in rows['Pendulum-v1 at 20,000 env steps'])
   assert seeds == '5 seeds'
   assert pbt == 'better: P 1.00 [1.00, 1.00], 5 seeds'
   assert pb2 == 'worse: P 0.00 [0.00, 0.00], 5 seeds'
   assert resample.startswith('too few seeds (< 5): P 0.50 [')
   assert resample.endswith(', 2 seeds')
+  assert shared == 'not run'
   hopper = [c.rstrip(' |') for c in rows['Hopper-v5 at 50,000 env steps']]
   assert hopper == ['not run', 'no baseline yet, 3 seeds', 'not run',
-                    'not run']
+                    'not run', 'not run']
   assert lines[-1] == (
-      'A PBT explore better than seeds-td3 on 1 of 5 tasks (Pendulum-v1 at '
+      'A PBT variant better than seeds-td3 on 1 of 5 tasks (Pendulum-v1 at '
       '20,000 env steps); worse on 1 (Pendulum-v1 at 20,000 env steps). '
       'Every method has 5 seeds or more on 0 of 5 tasks.')
   # A folder with no run of the matrix (another experiment's) has none.

@@ -105,6 +105,37 @@ def test_a_rule_that_cannot_run_over_processes_is_refused(monkeypatch):
   assert all(rules.get(name).multi_process for name in registry.BUILTIN)
 
 
+def test_shared_replay_is_the_rules_or_the_configs_choice(monkeypatch):
+  """A rule whose update needs one replay always has it; seeds and PBT
+  take it from --shared-replay, HyperTrick (which restarts members with an
+  empty replay) refuses it in one line. Over several processes
+  --shared-replay is refused in one line naming it (each process's replay
+  holds its own members), the rules that need a shared replay are not."""
+  seeds, pbt = rules.get('seeds'), rules.get('pbt')
+  assert not seeds(RunConfig()).shares_replay()
+  shared = seeds(RunConfig(shared_replay=True))
+  assert shared.shares_replay()
+  assert pbt(pbt.config_class(shared_replay=True)).shares_replay()
+  hypertrick = rules.get('hypertrick')
+  with pytest.raises(ConfigError, match='^--shared-replay: HyperTrick '
+                                        'restarts a slot'):
+    hypertrick(hypertrick.config_class(shared_replay=True))
+  dvd = rules.get('dvd')
+  assert dvd(dvd.config_class()).shares_replay()
+
+  several = type('Several', (), dict(several=True, count=2))
+  monkeypatch.setattr(build.distributed, 'Processes',
+                      lambda mesh, n: several())
+  with pytest.raises(ConfigError, match='^--shared-replay: over 2 '
+                                        'processes each process keeps'):
+    build.check_processes(shared.config, shared, None)
+  monkeypatch.setattr(build, 'log', type('Quiet', (), dict(
+      info=staticmethod(lambda *a: None))))
+  several.local = range(0, 2)
+  several.index = 0
+  build.check_processes(dvd.config_class(), dvd(dvd.config_class()), None)
+
+
 @pytest.mark.parametrize('name', list(registry.BUILTIN))
 def test_hparams_flag_sets_every_members_defaults(name):
   """``--hparams`` replaces the agent's defaults for every rule: a field

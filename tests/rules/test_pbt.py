@@ -302,6 +302,12 @@ def test_pb2_needs_a_continuous_field():
   assert rule.multi_process_problem(rule.config, 'over 2 processes') is None
 
 
+def test_copy_replay_and_shared_replay_are_refused_together():
+  with pytest.raises(ConfigError, match='^--copy-replay copies a member\'s '
+                                        'own replay, and with --shared-replay'):
+    PBT(PBTRunConfig(copy_replay=True, shared_replay=True))
+
+
 def test_copy_replay_over_processes_needs_a_jax_env():
   """A JAX env's rings are global arrays, copied across processes inside
   the partitioned program (tests/test_distributed.py); a gymnasium env's
