@@ -99,6 +99,14 @@ def _check_fields(fields: FieldSpecs) -> dict:
           for k in Transition._fields}
 
 
+# A restart (``Decision.restart``) empties one member's ring; a shared
+# replay has none of its own.
+CLEAR_NEEDS_PER_MEMBER = (
+    'a restarted member starts with an empty replay, but the population '
+    'shares one replay: a rule that restarts members needs per-member '
+    'replays (no --shared-replay)')
+
+
 class Replay(abc.ABC):
   """The interface both layouts share.
 
@@ -512,12 +520,8 @@ class SharedReplay(Replay):
       self._epoch += 1
 
   def clear(self, members) -> None:
-    """Refused: one member's data cannot be taken out of the shared ring
-    (a rule that restarts members needs per-member replays)."""
-    raise ValueError(f'members {list(members)} restart with an empty '
-                     'replay, but the population shares one replay: a rule '
-                     'that restarts members needs per-member replays (no '
-                     '--shared-replay)')
+    """Refused: one member's data cannot be taken out of the shared ring."""
+    raise ValueError(f'members {list(members)}: {CLEAR_NEEDS_PER_MEMBER}')
 
   def sample(self, rng, num_steps, batch_size) -> Transition:
     self._check_sample_args(num_steps, batch_size)

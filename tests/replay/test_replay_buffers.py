@@ -191,7 +191,7 @@ def test_a_shared_replay_refuses_to_empty_one_member():
   the restart is refused by name rather than emptying everyone's data."""
   replay = SharedReplay(fields(), num_members=2, capacity=10)
   replay.insert([0, 1], chunk([[1], [2]]))
-  with pytest.raises(ValueError, match=r'members \[1\] restart .* needs '
+  with pytest.raises(ValueError, match=r'members \[1\]: a restarted .* needs '
                                        'per-member replays'):
     replay.clear([1])
   assert replay.sizes().tolist() == [2, 2]
