@@ -84,6 +84,8 @@ from typing import Optional
 import numpy as np
 
 from benchmarks import stats
+from fastpbrl.config import agent_spec
+from fastpbrl.population import pb2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -610,6 +612,10 @@ def superseded_by(result: dict) -> Optional[str]:
   return None
 
 
+def _agent_of(flags: list) -> str:
+  return flags[flags.index('--agent') + 1] if '--agent' in flags else 'td3'
+
+
 def baseline_of(method: str) -> Optional[str]:
   """The ``seeds`` row a rule's row is compared with: ``seeds-<agent>``
   of the rule's agent (``--agent``, else TD3); None for baselines and
@@ -617,8 +623,31 @@ def baseline_of(method: str) -> Optional[str]:
   module, flags = METHODS.get(method, (None, []))
   if module not in RULE_MODULES:
     return None
-  agent = flags[flags.index('--agent') + 1] if '--agent' in flags else 'td3'
-  return f'seeds-{agent}'
+  return f'seeds-{_agent_of(flags)}'
+
+
+SEARCHING_MODULES = ('pbt', 'hypertrick')  # rules that choose hparams
+EDGE = 0.1  # "at an edge": in the outer tenth of a range, at either end
+
+
+def edge_share(result: dict) -> Optional[float]:
+  """The share of a run's final searched hyperparameter values (every
+  member, every continuous field of the agent's default search space)
+  that lie at an edge of their range, each range scaled as the space
+  draws from it (log for learning rates, log(1 - gamma) for the
+  discount: ``fastpbrl.population.pb2.encode``). None for a method that
+  chooses no hyperparameters, or a run with a search space of its own.
+
+  Uniform draws put ``2 x EDGE`` (20%) of their values there."""
+  module, flags = METHODS.get(result['method'], (None, []))
+  if (module not in SEARCHING_MODULES or not result.get('hparams')
+      or '--search-space' in result.get('command', '')):
+    return None
+  space = agent_spec(_agent_of(flags)).default_search_space
+  names = pb2.continuous_fields(space)
+  unit = pb2.encode(space, {name: [h[name] for h in result['hparams']]
+                            for name in names})
+  return float(np.mean((unit < EDGE) | (unit > 1 - EDGE)))
 
 
 def compare(rule: list, baseline: list) -> tuple[stats.Interval, str]:
@@ -760,6 +789,12 @@ def _diversity_cell(final: list, run_mean: list) -> str:
   return cell
 
 
+def _share_cell(shares: list) -> str:
+  """The mean share over the seeds that have one, as a percentage."""
+  known = [s for s in shares if s is not None]
+  return f'{np.mean(known):.0%}' if known else ''
+
+
 LATE_FRACTION = 0.2  # "late": the evaluations in the last fifth of the budget
 
 
@@ -810,12 +845,13 @@ def report(out: str) -> str:
   lines = ['| task | env steps per member | method | seeds | best member, '
            'final | best member, last fifth | population mean, final | '
            'CEM mean policy | mean pairwise '
-           'action distance: final (mean over the run) | wall time per run | '
-           'code |',
-           '|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|']
+           'action distance: final (mean over the run) | final hparams at '
+           'an edge of their range | wall time per run | code |',
+           '|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|']
   csv_rows = ['task,env_steps_per_member,method,seed,best_final,best_late,'
               'mean_final,'
-              'cem_mean_policy,diversity,diversity_run_mean,wall_time_s']
+              'cem_mean_policy,diversity,diversity_run_mean,edge_share,'
+              'wall_time_s']
   order = {m: i for i, m in enumerate(METHODS)}
   tasks = sorted(by, key=lambda k: (list(TASKS).index(k[0]), k[1]))
   for task, steps in tasks:
@@ -828,21 +864,23 @@ def report(out: str) -> str:
       div = [r.get('rule_scalars', {}).get('mean_pairwise_action_distance')
              for r in runs]
       div_mean = [_run_mean(r, 'mean_pairwise_action_distance') for r in runs]
+      edges = [edge_share(r) for r in runs]
       wall = [r['wall_time_s'] for r in runs]
       lines.append(
           f'| {task} | {steps:,} | {method} | {len(runs)} | {_fmt(best)} | '
           f'{_fmt(late)} | {_fmt(mean)} | '
           f'{_fmt(cem) if any(c is not None for c in cem) else ""} | '
-          + _diversity_cell(div, div_mean)
+          + _diversity_cell(div, div_mean) + ' | ' + _share_cell(edges)
           + f' | {np.mean(wall) / 60:.1f} min | '
           + ', '.join(sorted({r.get('code', 'not recorded') for r in runs}))
           + ' |')
-      for r, b, bl, m, c, d, dm in zip(runs, best, late, mean, cem, div,
-                                       div_mean):
+      for r, b, bl, m, c, d, dm, e in zip(runs, best, late, mean, cem, div,
+                                          div_mean, edges):
         csv_rows.append(f'{task},{steps},{method},{r["seed"]},{b},'
                         f'{"" if bl is None else bl},{m},'
                         f'{"" if c is None else c},{"" if d is None else d},'
                         f'{"" if dm is None else dm},'
+                        f'{"" if e is None else e},'
                         f'{r["wall_time_s"]:.1f}')
   machines = sorted({r['machine'] for r in results})
   dates = sorted({r['date'] for r in results})

@@ -157,11 +157,12 @@ def test_report_gives_the_final_and_run_mean_action_distance(tmp_path):
   table = learning.report(str(out))
   # Final: (0.5 + 0.7) / 2; run mean of seed 0: (2 + 1.5 + 0.5) / 3.
   assert ('| Pendulum-v1 | 400 | dvd | 2 | -100 ± 0 | -100 ± 0 | -150 ± 0 |  | '
-          '0.600 (1.333, 1 of 2 seeds) | 1.0 min | x |') in table
+          '0.600 (1.333, 1 of 2 seeds) |  | 1.0 min | x |') in table
   with open(out / 'results.csv') as f:
     rows = f.read().splitlines()
-  assert rows[1].endswith(',0.5,1.3333333333333333,60.0')
-  assert rows[2].endswith(',0.7,,60.0')
+  # DvD chooses no hyperparameters: no edge share.
+  assert rows[1].endswith(',0.5,1.3333333333333333,,60.0')
+  assert rows[2].endswith(',0.7,,,60.0')
 
 
 def test_late_best_averages_the_best_member_over_the_last_fifth(tmp_path):
@@ -243,6 +244,25 @@ def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
   assert learning.baseline_of('dvd') == 'seeds-td3'
   assert learning.baseline_of('seeds-td3') is None
   assert learning.baseline_of('sb3-td3') is None
+
+
+def test_edge_share_counts_values_in_the_outer_tenth_of_their_range():
+  defaults = dict(policy_lr=3e-4, critic_lr=3e-4, policy_delay=0.5,
+                  exploration_noise=0.15, target_noise=0.2, noise_clip=0.5,
+                  discount=0.99, tau=0.005, reward_scale=1.0)
+  # In the space's own scales (TD3's default space): policy_lr 3.5e-5 is
+  # log(3.5/3) / log(100) = 0.03 of the way up its log range; exploration
+  # noise 0.95 is 0.95 of [0, 1]; 1 - 0.9985 = 0.0015 is 0.91 of the way
+  # from 0.1 down to 0.001 in log. The rest (and tau, not searched) are
+  # inside: 3 of 2 x 7 searched values.
+  outer = dict(defaults, policy_lr=3.5e-5, exploration_noise=0.95,
+               discount=0.9985)
+  run = {'method': 'pbt-pb2-td3', 'hparams': [defaults, outer],
+         'command': 'python -m experiments.pbt --explore pb2'}
+  assert learning.edge_share(run) == pytest.approx(3 / 14)
+  assert learning.edge_share(dict(run, method='seeds-td3')) is None
+  assert learning.edge_share(dict(
+      run, command=run['command'] + ' --search-space s.json')) is None
 
 
 def _runs(*finals):
