@@ -68,8 +68,9 @@ from fastpbrl.collect import Plan
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.pipeline import PipelineConfig
 from fastpbrl.replay import device as device_replay
-from fastpbrl.replay.buffers import (Replay, bytes_per_transition,
-                                     format_bytes, transition_fields)
+from fastpbrl.replay.buffers import (CLEAR_NEEDS_PER_MEMBER, Replay,
+                                     bytes_per_transition, format_bytes,
+                                     transition_fields)
 from fastpbrl.types import ReplaySample
 
 log = logging.getLogger(__name__)
@@ -435,8 +436,7 @@ class DevicePipeline:
     updates are discarded until it is over. Over several processes every
     process calls it (with its own rows, maybe none)."""
     if self.config.layout != 'per_member':
-      raise ValueError('restart_members needs layout="per_member"; the '
-                       f'{self.config.layout} layout has no per-member data')
+      raise ValueError(CLEAR_NEEDS_PER_MEMBER)
     local = np.zeros(self._local.stop - self._local.start, bool)
     local[np.asarray(members, np.int64).reshape(-1)] = True
     flags = self._processes.members(local)

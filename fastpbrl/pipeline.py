@@ -54,9 +54,9 @@ from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.actors.param_store import ParamStore
 from fastpbrl.actors.pool import ActorFailure, ActorPool
 from fastpbrl.replay import device as device_replay
-from fastpbrl.replay.buffers import (LAYOUTS, Replay, bytes_per_transition,
-                                     format_bytes, make_replay,
-                                     transition_fields)
+from fastpbrl.replay.buffers import (CLEAR_NEEDS_PER_MEMBER, LAYOUTS, Replay,
+                                     bytes_per_transition, format_bytes,
+                                     make_replay, transition_fields)
 from fastpbrl.replay.prefetch import Prefetcher, WaitStats
 from fastpbrl.replay.rate_limiter import RateLimiter
 from fastpbrl.types import ReplaySample, Transition, make_env_spec
@@ -635,8 +635,7 @@ class Pipeline:
     Needs the per-member replay layout.
     """
     if self.replay.layout != 'per-member':
-      raise ValueError('restart_members needs layout="per_member"; the '
-                       f'{self.config.layout} layout has no per-member data')
+      raise ValueError(CLEAR_NEEDS_PER_MEMBER)
     members = np.asarray(members, np.int64).reshape(-1)
     if members.size and (members.min() < 0 or members.max() >= self.num_members):
       raise ValueError(f'members must be in [0, {self.num_members}); got '

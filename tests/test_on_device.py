@@ -250,6 +250,19 @@ def test_restart_empties_the_ring_and_masks_the_member():
   assert pipeline.last_active.tolist() == [True, True]
 
 
+def test_a_restart_of_a_shared_replay_names_the_flag():
+  """A restart empties a member's ring; with one ring for everyone it is
+  refused (a rule of one's own that restarts members, with
+  --shared-replay), by name, before anything changes."""
+  pipeline, *_ = make_pipeline(layout='shared')
+  size = np.asarray(pipeline.envs.replay.size).tolist()
+  with pytest.raises(ValueError, match='a rule that restarts members needs '
+                                       r'per-member replays \(no '
+                                       r'--shared-replay\)'):
+    pipeline.restart_members([1])
+  assert np.asarray(pipeline.envs.replay.size).tolist() == size
+
+
 def test_copy_member_data_copies_the_ring():
   pipeline, learner, state, hparams = make_pipeline(warmup=0)
   pipeline.next_batch()

@@ -100,7 +100,7 @@ def _check_fields(fields: FieldSpecs) -> dict:
 
 
 # A restart (``Decision.restart``) empties one member's ring; a shared
-# replay has none of its own.
+# replay has none of its own. The pipelines refuse it with this line.
 CLEAR_NEEDS_PER_MEMBER = (
     'a restarted member starts with an empty replay, but the population '
     'shares one replay: a rule that restarts members needs per-member '
@@ -518,10 +518,6 @@ class SharedReplay(Replay):
       self._size = int(state['size'])
       self._inserted[:] = np.asarray(state['inserted'])
       self._epoch += 1
-
-  def clear(self, members) -> None:
-    """Refused: one member's data cannot be taken out of the shared ring."""
-    raise ValueError(f'members {list(members)}: {CLEAR_NEEDS_PER_MEMBER}')
 
   def sample(self, rng, num_steps, batch_size) -> Transition:
     self._check_sample_args(num_steps, batch_size)

@@ -186,17 +186,6 @@ def test_sampling_an_empty_member_names_it():
     SharedReplay(fields(), 2, 10).sample(np.random.default_rng(0), 1, 1)
 
 
-def test_a_shared_replay_refuses_to_empty_one_member():
-  """A restart empties a member's own ring; the shared ring has none, so
-  the restart is refused by name rather than emptying everyone's data."""
-  replay = SharedReplay(fields(), num_members=2, capacity=10)
-  replay.insert([0, 1], chunk([[1], [2]]))
-  with pytest.raises(ValueError, match=r'members \[1\]: a restarted .* needs '
-                                       'per-member replays'):
-    replay.clear([1])
-  assert replay.sizes().tolist() == [2, 2]
-
-
 @pytest.mark.parametrize('kwargs, message', [
     ({'num_members': 0}, 'num_members must be >= 1'),
     ({'capacity': 0}, 'capacity must be >= 1'),
