@@ -650,9 +650,11 @@ def edge_share(result: dict) -> Optional[float]:
   return float(np.mean((unit < EDGE) | (unit > 1 - EDGE)))
 
 
-def compare(rule: list, baseline: list) -> tuple[stats.Interval, str]:
+@functools.cache
+def compare(rule: tuple, baseline: tuple) -> tuple[stats.Interval, str]:
   """A rule's probability of improving on its baseline (best finals over
-  seeds), with its interval and verdict."""
+  seeds), with its interval and verdict; each pair's bootstrap once, for
+  the table over seeds and the matrix alike."""
   poi = stats.improvement_interval(rule, baseline)
   return poi, stats.verdict(poi, min(len(rule), len(baseline)))
 
@@ -673,7 +675,8 @@ def seed_statistics(by: dict, tasks: list, order: dict) -> list[str]:
       cells = [stats.fmt_interval(stats.iqm_interval(finals[method]))]
       baseline = baseline_of(method)
       if baseline in finals:
-        poi, verdict = compare(finals[method], finals[baseline])
+        poi, verdict = compare(tuple(finals[method]),
+                               tuple(finals[baseline]))
         cells += [stats.fmt_interval(poi, 2), verdict]
       else:
         cells += ['', '']
@@ -703,7 +706,7 @@ def _matrix_cell(rule: Optional[list], baseline: Optional[list]) -> str:
     return 'not run'
   if baseline is None:
     return f'no baseline yet, {len(rule)} seeds'
-  poi, verdict = compare(rule, baseline)
+  poi, verdict = compare(tuple(rule), tuple(baseline))
   return f'{verdict}: P {stats.fmt_interval(poi, 2)}, {len(rule)} seeds'
 
 

@@ -57,9 +57,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpbrl import sharding
-from fastpbrl.replay.buffers import (CLEAR_NEEDS_PER_MEMBER, DEFAULT_CAPACITY,
-                                     FieldSpecs, Replay, bytes_per_transition,
-                                     format_bytes)
+from fastpbrl.replay.buffers import (DEFAULT_CAPACITY, FieldSpecs, Replay,
+                                     bytes_per_transition, format_bytes)
 from fastpbrl.types import Transition
 
 logger = logging.getLogger(__name__)
@@ -224,7 +223,7 @@ def clear(state: DeviceReplayState, rows_mask: jax.Array) -> DeviceReplayState:
   """Empties the per-member rings flagged in ``rows_mask`` (``[N]`` bool);
   their data stays but is no longer valid (as ``PerMemberReplay.clear``)."""
   if not _per_member(state):
-    raise ValueError(CLEAR_NEEDS_PER_MEMBER)
+    raise ValueError('clear needs the per-member layout')
   return state._replace(pos=jnp.where(rows_mask, 0, state.pos),
                         size=jnp.where(rows_mask, 0, state.size))
 
@@ -543,7 +542,7 @@ class DeviceReplay(Replay):
     ``PerMemberReplay.clear``. Host only: staged rows of those members are
     dropped and the next :meth:`flush` sends the new ``pos``/``size``."""
     if not self._per_member:
-      raise ValueError(CLEAR_NEEDS_PER_MEMBER)
+      raise ValueError('clear needs the per-member layout')
     members = np.asarray(members, np.int64).reshape(-1)
     self._check_members('members', members)
     with self._lock:
