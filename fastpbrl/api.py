@@ -40,7 +40,7 @@ from fastpbrl.finish import RunResult
 from fastpbrl.logging import FINAL_RETURNS, read_final_returns
 from fastpbrl.policy import Policy
 from fastpbrl.population.pbt import read_lineage
-from fastpbrl.resume import RULE_FORMAT
+from fastpbrl.resume import RULE_FORMAT, state_version
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Rule
 from fastpbrl.run import run
@@ -238,7 +238,9 @@ def restore_run(run_dir: str):
   agent, learner, state, hparams, rule_state = build.assemble(rule)
   checkpointer = Checkpointer(run_dir)
   try:
-    if checkpointer.restore_meta().get('rule_format') != RULE_FORMAT:
+    meta = checkpointer.restore_meta()
+    if (meta.get('rule_format') != RULE_FORMAT
+        or state_version(meta) != rule.state_version):
       raise ConfigError(f'{run_dir!r}: its checkpoint was written by an '
                         'earlier fastpbrl; it cannot be read by this one')
     state, extra, _ = checkpointer.restore(

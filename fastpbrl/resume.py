@@ -39,6 +39,12 @@ log = logging.getLogger('fastpbrl')
 # host values (no 'rule_format' in the meta).
 RULE_FORMAT = 2
 
+def state_version(meta: dict) -> int:
+  """The rule state's layout (``Rule.state_version``) a checkpoint's
+  ``meta`` was written with (1 before checkpoints recorded it)."""
+  return int(meta.get('rule_state_version', 1))
+
+
 # The counters of a run that has not taken a learner call yet.
 FRESH_COUNTERS = {'calls': 0, 'update_steps': 0, 'env_steps': 0,
                   'wall_time': 0.0}
@@ -108,11 +114,12 @@ def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
         f'--resume {config.resume!r}: no complete checkpoint there (the run '
         'was stopped before its first one); start it again without --resume')
   saved_meta = checkpointer.restore_meta()
-  if saved_meta.get('rule_format') != RULE_FORMAT:
+  if (saved_meta.get('rule_format') != RULE_FORMAT
+      or state_version(saved_meta) != rule.state_version):
     raise ConfigError(
         f'--resume {config.resume!r}: its checkpoint was written by an '
-        'earlier fastpbrl, whose rules kept their state another way; '
-        'start a new run (or finish this one with that version)')
+        f'earlier fastpbrl, whose {rule.name} rule kept its state another '
+        'way; start a new run (or finish this one with that version)')
   replay_template = process_replay = None
   if config.checkpoint_replay and saved_meta.get('has_replay'):
     process_replay = restore_process_replay(checkpointer, config, saved_meta,
@@ -222,6 +229,7 @@ class Saver:
                       'diverged': loop.diverged,
                       'wall_time': self.logger.wall_time},
          'rule_format': RULE_FORMAT, 'rule': self.rule_run.rule.name,
+         'rule_state_version': self.rule_run.rule.state_version,
          'log_sizes': sizes[0], 'process_log_sizes': sizes,
          'replay_rows': (None if replay is None else
                          self.pipeline.replay.state_rows(replay))},

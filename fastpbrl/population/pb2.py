@@ -11,24 +11,31 @@ change at the coming interval.
 
 Host-side module (numpy and scipy; called once per PBT decision).
 
-The model, as in the paper:
+The model, as in the paper and its authors' implementation (Ray Tune's
+``PB2``, which they wrote):
 
-* Inputs: the interval's index ``t`` (PBT decisions so far) and the
-  continuous hyperparameters ``x`` scaled to ``[0, 1]`` within the search
-  space's bounds (``LogUniform`` and ``Discount`` fields in log space,
-  where their priors are uniform). Output: the change of fitness over the
-  interval, standardised over the data.
-* Kernel: ``k = s2 * exp(-|x - x'|^2 / (2 l^2)) * (1 - eps)^(|t - t'| / 2)``,
-  a squared exponential over hyperparameters times the time-varying kernel
-  of Bogunovic et al. (2016), which forgets old intervals at the rate
-  ``eps``; plus Gaussian noise ``n2``. ``s2, l, eps, n2`` maximise the
-  log marginal likelihood (L-BFGS-B from fixed starting points, so a
-  seed gives the same fit).
-* Acquisition: GP-UCB, ``mean + sqrt(beta_t) * std`` at the coming
-  interval, maximised over a scrambled Sobol set of :data:`CANDIDATES`
-  points, with ``beta_t = 2 log(|D| t^2 pi^2 / (6 delta)) / 5`` (Srinivas
-  et al. 2010, Theorem 1, for a finite set ``D``; the division by 5 is
-  theirs, from their experiments), ``delta = 0.1``.
+* Inputs: the interval's index ``t`` (PBT decisions so far), the fitness
+  the member had when the interval started (scaled to ``[0, 1]`` over the
+  data), and the continuous hyperparameters ``x`` scaled to ``[0, 1]``
+  within the search space's bounds (``LogUniform`` and ``Discount`` fields
+  in log space, where their priors are uniform). Output: the change of
+  fitness over the interval, standardised over the data and clipped to
+  ``[-CLIP, CLIP]`` so that one collapse does not set the scale.
+* Kernel: ``k = s2 * exp(-|z - z'|^2 / (2 l^2)) * (1 - eps)^(|t - t'| / 2)``
+  with ``z`` the starting fitness and ``x``: a squared exponential times
+  the time-varying kernel of Bogunovic et al. (2016), which forgets old
+  intervals at the rate ``eps``; plus Gaussian noise ``n2``. ``s2, l,
+  eps, n2`` maximise the log marginal likelihood (L-BFGS-B from fixed
+  starting points, so a seed gives the same fit), with ``l`` at most
+  ``1/sqrt(2)`` (the authors' implementation caps it at 1 in its
+  ``exp(-d^2 / l)`` form), so that the mean does not extrapolate one
+  trend to a corner of the box.
+* Acquisition: GP-UCB, ``mean + sqrt(beta) * std`` at the coming interval
+  and at the starting fitness of the member's parent (whose weights the
+  member takes), maximised over a scrambled Sobol set of
+  :data:`CANDIDATES` points, with ``beta = 0.2 + max(0, log(0.4 n))`` for
+  ``n`` data rows (the authors' implementation; the paper's regret bound
+  sets ``beta`` only up to constants).
 * Several members replaced at one decision (the paper's parallel,
   "batch" setting): chosen in turn, each with the standard deviation of
   the GP conditioned also on the points the coming interval will try
@@ -47,7 +54,18 @@ Departures, each for a stated reason:
 * Before any interval has a before and after fitness (the first
   decision), the GP is its prior: every candidate ties, and the first
   candidate of the scrambled Sobol set, a uniform draw over the box, is
-  taken for the first member, the next ones spread out by GP-BUCB.
+  taken for the first member, the next ones spread out by GP-BUCB. (The
+  authors' implementation keeps the parent's values then.)
+* The acquisition is maximised over a fixed Sobol set rather than by
+  L-BFGS-B from random starts, and uses the standard deviation as the
+  paper writes it (the authors' implementation adds ``sqrt(beta)`` times
+  the variance).
+* The members still training (not replaced) are pending points too, at
+  their own starting fitness: GP-BUCB's batch, where the authors'
+  implementation counts only the choices of the current decision.
+* The starting fitness of a choice is the parent's fitness at this
+  decision (the authors' implementation takes its fitness at the start of
+  its last interval).
 
 Why no GP library: scikit-learn's ``GaussianProcessRegressor`` has no
 kernel over a subset of the inputs, so the product of a time kernel and a
@@ -70,11 +88,13 @@ from fastpbrl import search_space as ss
 
 CANDIDATES = 1024  # Sobol points the acquisition is maximised over
 WINDOW = 512  # data rows kept (the newest)
-DELTA = 0.1  # GP-UCB's failure probability
-BETA_SCALE = 0.2  # Srinivas et al.'s experiments scale beta_t by 1/5
+# beta = BETA_BASE + max(0, log(BETA_RATE * n)): the authors' schedule.
+BETA_BASE = 0.2
+BETA_RATE = 0.4
+CLIP = 2.0  # standardised changes of fitness are clipped to +-CLIP
 # Bounds of the fitted kernel settings (on standardised outputs).
 VARIANCE_BOUNDS = (1e-2, 1e2)
-LENGTHSCALE_BOUNDS = (1e-2, 1e1)
+LENGTHSCALE_BOUNDS = (1e-2, 1.0 / math.sqrt(2.0))
 EPSILON_BOUNDS = (1e-4, 0.5)
 NOISE_BOUNDS = (1e-4, 1e1)
 
@@ -87,14 +107,31 @@ class KernelParams(NamedTuple):
 
 
 class GP(NamedTuple):
-  """A GP posterior: its data (``t [n]``, ``x [n, d]``), settings, and
-  the Cholesky factor and weights of the data's kernel matrix."""
+  """A GP posterior: its data (``t [n]``, inputs ``z [n, e]``), settings,
+  and the Cholesky factor and weights of the data's kernel matrix."""
 
   t: np.ndarray
   x: np.ndarray
   params: KernelParams
   factor: tuple  # scipy's cho_factor of K + n2 I
   alpha: np.ndarray  # (K + n2 I)^-1 y
+
+
+class History(NamedTuple):
+  """PB2's data, one entry per member interval."""
+
+  t: np.ndarray  # [n] the interval's index
+  start: np.ndarray  # [n] the member's fitness when it started
+  x: np.ndarray  # [n, d] its hyperparameters, encoded
+  change: np.ndarray  # [n] its change of fitness over the interval
+
+
+class Pending(NamedTuple):
+  """Members that train through the coming interval with known values:
+  their starting fitness ``start [k]`` and hyperparameters ``x [k, d]``."""
+
+  start: np.ndarray
+  x: np.ndarray
 
 
 # ----------------------------------------------------------------- encoding
@@ -169,7 +206,7 @@ def log_marginal_likelihood(t, x, y, params: KernelParams) -> float:
 
 _BOUNDS = (VARIANCE_BOUNDS, LENGTHSCALE_BOUNDS, EPSILON_BOUNDS, NOISE_BOUNDS)
 # Starting points of the likelihood's maximisation (log space but epsilon).
-_STARTS = ((1.0, 0.2, 0.1, 0.1), (1.0, 1.0, 0.01, 0.5), (1.0, 0.05, 0.3, 0.01))
+_STARTS = ((1.0, 0.2, 0.1, 0.1), (1.0, 0.7, 0.01, 0.5), (1.0, 0.05, 0.3, 0.01))
 # The settings with no data to fit them (the first decision): the first
 # start, whose length scale spreads several choices over the box.
 PRIOR = KernelParams(*_STARTS[0])
@@ -218,11 +255,36 @@ def predict(gp: GP, t: np.ndarray, x: np.ndarray
   return mean, np.maximum(variance, 0.0)
 
 
-def beta(t: int, num_candidates: int) -> float:
-  """GP-UCB's ``beta_t`` for a finite candidate set (module docstring)."""
-  t = max(int(t), 1)
-  return BETA_SCALE * 2.0 * math.log(
-      num_candidates * t**2 * math.pi**2 / (6.0 * DELTA))
+def beta(n: int) -> float:
+  """GP-UCB's ``beta`` with ``n`` data rows (module docstring)."""
+  return BETA_BASE + max(0.0, math.log(BETA_RATE * n)) if n > 0 else BETA_BASE
+
+
+def standardise(change: np.ndarray) -> np.ndarray:
+  """``change`` less its mean, over its standard deviation (1 if it has
+  none), clipped to ``[-CLIP, CLIP]``."""
+  change = np.asarray(change, np.float64)
+  scale = float(np.std(change)) or 1.0
+  return np.clip((change - float(np.mean(change))) / scale, -CLIP, CLIP)
+
+
+def start_scale(start: np.ndarray) -> tuple[float, float]:
+  """``(low, span)`` that take the data's starting fitness to ``[0, 1]``
+  (span 1 where it has one value, or none)."""
+  if not len(start):
+    return 0.0, 1.0
+  low, high = float(np.min(start)), float(np.max(start))
+  return low, (high - low) or 1.0
+
+
+def inputs(start, x: np.ndarray, scale: tuple[float, float]) -> np.ndarray:
+  """``[n, 1 + d]``: the GP's inputs besides time, the scaled starting
+  fitness (one value, or one per row of ``x [n, d]``) then ``x``."""
+  x = np.asarray(x, np.float64)
+  low, span = scale
+  start = np.broadcast_to((np.asarray(start, np.float64) - low) / span,
+                          (len(x),))
+  return np.concatenate([start[:, None], x], axis=1)
 
 
 # -------------------------------------------------------------- the choice
@@ -233,81 +295,81 @@ def candidates(dims: int, seed: int) -> np.ndarray:
   return qmc.Sobol(dims, scramble=True, seed=seed).random(CANDIDATES)
 
 
-def select(t: np.ndarray, x: np.ndarray, y: np.ndarray, t_next: int,
-           count: int, points: np.ndarray,
-           running: np.ndarray | None = None) -> np.ndarray:
-  """``[count, d]``: the hyperparameters (in ``[0, 1]^d``) of ``count``
-  members starting interval ``t_next``, chosen in turn from ``points``
-  by GP-UCB with GP-BUCB's shrinking variance (module docstring).
-
-  ``t, x, y``: the data, one row per member interval (``y`` the raw
-  change of fitness; it is standardised here). No data: the prior.
-  ``running``: ``[k, d]`` hyperparameters the other members train with
-  in interval ``t_next`` (pending points, like the choices).
-  """
+def select(history: History, t_next: int, starts: np.ndarray,
+           points: np.ndarray, running: Pending | None = None) -> np.ndarray:
+  """``[len(starts), d]``: the hyperparameters (in ``[0, 1]^d``) of the
+  members starting interval ``t_next`` from fitness ``starts``, chosen in
+  turn from ``points`` by GP-UCB with GP-BUCB's shrinking variance
+  (module docstring). No data: the prior. ``running``: the members that
+  train through interval ``t_next`` beside them (pending points, like the
+  choices)."""
   dims = points.shape[1]
-  if len(y):
-    scale = float(np.std(y)) or 1.0
-    z = (np.asarray(y, np.float64) - float(np.mean(y))) / scale
-    params = fit_params(t, x, z)
-    mean, _ = predict(posterior(t, x, z, params), np.full(len(points), t_next,
-                                                          np.float64), points)
+  scale = start_scale(history.start)
+  t_points = np.full(len(points), float(t_next))
+  z = inputs(history.start, history.x, scale)
+  gp = None
+  if len(history.change):
+    y = standardise(history.change)
+    params = fit_params(history.t, z, y)
+    gp = posterior(history.t, z, y, params)
   else:
-    params, mean = PRIOR, np.zeros(len(points))
-  kappa = math.sqrt(beta(t_next, len(points)))
+    params = PRIOR
+  kappa = math.sqrt(beta(len(history.change)))
+  if running is None:
+    running = Pending(np.zeros(0), np.zeros((0, dims)))
+  seen_t = np.concatenate([history.t, np.full(len(running.start),
+                                              float(t_next))])
+  seen_z = np.concatenate([z, inputs(running.start, running.x, scale)])
   chosen = np.zeros((0, dims))
-  running = np.zeros((0, dims)) if running is None else np.asarray(
-      running, np.float64).reshape(-1, dims)
-  seen_t = np.concatenate([np.asarray(t, np.float64),
-                           np.full(len(running), float(t_next))])
-  seen_x = np.concatenate([np.asarray(x, np.float64).reshape(-1, dims),
-                           running])
-  t_points = np.full(len(points), t_next, np.float64)
-  for _ in range(count):
+  for start in np.asarray(starts, np.float64):
+    z_points = inputs(start, points, scale)
+    mean = (predict(gp, t_points, z_points)[0] if gp is not None
+            else np.zeros(len(points)))
     if len(seen_t):
       # The variance needs no outputs: zeros stand for the pending ones.
-      gp = posterior(seen_t, seen_x, np.zeros(len(seen_t)), params)
-      _, variance = predict(gp, t_points, points)
+      pending = posterior(seen_t, seen_z, np.zeros(len(seen_t)), params)
+      _, variance = predict(pending, t_points, z_points)
     else:
       variance = np.full(len(points), params.variance)
     best = int(np.argmax(mean + kappa * np.sqrt(variance)))
     chosen = np.vstack([chosen, points[best]])
     seen_t = np.append(seen_t, float(t_next))
-    seen_x = np.vstack([seen_x.reshape(-1, dims), points[best][None]])
+    seen_z = np.vstack([seen_z, z_points[best][None]])
   return chosen
 
 
 def empty_history(dims: int) -> np.ndarray:
   """PB2's data in a PBT rule state, of fixed shape (so that a checkpoint
-  restores into the state's template): ``[WINDOW, 2 + d]`` rows of ``(t,
-  change of fitness, x...)``, NaN where unused, the newest last."""
-  return np.full((WINDOW, 2 + dims), np.nan)
+  restores into the state's template): ``[WINDOW, 3 + d]`` rows of ``(t,
+  starting fitness, change of fitness, x...)``, NaN where unused, the
+  newest last."""
+  return np.full((WINDOW, 3 + dims), np.nan)
 
 
-def append(rows: np.ndarray, t: int, x: np.ndarray,
+def append(rows: np.ndarray, t: int, start: np.ndarray, x: np.ndarray,
            change: np.ndarray) -> np.ndarray:
   """``rows`` with one row per member interval whose change is known
   (finite); the oldest rows make room."""
   keep = np.isfinite(change)
   new = np.concatenate([np.full((keep.sum(), 1), float(t)),
-                        change[keep, None], x[keep]], axis=1)
+                        start[keep, None], change[keep, None], x[keep]],
+                       axis=1)
   return np.concatenate([rows, new])[-len(rows):] if len(new) else rows
 
 
-def data(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """``(t, x, change)`` of the used rows."""
+def data(rows: np.ndarray) -> History:
+  """The used rows of ``rows``."""
   used = rows[np.isfinite(rows[:, 0])]
-  return used[:, 0], used[:, 2:], used[:, 1]
+  return History(used[:, 0], used[:, 1], used[:, 3:], used[:, 2])
 
 
 def explore(space: ss.SearchSpace, rows: np.ndarray, t_next: int,
-            members: Sequence[int], seed: int,
-            running: np.ndarray | None = None) -> dict:
-  """PB2's new values ``{field: [len(members)]}`` of the continuous fields
-  for ``members``, which start interval ``t_next`` beside members
-  training with ``running`` (encoded, ``[k, d]``)."""
-  t, x, change = data(rows)
+            starts: Sequence[float], seed: int,
+            running: Pending | None = None) -> dict:
+  """PB2's new values ``{field: [len(starts)]}`` of the continuous fields
+  for the members that start interval ``t_next`` from fitness ``starts``
+  (their parents'), beside the ``running`` members."""
   dims = len(continuous_fields(space))
-  points = candidates(dims, seed)
-  chosen = select(t, x, change, t_next, len(members), points, running)
+  chosen = select(data(rows), t_next, np.asarray(starts, np.float64),
+                  candidates(dims, seed), running)
   return decode(space, chosen)

@@ -168,6 +168,10 @@ class Rule:
       ``--resume`` ('' : it can).
     command: for a rule built by another one's ``from_config`` (not
       registered itself), that rule's name: its runs are that command's.
+    state_version: the layout of its rule state in a checkpoint; raise it
+      when a release changes that layout, and ``--resume`` refuses a
+      checkpoint of another layout with a message instead of a shape
+      error.
   """
 
   name: ClassVar[str] = ''
@@ -181,6 +185,7 @@ class Rule:
   log_files: ClassVar[tuple] = ()
   not_resumable: ClassVar[str] = ''
   command: ClassVar[str] = ''
+  state_version: ClassVar[int] = 1
 
   def __init__(self, config: RunConfig):
     """Checks ``config`` (``ConfigError`` naming the flag) and keeps it;

@@ -156,7 +156,7 @@ class PBTState(NamedTuple):
   # one row per member interval (``pb2.empty_history``).
   decisions: np.ndarray  # () int64
   last_fitness: np.ndarray  # [N] float64
-  pb2_rows: np.ndarray  # [pb2.WINDOW, 2 + continuous fields] float64
+  pb2_rows: np.ndarray  # [pb2.WINDOW, 3 + continuous fields] float64
 
 
 def record(history: np.ndarray, member: int, value: float) -> np.ndarray:
@@ -207,6 +207,8 @@ class PBT(Rule):
   presets = PRESETS
   min_population = 2
   log_files = (LINEAGE,)
+  # 2: PB2's data rows hold each interval's starting fitness.
+  state_version = 2
 
   def __init__(self, config: PBTRunConfig,
                space: Optional[ss.SearchSpace] = None):
@@ -336,7 +338,7 @@ class PBT(Rule):
     parent = whole_value(result.parent)
     if self.config.explore == 'pb2':
       rule_state, result = self._pb2(rule_state, obs.hparams, result, fitness,
-                                     ready, replaced)
+                                     ready, replaced, parent)
     rule_state = rule_state._replace(
         decisions=np.asarray(rule_state.decisions + 1, np.int64),
         last_fitness=_fitness_after(rule_state.last_fitness, fitness, ready,
@@ -357,17 +359,19 @@ class PBT(Rule):
         logs=tuple((LINEAGE, e) for e in events))
 
   def _pb2(self, rule_state: PBTState, hparams, result: pbt_lib.PBTResult,
-           fitness: np.ndarray, ready: np.ndarray, replaced: np.ndarray):
+           fitness: np.ndarray, ready: np.ndarray, replaced: np.ndarray,
+           parent: np.ndarray):
     """PB2's explore (``fastpbrl.population.pb2``): the intervals that
     just ended join the data; the ``replaced`` members (``[N]`` bool) take
-    the GP-UCB choice for the continuous fields, the others keep theirs."""
+    the GP-UCB choice for the continuous fields at their ``parent``'s
+    fitness, the others keep theirs."""
     fields = pb2.continuous_fields(self.space)
     old = {name: np.asarray(whole_value(getattr(hparams, name)))
            for name in fields}
     change = fitness.astype(np.float64) - rule_state.last_fitness
     x = pb2.encode(self.space, old)
     rows = pb2.append(rule_state.pb2_rows, int(rule_state.decisions),
-                      x[ready], change[ready])
+                      rule_state.last_fitness[ready], x[ready], change[ready])
     rule_state = rule_state._replace(pb2_rows=rows)
     replaced = np.asarray(replaced, bool)
     members = np.flatnonzero(replaced)
@@ -375,12 +379,17 @@ class PBT(Rule):
       return rule_state, result
     rule_state, key = split_key(rule_state)
     seed = int(jax.random.randint(key, (), 0, np.iinfo(np.int32).max))
-    # The kept members' values are pending points of the next interval.
+    # A copy starts from its parent's weights, so at its fitness. The kept
+    # members' values are pending points of the next interval (all have a
+    # fitness: a decision waits for every ready member's evaluation).
     # Every process fits the same data; process 0's choice is taken, since
     # the fit's float64 optimizer may round otherwise on another machine.
+    fitness = fitness.astype(np.float64)
+    kept = ~replaced & np.isfinite(fitness)
     chosen = process_zero_value(pb2.explore(
-        self.space, rows, int(rule_state.decisions) + 1, members, seed,
-        running=x[~replaced]))
+        self.space, rows, int(rule_state.decisions) + 1,
+        fitness[np.asarray(parent)[members]], seed,
+        running=pb2.Pending(fitness[kept], x[kept])))
     return rule_state, result._replace(
         hparams=_with_rows(self.space, result.hparams, members, chosen))
 

@@ -87,10 +87,29 @@ def test_fitted_settings_are_within_bounds_and_beat_every_start():
   assert fitted.lengthscale > 0.1
 
 
-def test_beta_is_srinivas_finite_set_bound_scaled_by_a_fifth():
-  assert pb2.beta(3, 1024) == pytest.approx(
-      0.2 * 2 * math.log(1024 * 9 * math.pi**2 / 0.6), rel=TOL)
-  assert pb2.beta(0, 10) == pb2.beta(1, 10)  # t counts from 1
+def history(t, x, change, start=None):
+  """PB2's data; every interval started from fitness 0 unless ``start``
+  says otherwise (one starting fitness adds nothing to the distances, so
+  the GP is the one over ``(t, x)`` worked out above)."""
+  t = np.asarray(t, np.float64)
+  start = np.zeros(len(t)) if start is None else np.asarray(start, float)
+  return pb2.History(t, start, np.asarray(x, np.float64),
+                     np.asarray(change, np.float64))
+
+
+def test_beta_is_the_authors_schedule_over_the_data_rows():
+  assert pb2.beta(20) == pytest.approx(0.2 + math.log(8.0), rel=TOL)
+  # Under 3 rows the logarithm is negative and counts as 0.
+  assert pb2.beta(2) == pb2.beta(1) == pb2.beta(0) == 0.2
+
+
+def test_changes_are_standardised_and_clipped():
+  change = np.array([0.0] * 9 + [100.0])  # one collapse (or leap)
+  mean, sd = 10.0, 30.0  # np.std of the ten values
+  np.testing.assert_allclose(pb2.standardise(change),
+                             [-mean / sd] * 9 + [pb2.CLIP], rtol=TOL)
+  np.testing.assert_array_equal(pb2.standardise(np.array([3.0, 3.0])),
+                                [0.0, 0.0])
 
 
 def test_ucb_choice_is_the_argmax_of_the_hand_computed_bound(monkeypatch):
@@ -98,12 +117,12 @@ def test_ucb_choice_is_the_argmax_of_the_hand_computed_bound(monkeypatch):
   points = np.array([[0.0], [0.2], [0.45], [0.6], [0.95]])
   # Outputs already standardised (mean 0, sd 1), so select keeps them.
   y = np.array([1.0, -1.0])
-  kappa = math.sqrt(pb2.beta(2, len(points)))
+  kappa = math.sqrt(pb2.beta(2))
   bounds = []
   for p in points[:, 0]:
     mean, variance = hand_posterior(2.0, p, y)
     bounds.append(mean + kappa * math.sqrt(max(variance, 0.0)))
-  chosen = pb2.select(T, X, y, 2, 1, points)
+  chosen = pb2.select(history(T, X, y), 2, [0.0], points)
   np.testing.assert_array_equal(chosen, points[[int(np.argmax(bounds))]])
 
 
@@ -112,10 +131,11 @@ def test_several_choices_spread_out_by_the_shrinking_variance(monkeypatch):
   points = pb2.candidates(1, seed=0)
   # Flat data: the mean is the same everywhere, so the variance decides
   # and no point is picked twice.
-  chosen = pb2.select(T, X, np.array([0.3, 0.3]), 2, 3, points)
+  chosen = pb2.select(history(T, X, [0.3, 0.3]), 2, [0.0] * 3, points)
   assert len({float(c) for c in chosen[:, 0]}) == 3
   # Without data, the first choice is the first Sobol point (all tie).
-  first = pb2.select(np.zeros(0), np.zeros((0, 1)), np.zeros(0), 1, 2, points)
+  first = pb2.select(history([], np.zeros((0, 1)), []), 1, [0.0, 0.0],
+                     points)
   np.testing.assert_array_equal(first[0], points[0])
   assert abs(first[1, 0] - first[0, 0]) > 0.1
 
@@ -125,9 +145,25 @@ def test_the_choice_follows_the_data():
   the upper half (the mean dominates the bound there)."""
   t = np.repeat(np.arange(5.0), 8)
   x = np.tile(np.linspace(0.0, 1.0, 8), 5)[:, None]
-  y = 3.0 * x[:, 0]
-  chosen = pb2.select(t, x, y, 5, 1, pb2.candidates(1, seed=1))
+  chosen = pb2.select(history(t, x, 3.0 * x[:, 0]), 5, [0.0],
+                      pb2.candidates(1, seed=1))
   assert chosen[0, 0] > 0.5
+
+
+def test_the_choice_depends_on_the_fitness_it_starts_from():
+  """Members that started low gained most with a large x, those that
+  started high with a small one: a copy of a high parent gets a small x,
+  of a low one a large x (a model without the starting fitness sees a
+  flat average and cannot tell them apart)."""
+  grid = np.linspace(0.0, 1.0, 8)
+  t = np.repeat(np.arange(6.0), 16)
+  x = np.tile(np.concatenate([grid, grid]), 6)[:, None]
+  start = np.tile(np.repeat([-500.0, -100.0], 8), 6)
+  change = np.where(start < -300.0, x[:, 0], 1.0 - x[:, 0])
+  data = history(t, x, change, start)
+  points = pb2.candidates(1, seed=2)
+  assert pb2.select(data, 6, [-500.0], points)[0, 0] > 0.6
+  assert pb2.select(data, 6, [-100.0], points)[0, 0] < 0.4
 
 
 SPACE = ss.SearchSpace({
@@ -160,24 +196,27 @@ def test_encoding_is_uniform_in_the_priors_coordinates_and_round_trips():
 
 def test_history_keeps_the_newest_known_changes():
   rows = pb2.empty_history(1)
-  rows = pb2.append(rows, 0, np.array([[0.1], [0.2]]),
+  rows = pb2.append(rows, 0, np.array([-5.0, -7.0]), np.array([[0.1], [0.2]]),
                     np.array([np.nan, 2.0]))
-  t, x, y = pb2.data(rows)
-  np.testing.assert_array_equal(t, [0.0])
-  np.testing.assert_array_equal(x, [[0.2]])
-  np.testing.assert_array_equal(y, [2.0])
+  got = pb2.data(rows)
+  np.testing.assert_array_equal(got.t, [0.0])
+  np.testing.assert_array_equal(got.start, [-7.0])
+  np.testing.assert_array_equal(got.x, [[0.2]])
+  np.testing.assert_array_equal(got.change, [2.0])
   for step in range(1, pb2.WINDOW + 5):
-    rows = pb2.append(rows, step, np.array([[0.5]]), np.array([1.0 * step]))
-  t, _, y = pb2.data(rows)
-  assert len(t) == pb2.WINDOW and t[-1] == pb2.WINDOW + 4 and t[0] == 5
+    rows = pb2.append(rows, step, np.array([1.0]), np.array([[0.5]]),
+                      np.array([1.0 * step]))
+  got = pb2.data(rows)
+  assert len(got.t) == pb2.WINDOW and got.t[-1] == pb2.WINDOW + 4
+  assert got.t[0] == 5 and got.change[0] == 5.0
 
 
 def test_explore_is_a_function_of_its_seed():
-  rows = pb2.append(pb2.empty_history(3), 0, np.full((4, 3), 0.5),
-                    np.array([1.0, 2.0, 0.5, -1.0]))
-  a = pb2.explore(SPACE, rows, 1, [0, 2], seed=7)
-  b = pb2.explore(SPACE, rows, 1, [0, 2], seed=7)
-  c = pb2.explore(SPACE, rows, 1, [0, 2], seed=8)
+  rows = pb2.append(pb2.empty_history(3), 0, np.array([0.0, 1.0, 2.0, 3.0]),
+                    np.full((4, 3), 0.5), np.array([1.0, 2.0, 0.5, -1.0]))
+  a = pb2.explore(SPACE, rows, 1, [3.0, 1.0], seed=7)
+  b = pb2.explore(SPACE, rows, 1, [3.0, 1.0], seed=7)
+  c = pb2.explore(SPACE, rows, 1, [3.0, 1.0], seed=8)
   for name in a:
     np.testing.assert_array_equal(a[name], b[name])
     assert len(a[name]) == 2
@@ -186,14 +225,15 @@ def test_explore_is_a_function_of_its_seed():
 
 def test_the_choice_keeps_away_from_the_members_still_running(monkeypatch):
   """Flat data: the bound is highest where the variance is, so a member
-  running at 0.5 next interval pushes the choice away from 0.5 (and it
-  would not without it)."""
+  running at 0.5 next interval, from the same fitness, pushes the choice
+  away from 0.5 (and it would not without it)."""
   monkeypatch.setattr(pb2, 'fit_params', lambda t, x, y: PARAMS)
   points = np.linspace(0.0, 1.0, 101)[:, None]
-  flat = np.array([0.3, 0.3])
-  alone = pb2.select(T, X, flat, 2, 1, points)
-  beside = pb2.select(T, X, flat, 2, 1, points, running=np.array([[0.5]]))
-  mean_free = pb2.select(T, X, flat, 2, 1, points,
-                         running=np.array([alone[0]]))
+  flat = history(T, X, [0.3, 0.3])
+  alone = pb2.select(flat, 2, [0.0], points)
+  beside = pb2.select(flat, 2, [0.0], points,
+                      running=pb2.Pending(np.zeros(1), np.array([[0.5]])))
+  mean_free = pb2.select(flat, 2, [0.0], points,
+                         running=pb2.Pending(np.zeros(1), alone[:1]))
   assert abs(beside[0, 0] - 0.5) > 0.2
   assert abs(mean_free[0, 0] - alone[0, 0]) > 0.1

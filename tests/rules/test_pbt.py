@@ -17,6 +17,7 @@ from fastpbrl.build import initial_population, make_agent, make_env_spec
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.config import ConfigError
 from fastpbrl.population import pb2
+from fastpbrl import resume
 from fastpbrl.resume import like
 from fastpbrl.rules.base import Observation
 from fastpbrl.rules.pbt import (PRESETS, PBT, PBTRunConfig, fitness_of,
@@ -251,11 +252,11 @@ def test_pb2_learns_from_each_interval_and_chooses_within_the_bounds():
   run, first, before = pb2_run()
   # The first decision knows no member's fitness at an interval's start.
   assert np.isnan(first).all()
-  t, x, change = pb2.data(np.asarray(run.rule_state.pb2_rows))
-  # The second: one row per member, its interval (decision 1), its gain in
+  t, start_got, x, change = pb2.data(np.asarray(run.rule_state.pb2_rows))
+  # The second: one row per member, its interval (decision 1), the fitness
+  # it started from (a replaced member's, its parent's), its gain in
   # fitness (the mean of its two evaluations rose by half the new one's
-  # gain, as the window averages them; a replaced member's interval
-  # started from its parent's fitness) and its hyperparameters then.
+  # gain, as the window averages them) and its hyperparameters then.
   fitness_1 = np.array([-100.0 * (m + 1) for m in range(N)])
   parent = {e['member']: e['parent'] for e in run.events[:1]}
   start = np.array([fitness_1[parent.get(m, m)] for m in range(N)])
@@ -263,6 +264,7 @@ def test_pb2_learns_from_each_interval_and_chooses_within_the_bounds():
                               -100.0 * (m + 1) + 10.0 * (m + 1)])
                      for m in range(N)])
   np.testing.assert_array_equal(t, np.ones(N))
+  np.testing.assert_allclose(start_got, start, rtol=1e-6)
   np.testing.assert_allclose(change, mean_2 - start, rtol=1e-6)
   fields = pb2.continuous_fields(run.rule.space)
   np.testing.assert_allclose(
@@ -280,6 +282,35 @@ def test_pb2_learns_from_each_interval_and_chooses_within_the_bounds():
   assert int(run.rule_state.decisions) == 2
 
 
+def test_pb2_chooses_at_the_parents_fitness_beside_the_kept_members(
+    monkeypatch):
+  calls = []
+  explore = pb2.explore
+
+  def recording(space, rows, t_next, starts, seed, running=None):
+    calls.append((np.asarray(starts), running))
+    return explore(space, rows, t_next, starts, seed, running)
+
+  monkeypatch.setattr(pb2, 'explore', recording)
+  run, _, _ = pb2_run()
+  fitness_1 = np.array([-100.0 * (m + 1) for m in range(N)])
+  first, second = run.events[0], run.events[-1]
+  parent = {first['member']: first['parent']}
+  fitness_2 = np.array([np.mean([fitness_1[parent.get(m, m)],
+                                 -100.0 * (m + 1) + 10.0 * (m + 1)])
+                        for m in range(N)])
+  assert len(calls) == 2
+  for (starts, running), fitness, event in ((calls[0], fitness_1, first),
+                                            (calls[1], fitness_2, second)):
+    # The copy starts from its parent's weights, so at its fitness; the
+    # members kept are pending at theirs, with their values.
+    np.testing.assert_allclose(starts, [fitness[event['parent']]], rtol=1e-6)
+    kept = [m for m in range(N) if m != event['member']]
+    np.testing.assert_allclose(running.start, fitness[kept], rtol=1e-6)
+    assert running.x.shape == (N - 1, len(pb2.continuous_fields(
+        run.rule.space)))
+
+
 def test_pb2_is_a_function_of_the_seed_and_its_state_is_checkpointed(
     tmp_path):
   a, _, _ = pb2_run()
@@ -291,6 +322,25 @@ def test_pb2_is_a_function_of_the_seed_and_its_state_is_checkpointed(
   np.testing.assert_array_equal(restored.pb2_rows, a.rule_state.pb2_rows)
   np.testing.assert_array_equal(restored.last_fitness,
                                 a.rule_state.last_fitness)
+
+
+def test_a_checkpoint_of_an_earlier_state_layout_is_refused(tmp_path):
+  """A checkpoint written before PB2's rows held the starting fitness
+  (no state version in its meta) is refused with a message, before its
+  arrays meet the new template's shapes."""
+  run = Run(explore='pb2')
+  run.call(200)
+  checkpointer = Checkpointer(str(tmp_path))
+  try:
+    checkpointer.save(1, run.state, {'hparams': run.hparams,
+                                     'rule': run.rule_state},
+                      {'rule_format': resume.RULE_FORMAT})
+    config = PBTRunConfig(explore='pb2', resume=str(tmp_path))
+    with pytest.raises(ConfigError, match='earlier fastpbrl, whose pbt rule'):
+      resume.restore(checkpointer, config, run.rule, None, None, None, None,
+                     str(tmp_path))
+  finally:
+    checkpointer.close()
 
 
 def test_pb2_needs_a_continuous_field():
