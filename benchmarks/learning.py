@@ -579,14 +579,17 @@ def _fmt(values: list) -> str:
 RULE_MODULES = ('pbt', 'cemrl', 'dvd', 'hypertrick')
 
 # Fixes that changed what a method's runs measure: (commit, experiment
-# module, what it fixed). A run on code without the fix is superseded; the
-# report leaves it out, and lists it, instead of pooling it with runs of
-# the fixed code.
+# module, the flags that select the fixed path among that module's methods
+# (none: all of them), what it fixed). A run on code without the fix is
+# superseded; the report leaves it out, and lists it, instead of pooling
+# it with runs of the fixed code.
 FIXES = (
-    ('ef3bee1', 'pbt', 'PBT decides for the whole population once every '
-     'member is evaluated'),
-    ('a2f8eb2', 'hypertrick', 'HyperTrick restarts no worker its budget '
-     'cannot train'),
+    ('ef3bee1', 'pbt', (), 'PBT decides for the whole population once '
+     'every member is evaluated'),
+    ('a2f8eb2', 'hypertrick', (), 'HyperTrick restarts no worker its '
+     'budget cannot train'),
+    ('d92f89c', 'pbt', ('--explore', 'pb2'), "PB2's GP sees each "
+     "interval's starting fitness, with its authors' beta"),
 )
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -604,12 +607,19 @@ def has_commit(code: str, commit: str) -> bool:
 
 def superseded_by(result: dict) -> Optional[str]:
   """The fix a run's code lacks (``'COMMIT: what it fixed'``), or None."""
-  module = METHODS.get(result['method'], (None, []))[0]
+  module, flags = METHODS.get(result['method'], (None, []))
   code = str(result.get('code', 'unknown'))
-  for commit, fixed, what in FIXES:
-    if module == fixed and not has_commit(code, commit):
+  for commit, fixed, needs, what in FIXES:
+    if (module == fixed and _has_flags(flags, needs)
+        and not has_commit(code, commit)):
       return f'{commit}: {what}'
   return None
+
+
+def _has_flags(flags: list, needs: tuple) -> bool:
+  """Whether ``needs`` appears in ``flags``, its items in a row."""
+  return any(tuple(flags[i:i + len(needs)]) == needs
+             for i in range(len(flags) - len(needs) + 1))
 
 
 def _agent_of(flags: list) -> str:
@@ -747,17 +757,47 @@ def matrix_summary(by: dict) -> list[str]:
   return lines
 
 
-def superseded_list(dropped: list) -> str:
-  """The runs left out as superseded, one line each (empty if none)."""
-  if not dropped:
-    return ''
-  lines = ['', 'Left out, run on code without a later fix:', '']
-  for r, fix in sorted(dropped, key=lambda d: (d[0]['task'], d[0]['method'],
-                                                d[0]['seed'])):
-    lines.append(f'- {r["task"]} at {r["budget"]["env_steps"]:,} env steps, '
-                 f'{r["method"]} seed {r["seed"]} (code {r.get("code")}): '
-                 f'lacks {fix}')
-  return '\n'.join(lines) + '\n'
+SUPERSEDED_NOTE = (
+    'Left out, run on code without a later fix (what was tried before it): '
+    'each row\'s best member\'s final return over its seeds, and its '
+    'probability of ending above a seed of today\'s `seeds` row of its '
+    'agent, with the 95% interval and verdict as above.')
+
+
+def superseded_summary(dropped: list, by: dict) -> list[str]:
+  """Markdown: a row per task, method and missing fix of the runs left out
+  as superseded (``[(run, fix)]``), with their figures and their verdict
+  against today's baseline; empty if none."""
+  groups = {}
+  for r, fix in dropped:
+    key = (r['task'], r['budget']['env_steps'], r['method'], fix)
+    groups.setdefault(key, []).append(r)
+  if not groups:
+    return []
+  lines = ['', SUPERSEDED_NOTE, '',
+           '| task | env steps per member | method | seeds | code | lacks | '
+           'best member, final | P(better than seeds) [95% CI] | verdict | '
+           'final hparams at an edge of their range |',
+           '|---|---:|---|---|---|---|---:|---:|---|---:|']
+  order = {m: i for i, m in enumerate(METHODS)}
+  for key in sorted(groups, key=lambda k: (list(TASKS).index(k[0]), k[1],
+                                           order.get(k[2], len(order)), k[3])):
+    task, steps, method, fix = key
+    runs = sorted(groups[key], key=lambda r: r['seed'])
+    best = [max(r['final_returns']) for r in runs]
+    baseline = by.get((task, steps), {}).get(baseline_of(method) or '')
+    poi = verdict = ''
+    if baseline:
+      interval, verdict = compare(
+          tuple(best), tuple(max(r['final_returns']) for r in baseline))
+      poi = stats.fmt_interval(interval, 2)
+    lines.append(
+        f'| {task} | {steps:,} | {method} | '
+        + ', '.join(str(r['seed']) for r in runs) + ' | '
+        + ', '.join(sorted({str(r.get('code')) for r in runs}))
+        + f' | {fix} | {_fmt(best)} | {poi} | {verdict} | '
+        + _share_cell([edge_share(r) for r in runs]) + ' |')
+  return lines
 
 
 def load_results(out: str) -> list[dict]:
@@ -828,7 +868,7 @@ STATISTICS_NOTE = (
     'interval resampling each side\'s seeds; "better" or "worse" only where '
     f'that interval excludes 1/2 and each side has {stats.MIN_SEEDS} seeds '
     'or more. Runs on code without a later fix of their rule are left out '
-    'of both tables (listed below them); rows with different code versions '
+    'of these tables (shown apart, last); rows with different code versions '
     'that no fix separates (the code column above) are pooled.')
 
 
@@ -903,7 +943,8 @@ def report(out: str) -> str:
            + '\n'.join(seed_statistics(by, tasks, order)) + '\n'
            + ('\n' + MATRIX_NOTE + '\n\n' + '\n'.join(matrix) + '\n'
               if matrix else '')
-           + superseded_list(dropped))
+           + '\n'.join(superseded_summary(dropped, by))
+           + ('\n' if dropped else ''))
   with open(os.path.join(out, 'results.md'), 'w') as f:
     f.write(table)
   with open(os.path.join(out, 'results.csv'), 'w') as f:

@@ -101,20 +101,35 @@ def test_the_learning_table_agrees_with_the_run_jsons():
   best final) of every row, and each rule's probability of improving on
   its seeds row (every pair of seeds counted), recomputed from the run
   JSONs."""
-  runs = {}
+  runs, superseded = {}, {}
   for path in glob.glob(os.path.join(RESULTS, 'learning', 'runs', '**',
                                      '*.json'), recursive=True):
     with open(path) as f:
       run = json.load(f)
-    if learning.superseded_by(run):  # left out, listed below the tables
-      assert f'{run["method"]} seed {run["seed"]} (code {run["code"]})' in (
-          pages.BLOCKS['learning results']())
-      continue
     key = (run['task'], f'{run["budget"]["env_steps"]:,}', run['method'])
+    if learning.superseded_by(run):  # left out, shown apart at the end
+      superseded.setdefault(key, []).append(run)
+      continue
     runs.setdefault(key, []).append(max(run['final_returns']))
   block = pages.BLOCKS['learning results']()
   means, over_seeds = block.split(learning.STATISTICS_NOTE)
   over_seeds, matrix = over_seeds.split(learning.MATRIX_NOTE)
+  matrix, apart = matrix.split(learning.SUPERSEDED_NOTE)
+  # The runs left out: each row's seeds, codes and best final over seeds.
+  seen = {}
+  for cells in body_rows(apart):
+    task, steps, method, seeds, codes, _, best = (c.strip()
+                                                  for c in cells[:7])
+    seen[(task, steps, method)] = (seeds, codes, best)
+  assert set(seen) == set(superseded)
+  for key, group in superseded.items():
+    group.sort(key=lambda r: r['seed'])
+    bests = [max(r['final_returns']) for r in group]
+    assert seen[key] == (
+        ', '.join(str(r['seed']) for r in group),
+        ', '.join(sorted({r['code'] for r in group})),
+        f'{bests[0]:.0f}' if len(bests) == 1 else
+        f'{statistics.fmean(bests):.0f} ± {statistics.stdev(bests):.0f}'), key
   seen = {}
   for cells in body_rows(means):
     task, steps, method, seeds, best = (c.strip() for c in cells[:5])

@@ -309,9 +309,10 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
 
 
 def test_runs_on_code_without_a_later_fix_of_their_rule_are_superseded():
-  """ef3bee1 changed when PBT decides, a2f8eb2 when HyperTrick restarts:
-  runs of those rules on older code are superseded; the baseline's runs
-  on the same old code are not (no fix of theirs)."""
+  """ef3bee1 changed when PBT decides, a2f8eb2 when HyperTrick restarts,
+  d92f89c how PB2 chooses: runs of those rules (of PBT with --explore pb2
+  for the last) on older code are superseded; the baseline's runs, and
+  PBT's other explores, on the same old code are not (no fix of theirs)."""
   if subprocess.run(['git', 'cat-file', '-e', 'ef3bee1^{commit}'],
                     cwd=learning.REPO, capture_output=True).returncode:
     pytest.skip('needs the repository history')
@@ -320,7 +321,13 @@ def test_runs_on_code_without_a_later_fix_of_their_rule_are_superseded():
       'ef3bee1')
   assert learning.superseded_by({'method': 'pbt-td3', 'code': new}) is None
   assert learning.superseded_by({'method': 'pbt-pb2-td3',
-                                 'code': f'{new}+changes'}) is None
+                                 'code': f'{new}+changes'}).startswith(
+                                     'd92f89c')
+  for method in ('pbt-td3', 'pbt-resample-td3', 'pbt-shared-td3'):
+    assert learning.superseded_by({'method': method,
+                                   'code': '590d4b0'}) is None, method
+  assert learning.superseded_by({'method': 'pbt-pb2-td3',
+                                 'code': 'd92f89c'}) is None
   assert learning.superseded_by({'method': 'seeds-td3', 'code': old}) is None
   assert learning.superseded_by({'method': 'hypertrick',
                                  'code': 'a60515a'}).startswith('a2f8eb2')
