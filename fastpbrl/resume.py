@@ -39,6 +39,7 @@ log = logging.getLogger('fastpbrl')
 # host values (no 'rule_format' in the meta).
 RULE_FORMAT = 2
 
+
 def state_version(meta: dict) -> int:
   """The rule state's layout (``Rule.state_version``) a checkpoint's
   ``meta`` was written with (1 before checkpoints recorded it)."""

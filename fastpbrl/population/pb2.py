@@ -16,9 +16,10 @@ The model, as in the paper and its authors' implementation (Ray Tune's
 
 * Inputs: the interval's index ``t`` (PBT decisions so far), the fitness
   the member had when the interval started (scaled to ``[0, 1]`` over the
-  data), and the continuous hyperparameters ``x`` scaled to ``[0, 1]``
-  within the search space's bounds (``LogUniform`` and ``Discount`` fields
-  in log space, where their priors are uniform). Output: the change of
+  data and the decision's fitness values), and the continuous
+  hyperparameters ``x`` scaled to ``[0, 1]`` within the search space's
+  bounds (``LogUniform`` and ``Discount`` fields in log space, where
+  their priors are uniform). Output: the change of
   fitness over the interval, standardised over the data and clipped to
   ``[-CLIP, CLIP]`` so that one collapse does not set the scale.
 * Kernel: ``k = s2 * exp(-|z - z'|^2 / (2 l^2)) * (1 - eps)^(|t - t'| / 2)``
@@ -269,8 +270,8 @@ def standardise(change: np.ndarray) -> np.ndarray:
 
 
 def start_scale(start: np.ndarray) -> tuple[float, float]:
-  """``(low, span)`` that take the data's starting fitness to ``[0, 1]``
-  (span 1 where it has one value, or none)."""
+  """``(low, span)`` that take the fitness values ``start`` to ``[0, 1]``
+  (span 1 where they hold one value, or none)."""
   if not len(start):
     return 0.0, 1.0
   low, high = float(np.min(start)), float(np.max(start))
@@ -304,7 +305,12 @@ def select(history: History, t_next: int, starts: np.ndarray,
   train through interval ``t_next`` beside them (pending points, like the
   choices)."""
   dims = points.shape[1]
-  scale = start_scale(history.start)
+  if running is None:
+    running = Pending(np.zeros(0), np.zeros((0, dims)))
+  starts = np.asarray(starts, np.float64)
+  # Every fitness this decision knows sets the scale, so that at the first
+  # (no data) the members still running are near their parent's copy.
+  scale = start_scale(np.concatenate([history.start, running.start, starts]))
   t_points = np.full(len(points), float(t_next))
   z = inputs(history.start, history.x, scale)
   gp = None
@@ -315,13 +321,11 @@ def select(history: History, t_next: int, starts: np.ndarray,
   else:
     params = PRIOR
   kappa = math.sqrt(beta(len(history.change)))
-  if running is None:
-    running = Pending(np.zeros(0), np.zeros((0, dims)))
   seen_t = np.concatenate([history.t, np.full(len(running.start),
                                               float(t_next))])
   seen_z = np.concatenate([z, inputs(running.start, running.x, scale)])
   chosen = np.zeros((0, dims))
-  for start in np.asarray(starts, np.float64):
+  for start in starts:
     z_points = inputs(start, points, scale)
     mean = (predict(gp, t_points, z_points)[0] if gp is not None
             else np.zeros(len(points)))

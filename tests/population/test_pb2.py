@@ -237,3 +237,16 @@ def test_the_choice_keeps_away_from_the_members_still_running(monkeypatch):
                          running=pb2.Pending(np.zeros(1), alone[:1]))
   assert abs(beside[0, 0] - 0.5) > 0.2
   assert abs(mean_free[0, 0] - alone[0, 0]) > 0.1
+
+
+def test_fitness_is_scaled_over_everything_the_decision_knows():
+  """No data yet: a member running from a fitness close to the copy's
+  (-110 against -100, on a spread of 200) counts as near it, so the
+  choice keeps away from its value 0.1; in raw units (10 apart, against
+  a length scale of 0.2) it would count for nothing, and the first of
+  the tied points, 0.0, would be taken."""
+  points = np.linspace(0.0, 1.0, 101)[:, None]
+  running = pb2.Pending(np.array([-110.0, -300.0]), np.array([[0.1], [0.9]]))
+  chosen = pb2.select(history([], np.zeros((0, 1)), []), 1, [-100.0], points,
+                      running)
+  assert chosen[0, 0] > 0.5
