@@ -588,7 +588,7 @@ FIXES = (
      'every member is evaluated'),
     ('a2f8eb2', 'hypertrick', (), 'HyperTrick restarts no worker its '
      'budget cannot train'),
-    ('d92f89c', 'pbt', ('--explore', 'pb2'), "PB2's GP sees each "
+    ('da132cf', 'pbt', ('--explore', 'pb2'), "PB2's GP sees each "
      "interval's starting fitness, with its authors' beta"),
 )
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
