@@ -12,31 +12,35 @@ change at the coming interval.
 Host-side module (numpy and scipy; called once per PBT decision).
 
 The model, as in the paper and its authors' implementation (Ray Tune's
-``PB2``, which they wrote):
+``PB2``, which they wrote; compared with ``ray/tune/schedulers/pb2.py``
+and ``pb2_utils.py`` of its GPy-based versions):
 
 * Inputs: the interval's index ``t`` (PBT decisions so far), the fitness
-  the member had when the interval started (scaled to ``[0, 1]`` over the
-  data and the decision's fitness values), and the continuous
-  hyperparameters ``x`` scaled to ``[0, 1]`` within the search space's
-  bounds (``LogUniform`` and ``Discount`` fields in log space, where
-  their priors are uniform). Output: the change of
-  fitness over the interval, standardised over the data and clipped to
-  ``[-CLIP, CLIP]`` so that one collapse does not set the scale.
+  the member had when the interval started (its "context", scaled to
+  ``[0, 1]`` over the data and the decision's contexts), and the
+  continuous hyperparameters ``x`` scaled to ``[0, 1]`` within the search
+  space's bounds. Output: the change of fitness over the interval,
+  standardised over the data and clipped to ``[-CLIP, CLIP]`` so that one
+  collapse does not set the scale.
 * Kernel: ``k = s2 * exp(-|z - z'|^2 / (2 l^2)) * (1 - eps)^(|t - t'| / 2)``
-  with ``z`` the starting fitness and ``x``: a squared exponential times
-  the time-varying kernel of Bogunovic et al. (2016), which forgets old
+  with ``z`` the context and ``x``: a squared exponential times the
+  time-varying kernel of Bogunovic et al. (2016), which forgets old
   intervals at the rate ``eps``; plus Gaussian noise ``n2``. ``s2, l,
   eps, n2`` maximise the log marginal likelihood (L-BFGS-B from fixed
   starting points, so a seed gives the same fit), with ``l`` at most
   ``1/sqrt(2)`` (the authors' implementation caps it at 1 in its
   ``exp(-d^2 / l)`` form), so that the mean does not extrapolate one
   trend to a corner of the box.
-* Acquisition: GP-UCB, ``mean + sqrt(beta) * std`` at the coming interval
-  and at the starting fitness of the member's parent (whose weights the
-  member takes), maximised over a scrambled Sobol set of
-  :data:`CANDIDATES` points, with ``beta = 0.2 + max(0, log(0.4 n))`` for
-  ``n`` data rows (the authors' implementation; the paper's regret bound
-  sets ``beta`` only up to constants).
+* Acquisition: GP-UCB, ``mean + sqrt(beta) * std``, with ``beta = 0.2 +
+  max(0, log(0.4 n))`` for ``n`` data rows (the authors' schedule; the
+  paper's regret bound sets ``beta`` only up to constants). A copy takes
+  its parent's weights, so it is chosen at its parent's context: the
+  fitness the parent's last interval started from, as the authors'
+  implementation does. That keeps the query inside the data (the
+  parent's fitness now is usually above every start the data holds,
+  where the GP's mean fades to its prior and the choice would follow the
+  variance alone). Before the parent has a last interval, its fitness
+  now.
 * Several members replaced at one decision (the paper's parallel,
   "batch" setting): chosen in turn, each with the standard deviation of
   the GP conditioned also on the points the coming interval will try
@@ -44,29 +48,43 @@ The model, as in the paper and its authors' implementation (Ray Tune's
   far (GP-BUCB, Desautels et al. 2014), so that they spread out; the mean
   stays the data's.
 
-Departures, each for a stated reason:
+Departures from the paper or its authors' implementation, each for a
+stated reason:
 
 * Categorical fields are not modelled: PBT's explore (perturb or
   resample, ``--explore``'s companions) sets them, as it does without
   PB2. The paper's follow-up (PB2-Mix) adds a bandit for them.
+* ``LogUniform`` and ``Discount`` fields are scaled in log space (of
+  ``1 - gamma`` for a discount), where their priors are uniform; the
+  authors scale every field linearly within its bounds, which would put
+  nine tenths of a learning rate's range from 1e-5 to 1e-3 above 1e-4.
+* Time is the decision count, and the choice is for the coming interval
+  ``t + 1``, as the paper's time-varying GP-UCB writes it; the authors'
+  implementation scales time to ``[0, 1]`` over its data and queries at
+  the newest rows' time.
 * Data is kept for the last :data:`WINDOW` intervals of all members (the
   time kernel gives older ones little weight, and the fit is cubic in the
-  data).
+  data); the authors keep up to 1,000 and choose how many by likelihood.
 * Before any interval has a before and after fitness (the first
-  decision), the GP is its prior: every candidate ties, and the first
-  candidate of the scrambled Sobol set, a uniform draw over the box, is
-  taken for the first member, the next ones spread out by GP-BUCB. (The
-  authors' implementation keeps the parent's values then.)
+  decision), the GP is its prior, and the choice follows the variance
+  alone: the first candidate of the scrambled Sobol set (a uniform draw
+  over the box) where no member is still running, else the point
+  farthest from the running members by GP-BUCB. The authors'
+  implementation keeps the parent's values then, which makes a first
+  decision a plain copy.
 * The acquisition is maximised over a fixed Sobol set rather than by
-  L-BFGS-B from random starts, and uses the standard deviation as the
-  paper writes it (the authors' implementation adds ``sqrt(beta)`` times
-  the variance).
+  L-BFGS-B from random starts (a seed then fixes the choice), and uses
+  the standard deviation as the paper writes it (the authors'
+  implementation adds ``sqrt(beta)`` times the variance).
 * The members still training (not replaced) are pending points too, at
-  their own starting fitness: GP-BUCB's batch, where the authors'
-  implementation counts only the choices of the current decision.
-* The starting fitness of a choice is the parent's fitness at this
-  decision (the authors' implementation takes its fitness at the start of
-  its last interval).
+  their own context, with the kernel settings fitted on the data:
+  GP-BUCB's batch as Desautels et al. write it. The authors'
+  implementation counts only the choices of the current decision, puts
+  them at the chosen member's context, and refits the settings with
+  them.
+* The contexts are scaled over the data and this decision's contexts
+  (at the first decision there is no data to scale them by); the authors
+  scale over the data alone.
 
 Why no GP library: scikit-learn's ``GaussianProcessRegressor`` has no
 kernel over a subset of the inputs, so the product of a time kernel and a
@@ -275,7 +293,10 @@ def start_scale(start: np.ndarray) -> tuple[float, float]:
   if not len(start):
     return 0.0, 1.0
   low, high = float(np.min(start)), float(np.max(start))
-  return low, (high - low) or 1.0
+  # Values equal but for rounding are one value, not a spread of [0, 1].
+  if high - low <= 1e-9 * max(1.0, abs(low), abs(high)):
+    return low, 1.0
+  return low, high - low
 
 
 def inputs(start, x: np.ndarray, scale: tuple[float, float]) -> np.ndarray:

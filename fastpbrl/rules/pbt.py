@@ -159,6 +159,15 @@ class PBTState(NamedTuple):
   pb2_rows: np.ndarray  # [pb2.WINDOW, 3 + continuous fields] float64
 
 
+def _cut_intervals(rule_state: PBTState, members: np.ndarray) -> PBTState:
+  """``rule_state`` where ``members`` (``[N]`` bool), replaced between two
+  decisions, have no known start of their interval: PB2 leaves out an
+  interval whose weights changed halfway."""
+  last_fitness = np.array(rule_state.last_fitness, np.float64)
+  last_fitness[np.asarray(members, bool)] = np.nan
+  return rule_state._replace(last_fitness=last_fitness)
+
+
 def record(history: np.ndarray, member: int, value: float) -> np.ndarray:
   """``history`` with ``value`` appended to ``member``'s row (the oldest
   dropped)."""
@@ -364,7 +373,7 @@ class PBT(Rule):
     """PB2's explore (``fastpbrl.population.pb2``): the intervals that
     just ended join the data; the ``replaced`` members (``[N]`` bool) take
     the GP-UCB choice for the continuous fields at their ``parent``'s
-    fitness, the others keep theirs."""
+    context, the others keep theirs."""
     fields = pb2.continuous_fields(self.space)
     old = {name: np.asarray(whole_value(getattr(hparams, name)))
            for name in fields}
@@ -379,17 +388,21 @@ class PBT(Rule):
       return rule_state, result
     rule_state, key = split_key(rule_state)
     seed = int(jax.random.randint(key, (), 0, np.iinfo(np.int32).max))
-    # A copy starts from its parent's weights, so at its fitness. The kept
-    # members' values are pending points of the next interval (all have a
-    # fitness: a decision waits for every ready member's evaluation).
+    # A copy takes its parent's weights, so it is chosen at its parent's
+    # context: as in PB2's authors' implementation, the fitness the
+    # parent's last interval started from (its fitness now before it has
+    # one), inside the data's range (the fitness now is usually above it,
+    # where the GP's mean fades to its prior). The kept members' values
+    # are pending points of the next interval at their own context.
     # Every process fits the same data; process 0's choice is taken, since
     # the fit's float64 optimizer may round otherwise on another machine.
-    fitness = fitness.astype(np.float64)
-    kept = ~replaced & np.isfinite(fitness)
+    context = np.where(np.isfinite(rule_state.last_fitness),
+                       rule_state.last_fitness, fitness.astype(np.float64))
+    kept = ~replaced & np.isfinite(context)
     chosen = process_zero_value(pb2.explore(
         self.space, rows, int(rule_state.decisions) + 1,
-        fitness[np.asarray(parent)[members]], seed,
-        running=pb2.Pending(fitness[kept], x[kept])))
+        context[np.asarray(parent)[members]], seed,
+        running=pb2.Pending(context[kept], x[kept])))
     return rule_state, result._replace(
         hparams=_with_rows(self.space, result.hparams, members, chosen))
 
@@ -433,7 +446,9 @@ class PBT(Rule):
     in the lineage with ``reason: diverged``; if every member diverged,
     they are re-initialised instead."""
     if diverged.all():
-      return super().replace_diverged(rule_state, observation, diverged)
+      rule_state, decision = super().replace_diverged(rule_state, observation,
+                                                      diverged)
+      return _cut_intervals(rule_state, diverged), decision
     obs = observation
     fitness = fitness_of(rule_state.history)
     rule_state, key = split_key(rule_state)
@@ -443,9 +458,9 @@ class PBT(Rule):
     events = tuple({**e, 'reason': 'diverged'} for e in pbt_lib.exploit_events(
         obs.update_steps, result, obs.hparams, fitness, obs.env_steps))
     logs = self._lineage_start(rule_state, obs)
-    rule_state = rule_state._replace(
+    rule_state = _cut_intervals(rule_state._replace(
         history=inherit(rule_state.history, parent, diverged),
-        lineage_started=np.asarray(True))
+        lineage_started=np.asarray(True)), diverged)
     note = 'replaced by copies of members ' + ', '.join(
         f'{i}<-{parent[i]}' for i in np.flatnonzero(diverged))
     return rule_state, Decision(

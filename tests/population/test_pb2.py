@@ -250,3 +250,19 @@ def test_fitness_is_scaled_over_everything_the_decision_knows():
   chosen = pb2.select(history([], np.zeros((0, 1)), []), 1, [-100.0], points,
                       running)
   assert chosen[0, 0] > 0.5
+
+
+def test_contexts_are_scaled_to_the_unit_interval_beside_x():
+  scale = pb2.start_scale(np.array([-300.0, -100.0, -200.0]))
+  assert scale == (-300.0, 200.0)
+  np.testing.assert_allclose(
+      pb2.inputs(np.array([-200.0, -100.0]), np.array([[0.2], [0.7]]), scale),
+      [[0.5, 0.2], [1.0, 0.7]], rtol=TOL)
+  # One value (or one but for rounding): a span of 1, not a blown-up one.
+  assert pb2.start_scale(np.array([5.0, 5.0 + 1e-12]))[1] == 1.0
+  assert pb2.start_scale(np.zeros(0)) == (0.0, 1.0)
+
+
+def test_length_scale_is_capped_as_the_authors_cap_it():
+  """Their kernel is exp(-d^2 / l) with l <= 1; ours exp(-d^2 / (2 l^2))."""
+  assert pb2.LENGTHSCALE_BOUNDS[1] == pytest.approx(1 / math.sqrt(2), rel=TOL)

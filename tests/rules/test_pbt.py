@@ -282,7 +282,7 @@ def test_pb2_learns_from_each_interval_and_chooses_within_the_bounds():
   assert int(run.rule_state.decisions) == 2
 
 
-def test_pb2_chooses_at_the_parents_fitness_beside_the_kept_members(
+def test_pb2_chooses_at_the_parents_context_beside_the_kept_members(
     monkeypatch):
   calls = []
   explore = pb2.explore
@@ -300,13 +300,17 @@ def test_pb2_chooses_at_the_parents_fitness_beside_the_kept_members(
                                  -100.0 * (m + 1) + 10.0 * (m + 1)])
                         for m in range(N)])
   assert len(calls) == 2
-  for (starts, running), fitness, event in ((calls[0], fitness_1, first),
-                                            (calls[1], fitness_2, second)):
-    # The copy starts from its parent's weights, so at its fitness; the
-    # members kept are pending at theirs, with their values.
-    np.testing.assert_allclose(starts, [fitness[event['parent']]], rtol=1e-6)
+  # Each member's context: the fitness its last interval started from (a
+  # copy's, its parent's then), or before it has one, its fitness now.
+  start_2 = np.array([fitness_1[parent.get(m, m)] for m in range(N)])
+  assert not np.allclose(start_2, fitness_2)
+  for (starts, running), context, event in ((calls[0], fitness_1, first),
+                                            (calls[1], start_2, second)):
+    # The copy takes its parent's weights, so it is chosen at its parent's
+    # context; the members kept are pending at theirs, with their values.
+    np.testing.assert_allclose(starts, [context[event['parent']]], rtol=1e-6)
     kept = [m for m in range(N) if m != event['member']]
-    np.testing.assert_allclose(running.start, fitness[kept], rtol=1e-6)
+    np.testing.assert_allclose(running.start, context[kept], rtol=1e-6)
     assert running.x.shape == (N - 1, len(pb2.continuous_fields(
         run.rule.space)))
 
@@ -322,6 +326,30 @@ def test_pb2_is_a_function_of_the_seed_and_its_state_is_checkpointed(
   np.testing.assert_array_equal(restored.pb2_rows, a.rule_state.pb2_rows)
   np.testing.assert_array_equal(restored.last_fitness,
                                 a.rule_state.last_fitness)
+
+
+def test_pb2_leaves_out_an_interval_cut_by_a_diverged_replacement():
+  """A member replaced for divergence between two decisions trained its
+  interval with two sets of weights: its change is not PB2 data."""
+  run, _, _ = pb2_run()
+  before = np.asarray(run.rule_state.last_fitness).copy()
+  diverged = np.zeros(N, bool)
+  diverged[0] = True
+  observation = Observation(
+      calls=0, update_steps=run.update_steps,
+      member_update_steps=np.full(N, run.update_steps), env_steps=100,
+      episodes=(), marked_at=run.marked_at.copy(), state=run.state,
+      hparams=run.hparams)
+  run.rule_state, decision = run.rule.replace_diverged(
+      run.rule_state, observation, diverged)
+  run.state, run.hparams = decision.state, decision.hparams
+  after = np.asarray(run.rule_state.last_fitness)
+  assert np.isnan(after[0])
+  np.testing.assert_array_equal(after[1:], before[1:])
+  run.call(30, [(m, -50.0 * (m + 1)) for m in range(N)])
+  data = pb2.data(np.asarray(run.rule_state.pb2_rows))
+  third = data.t == 2.0  # the rows of the interval the replacement cut
+  assert third.sum() == N - 1
 
 
 def test_a_checkpoint_of_an_earlier_state_layout_is_refused(tmp_path):
