@@ -588,8 +588,8 @@ FIXES = (
      'every member is evaluated'),
     ('a2f8eb2', 'hypertrick', (), 'HyperTrick restarts no worker its '
      'budget cannot train'),
-    ('da132cf', 'pbt', ('--explore', 'pb2'), "PB2's GP sees each "
-     "interval's starting fitness, with its authors' beta"),
+    ('69a4018', 'pbt', ('--explore', 'pb2'), "PB2's GP sees each "
+     "interval's starting fitness, as in its authors' implementation"),
 )
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -310,7 +310,7 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
 
 def test_runs_on_code_without_a_later_fix_of_their_rule_are_superseded():
   """ef3bee1 changed when PBT decides, a2f8eb2 when HyperTrick restarts,
-  da132cf how PB2 chooses: runs of those rules (of PBT with --explore pb2
+  69a4018 how PB2 chooses: runs of those rules (of PBT with --explore pb2
   for the last) on older code are superseded; the baseline's runs, and
   PBT's other explores, on the same old code are not (no fix of theirs)."""
   if subprocess.run(['git', 'cat-file', '-e', 'ef3bee1^{commit}'],
@@ -322,14 +322,14 @@ def test_runs_on_code_without_a_later_fix_of_their_rule_are_superseded():
   assert learning.superseded_by({'method': 'pbt-td3', 'code': new}) is None
   assert learning.superseded_by({'method': 'pbt-pb2-td3',
                                  'code': f'{new}+changes'}).startswith(
-                                     'da132cf')
+                                     '69a4018')
   for method in ('pbt-td3', 'pbt-resample-td3', 'pbt-shared-td3'):
     assert learning.superseded_by({'method': method,
                                    'code': '590d4b0'}) is None, method
   assert learning.superseded_by({'method': 'pbt-pb2-td3',
-                                 'code': 'd92f89c'}).startswith('da132cf')
+                                 'code': 'da132cf'}).startswith('69a4018')
   assert learning.superseded_by({'method': 'pbt-pb2-td3',
-                                 'code': 'da132cf'}) is None
+                                 'code': '69a4018'}) is None
   assert learning.superseded_by({'method': 'seeds-td3', 'code': old}) is None
   assert learning.superseded_by({'method': 'hypertrick',
                                  'code': 'a60515a'}).startswith('a2f8eb2')
