@@ -266,3 +266,18 @@ def test_contexts_are_scaled_to_the_unit_interval_beside_x():
 def test_length_scale_is_capped_as_the_authors_cap_it():
   """Their kernel is exp(-d^2 / l) with l <= 1; ours exp(-d^2 / (2 l^2))."""
   assert pb2.LENGTHSCALE_BOUNDS[1] == pytest.approx(1 / math.sqrt(2), rel=TOL)
+
+
+def test_each_choice_of_a_batch_is_pending_at_its_own_context(monkeypatch):
+  """Flat data: a second copy from the same parent context keeps away from
+  the first copy's choice; one from a context far off (a distance of 1
+  against a length scale of 0.1) does not, and takes the same point."""
+  monkeypatch.setattr(pb2, 'fit_params',
+                      lambda t, x, y: PARAMS._replace(lengthscale=0.1))
+  points = np.linspace(0.0, 1.0, 101)[:, None]
+  flat = history(T, X, [0.3, 0.3], start=[-500.0, -100.0])
+  same = pb2.select(flat, 2, [-100.0, -100.0], points)
+  apart = pb2.select(flat, 2, [-100.0, -500.0], points)
+  assert abs(same[1, 0] - same[0, 0]) > 0.1
+  one = pb2.select(flat, 2, [-500.0], points)
+  np.testing.assert_array_equal(apart[1], one[0])
