@@ -49,8 +49,9 @@ Methods:
 
 Every result lands in ``--out`` as one JSON per run
 (``runs/<task>/<method>/seed<k>.json``), so an interrupted benchmark
-continues where it stopped (existing results are kept unless ``--redo``);
-``report`` rebuilds the table and plot from them. Each run's own folder
+continues where it stopped (existing results are kept unless ``--redo``;
+a result that a later fix superseded is run again, and moved to
+``superseded/`` beside it rather than overwritten); ``report`` rebuilds the table and plot from them. Each run's own folder
 (logs, TensorBoard events, per-member returns) is kept for inspection in a
 new folder under ``--run-root`` (default: the system's temporary
 directory); nothing there is needed by the table.
@@ -524,7 +525,37 @@ def run_one(args, task_name: str, method: str, seed: int) -> None:
   tmp = path + '.tmp'
   with open(tmp, 'w') as f:
     json.dump(out, f, indent=1)
+  set_aside_superseded(path)
   os.replace(tmp, path)  # atomic: a killed run leaves no half result
+
+
+def is_current(path: str) -> bool:
+  """Whether ``path`` holds a result that no later fix superseded (a
+  superseded one is run again, and set aside then)."""
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    return not superseded_by(json.load(f))
+
+
+def set_aside_superseded(path: str) -> Optional[str]:
+  """Moves the result at ``path``, if a later fix superseded it, to
+  ``superseded/seed<k>@<code>.json`` beside it, where the report still
+  shows it apart, instead of letting the new run overwrite it; returns
+  where it went (None: nothing there, or a result of current code)."""
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    old = json.load(f)
+  if not superseded_by(old):
+    return None
+  name = os.path.basename(path)[:-len('.json')]
+  code = str(old.get('code', 'unknown')).replace('+', '-')
+  target = os.path.join(os.path.dirname(path), 'superseded',
+                        f'{name}@{code}.json')
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  os.replace(path, target)
+  return target
 
 
 def code_version() -> str:
@@ -1019,7 +1050,7 @@ def main(argv: Optional[list] = None) -> None:
       for seed in args.seeds:
         for method in args.methods:
           path = result_path(args.out, task, method, seed, args.env_steps)
-          if os.path.exists(path) and not args.redo:
+          if is_current(path) and not args.redo:
             print(f'{task} {method} seed {seed}: kept {path}', flush=True)
             continue
           print(f'{task} {method} seed {seed}: running', flush=True)

@@ -337,3 +337,23 @@ def test_runs_on_code_without_a_later_fix_of_their_rule_are_superseded():
                                  'code': '644da36'}) is None
   # A version git cannot place is kept: runs are left out on evidence only.
   assert learning.superseded_by({'method': 'pbt-td3', 'code': 'unknown'}) is None
+
+
+def test_a_new_run_sets_a_superseded_result_aside(tmp_path, monkeypatch):
+  """A run over a result of code without a later fix moves that result to
+  ``superseded/`` (the report shows it apart); over a current result it
+  does nothing (the new run replaces it)."""
+  path = tmp_path / 'runs' / 'Walker2d-v5@50000' / 'pbt-pb2-td3' / 'seed3.json'
+  path.parent.mkdir(parents=True)
+  old = {'method': 'pbt-pb2-td3', 'code': 'abc1234+changes', 'seed': 3}
+  path.write_text(json.dumps(old))
+  monkeypatch.setattr(learning, 'superseded_by',
+                      lambda r: None if r['code'] == 'new' else 'fix: why')
+  assert not learning.is_current(str(path))  # so the benchmark runs it
+  moved = learning.set_aside_superseded(str(path))
+  assert moved == str(path.parent / 'superseded' / 'seed3@abc1234-changes.json')
+  assert not path.exists() and json.loads(open(moved).read()) == old
+  path.write_text(json.dumps({**old, 'code': 'new'}))
+  assert learning.is_current(str(path))
+  assert learning.set_aside_superseded(str(path)) is None and path.exists()
+  assert learning.set_aside_superseded(str(tmp_path / 'none.json')) is None
