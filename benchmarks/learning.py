@@ -51,7 +51,8 @@ Every result lands in ``--out`` as one JSON per run
 (``runs/<task>/<method>/seed<k>.json``), so an interrupted benchmark
 continues where it stopped (existing results are kept unless ``--redo``;
 a result that a later fix superseded is run again, and moved to
-``superseded/`` beside it rather than overwritten); ``report`` rebuilds the table and plot from them. Each run's own folder
+``superseded/`` beside it rather than overwritten); ``report`` rebuilds
+the table and plot from them. Each run's own folder
 (logs, TensorBoard events, per-member returns) is kept for inspection in a
 new folder under ``--run-root`` (default: the system's temporary
 directory); nothing there is needed by the table.
@@ -612,8 +613,8 @@ RULE_MODULES = ('pbt', 'cemrl', 'dvd', 'hypertrick')
 # Fixes that changed what a method's runs measure: (commit, experiment
 # module, the flags that select the fixed path among that module's methods
 # (none: all of them), what it fixed). A run on code without the fix is
-# superseded; the report leaves it out, and lists it, instead of pooling
-# it with runs of the fixed code.
+# superseded; the report shows it apart instead of pooling it with runs
+# of the fixed code.
 FIXES = (
     ('ef3bee1', 'pbt', (), 'PBT decides for the whole population once '
      'every member is evaluated'),
