@@ -23,6 +23,10 @@ Methods:
   learner): the policy-lag half of the comparison with SB3's synchronous
   loop;
 * ``pbt-td3``, ``pbt-sac``: PBT over the same number of members;
+  ``pbt-ttest-td3``: PBT whose exploit is Jaderberg et al.'s T-test
+  selection (a member copies the one it drew only where Welch's test
+  separates their returns), which keeps lineages apart while their
+  returns are within noise of each other;
 * ``cemrl``: CEM-RL (its score is the CEM mean policy's return, reported in
   its own column; the members' finals are reported like the others');
 * ``dvd``, ``dvd-no-diversity``: DvD-TD3 and the same shared-critic TD3
@@ -124,6 +128,8 @@ METHODS = {
     'pbt-resample-td3': ('pbt', ['--agent', 'td3', '--explore', 'resample']),
     # PB2 (Parker-Holder et al. 2020): a GP bandit chooses a copy's values.
     'pbt-pb2-td3': ('pbt', ['--agent', 'td3', '--explore', 'pb2']),
+    # Jaderberg et al.'s T-test selection instead of truncation.
+    'pbt-ttest-td3': ('pbt', ['--agent', 'td3', '--exploit', 'ttest']),
     # Today's PBT with one replay for all members: each learns from every
     # member's transitions (as CEM-RL's and DvD's shared critic does).
     'pbt-shared-td3': ('pbt', ['--agent', 'td3', '--shared-replay']),

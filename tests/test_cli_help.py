@@ -41,7 +41,7 @@ def test_help_lists_every_flag_once_with_its_default_once(rule, capsys):
 
 def test_help_shows_enumeration_choices_and_the_presets_defaults(capsys):
   text = help_of('pbt', capsys, '--preset', 'paper')
-  assert '--exploit {truncation,tournament}' in text
+  assert '--exploit {truncation,tournament,ttest}' in text
   assert '--init-hparams {near-defaults,prior,defaults}' in text
   assert '--network-init {haiku,torch}' in text
   assert '--preset {small,paper,atari}' in text
@@ -78,7 +78,8 @@ def test_choices_are_the_values_the_checks_accept():
     (['pbt', '--network-init', 'xavier'],
      "error: --network-init must be one of haiku, torch, got 'xavier'"),
     (['pbt', '--exploit=roulette'],
-     "error: --exploit must be one of truncation, tournament, got 'roulette'"),
+     "error: --exploit must be one of truncation, tournament, ttest, got "
+     "'roulette'"),
     (['dvd', '--bandit-score', 'median'],
      "error: --bandit-score must be one of mean, best, got 'median'"),
     (['seeds', '--track', 'neptune'],

@@ -20,6 +20,14 @@ Exploit strategies (sec. 4.1.1 and 4.3 of the paper):
   uses 30%, our default.
 * ``'tournament'`` (binary tournament): each ready member picks another
   member uniformly at random and copies it if that one is better.
+* ``'ttest'`` (T-test selection, the first of the paper's two exploits for
+  RL, sec. 4.1.1): each ready member picks another member uniformly at
+  random and copies it if that one's mean over its last 10 evaluation
+  returns is higher and Welch's t-test on the two sets of returns gives a
+  two-sided p-value below ``significance``. The paper states no level;
+  0.05 is ours. A member with fewer than two returns is never replaced
+  (its variance is unknown); two sets without spread differ with p = 0
+  when their means differ.
 
 Departures and additions:
 
@@ -71,7 +79,7 @@ from fastpbrl.types import PRNGKey
 State = Any  # a NamedTuple training state with [N] leaves
 HParams = Any  # a NamedTuple of [N] hyperparameter arrays
 
-_EXPLOITS = ('truncation', 'tournament')
+_EXPLOITS = ('truncation', 'tournament', 'ttest')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +90,11 @@ class PBTConfig:
   """Update steps a member trains between two exploit/explore decisions
   (2022 paper: the population evolves every 1e5 update steps)."""
   exploit: str = 'truncation'
-  """``'truncation'`` or ``'tournament'`` (binary tournament)."""
+  """``'truncation'``, ``'tournament'`` (binary tournament) or ``'ttest'``
+  (T-test selection)."""
+  significance: float = 0.05
+  """``'ttest'``: copy only where Welch's two-sided p-value is below this,
+  in (0, 1)."""
   fraction: float = 0.3
   """Truncation: bottom and top fraction of the population, in (0, 0.5]."""
   resample_probability: float = 0.25
@@ -123,6 +135,9 @@ class PBTConfig:
     if self.exploit not in _EXPLOITS:
       raise ValueError(f'exploit must be one of {_EXPLOITS}, got '
                        f'{self.exploit!r}')
+    if not 0.0 < self.significance < 1.0:
+      raise ValueError(f'significance must be in (0, 1), got '
+                       f'{self.significance}')
     if not 0.0 < self.fraction <= 0.5:
       raise ValueError(f'fraction must be in (0, 0.5] so that the bottom and '
                        f'top sets do not overlap, got {self.fraction}')
@@ -198,18 +213,54 @@ def _rows(flag: jax.Array, x: jax.Array) -> jax.Array:
   return flag.reshape(flag.shape + (1,) * (x.ndim - 1))
 
 
+def _moments(samples: jax.Array):
+  """Count, mean and sample variance (ddof 1) of each row; NaN is missing."""
+  present = jnp.isfinite(samples)
+  count = present.sum(-1).astype(jnp.float32)
+  mean = jnp.where(present, samples, 0.0).sum(-1) / count
+  squares = jnp.where(present, (samples - mean[..., None]) ** 2, 0.0)
+  return count, mean, squares.sum(-1) / (count - 1)
+
+
+def welch_p_value(x: jax.Array, y: jax.Array) -> jax.Array:
+  """Two-sided p-value of Welch's t-test that rows of ``x`` and ``y``
+  (``[..., W]``, NaN for a missing value) have equal means; NaN where a
+  row has fewer than two values. Without spread on either side the means
+  differ with p = 0, or not at all (p = 1)."""
+  nx, mx, vx = _moments(x)
+  ny, my, vy = _moments(y)
+  sx, sy = vx / nx, vy / ny
+  spread = sx + sy
+  t2 = (mx - my) ** 2 / spread
+  # Welch-Satterthwaite degrees of freedom; P(|T| > |t|) for Student's t
+  # with df degrees is I_{df / (df + t^2)}(df / 2, 1 / 2).
+  df = spread ** 2 / (sx ** 2 / (nx - 1) + sy ** 2 / (ny - 1))
+  safe_df = jnp.where(spread > 0, df, 1.0)
+  p = jax.scipy.special.betainc(safe_df / 2, 0.5,
+                                safe_df / (safe_df + jnp.where(spread > 0,
+                                                               t2, 0.0)))
+  p = jnp.where(spread > 0, p, jnp.where(mx == my, 1.0, 0.0))
+  return jnp.where((nx >= 2) & (ny >= 2), p, jnp.nan)
+
+
 def select_parents(key: PRNGKey, fitness: jax.Array, ready: jax.Array,
-                   config: PBTConfig) -> tuple[jax.Array, jax.Array]:
+                   config: PBTConfig, samples: Optional[jax.Array] = None
+                   ) -> tuple[jax.Array, jax.Array]:
   """The exploit decision alone: ``(parent[N] int32, replaced[N] bool)``.
 
-  A member with non-finite fitness (e.g. NaN: not evaluated yet) is never
-  replaced and ranks last, so it is never a parent either.
+  ``samples`` (``[N, W]``, NaN for missing; the returns ``fitness`` is the
+  mean of) is read by ``'ttest'`` alone, which needs it. A member with
+  non-finite fitness (e.g. NaN: not evaluated yet) is never replaced and
+  ranks last, so it is never a parent either.
   """
   n = fitness.shape[0]
   index = jnp.arange(n, dtype=jnp.int32)
   fitness = fitness.astype(jnp.float32)
   finite = jnp.isfinite(fitness)
   ranked = jnp.where(finite, fitness, -jnp.inf)
+  if config.exploit == 'ttest' and samples is None:
+    raise ValueError("exploit 'ttest' needs the samples of each member's "
+                     'fitness')
   if n < 2:
     return index, jnp.zeros((n,), bool)
   if config.exploit == 'truncation':
@@ -219,9 +270,12 @@ def select_parents(key: PRNGKey, fitness: jax.Array, ready: jax.Array,
     bottom = rank < k
     candidates = order[n - k:]  # the top k
     parent = candidates[jax.random.randint(key, (n,), 0, k)]
-  else:  # binary tournament: another member drawn uniformly
+  else:  # tournament, t-test: another member drawn uniformly
     parent = (index + jax.random.randint(key, (n,), 1, n)) % n
     bottom = jnp.ones((n,), bool)
+    if config.exploit == 'ttest':
+      samples = jnp.asarray(samples, jnp.float32)
+      bottom = welch_p_value(samples[parent], samples) < config.significance
   replaced = (ready & bottom & finite
               & _is_better(ranked[parent], ranked, config))
   return jnp.where(replaced, parent, index).astype(jnp.int32), replaced
@@ -247,8 +301,8 @@ def _refresh_keys(key: PRNGKey, keys: jax.Array, replaced: jax.Array):
 def exploit_explore(key: PRNGKey, state: State, hparams: HParams,
                     fitness: jax.Array, ready: jax.Array, config: PBTConfig,
                     space: ss.SearchSpace,
-                    resample_space: Optional[ss.SearchSpace] = None
-                    ) -> PBTResult:
+                    resample_space: Optional[ss.SearchSpace] = None,
+                    samples: Optional[jax.Array] = None) -> PBTResult:
   """One PBT exploit-and-explore step over the whole population.
 
   Args:
@@ -262,6 +316,8 @@ def exploit_explore(key: PRNGKey, state: State, hparams: HParams,
       from the parent and left as they are.
     resample_space: static; where explore resamples (``ss.perturb``):
       the distribution the population started from. Default: ``space``.
+    samples: ``[N, W]`` float, the values ``fitness`` is the mean of (NaN
+      for missing); needed by the ``'ttest'`` exploit, unused otherwise.
 
   Returns:
     ``PBTResult(state, hparams, parent, replaced)``. For a replaced member
@@ -273,7 +329,7 @@ def exploit_explore(key: PRNGKey, state: State, hparams: HParams,
   k_select, k_copy = jax.random.split(key)
   ready = jnp.asarray(ready, bool)
   parent, replaced = select_parents(k_select, jnp.asarray(fitness), ready,
-                                    config)
+                                    config, samples)
   return copy_and_explore(k_copy, state, hparams, parent, replaced, config,
                           space, resample_space)
 
@@ -365,10 +421,10 @@ class CompiledExploitExplore:
     self.resample_space = resample_space
     self.compilations = 0
 
-    def traced(key, state, hparams, fitness, ready):
+    def traced(key, state, hparams, fitness, ready, samples):
       self.compilations += 1  # runs once per trace, never at run time
       return exploit_explore(key, state, hparams, fitness, ready, config,
-                             space, resample_space)
+                             space, resample_space, samples)
 
     self._step = jax.jit(traced)
     self._replace_diverged = jax.jit(
@@ -377,9 +433,12 @@ class CompiledExploitExplore:
             resample_space))
 
   def __call__(self, key: PRNGKey, state: State, hparams: HParams,
-               fitness, ready) -> PBTResult:
+               fitness, ready, samples=None) -> PBTResult:
+    """``samples``: see ``exploit_explore`` (``'ttest'`` needs them)."""
+    if samples is not None:
+      samples = jnp.asarray(samples, jnp.float32)
     return self._step(key, state, hparams, jnp.asarray(fitness, jnp.float32),
-                      jnp.asarray(ready, bool))
+                      jnp.asarray(ready, bool), samples)
 
   def replace_diverged(self, key: PRNGKey, state: State, hparams: HParams,
                        fitness, diverged) -> PBTResult:

@@ -57,8 +57,14 @@ class PBTRunConfig(RunConfig):
   eval_every: int = 2_500
   """Env steps per member between evaluations (noise-free episodes of one
   frozen policy version); PBT's fitness is their mean."""
-  exploit: Literal['truncation', 'tournament'] = 'truncation'
-  """Exploit strategy: truncation or tournament (binary tournament)."""
+  exploit: Literal['truncation', 'tournament', 'ttest'] = 'truncation'
+  """Exploit strategy: truncation, tournament (binary tournament) or ttest
+  (each member draws another and copies it where that one's evaluation
+  returns are higher by Welch's t-test at --significance; Jaderberg et al.'s
+  T-test selection)."""
+  significance: float = 0.05
+  """Exploit ttest: the two-sided p-value below which a member copies the
+  one it drew, in (0, 1)."""
   fraction: float = 0.3
   """Truncation: bottom fraction copies the top fraction, in (0, 0.5]."""
   explore: Literal['perturb', 'resample', 'pb2'] = 'perturb'
@@ -240,6 +246,7 @@ class PBT(Rule):
       self.pbt_config = pbt_lib.PBTConfig(
           ready_after=as_update_steps(config.ready_after, config),
           exploit=config.exploit,
+          significance=config.significance,
           fraction=config.fraction,
           # Resampling every field is perturb's resampling, always taken.
           resample_probability=(1.0 if config.explore == 'resample'
@@ -342,7 +349,8 @@ class PBT(Rule):
       return rule_state, Decision()
     fitness = fitness_of(rule_state.history)
     rule_state, key = split_key(rule_state)
-    result = self.exploit(key, obs.state, obs.hparams, fitness, ready)
+    result = self.exploit(key, obs.state, obs.hparams, fitness, ready,
+                          samples=rule_state.history)
     replaced = whole_value(result.replaced)  # gathered over processes
     parent = whole_value(result.parent)
     if self.config.explore == 'pb2':

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import scipy.stats
 
 from fastpbrl import agents
 from fastpbrl import search_space as ss
@@ -201,6 +202,80 @@ def test_tournament(population):
                               jax.tree.map(lambda x: x[p], state.policy))
 
 
+def welch_reference(x, y):
+  """scipy's two-sided Welch p-value of two rows, NaN dropped."""
+  x, y = x[np.isfinite(x)], y[np.isfinite(y)]
+  return scipy.stats.ttest_ind(x, y, equal_var=False).pvalue
+
+
+def test_welch_p_value_matches_scipy():
+  rng = np.random.default_rng(0)
+  x = rng.normal(rng.normal(0, 2, (200, 1)), rng.uniform(0.1, 3, (200, 1)),
+                 (200, 10))
+  y = rng.normal(rng.normal(0, 2, (200, 1)), rng.uniform(0.1, 3, (200, 1)),
+                 (200, 10))
+  x[:50, 6:] = np.nan  # some rows shorter: a window not yet full
+  y[25:75, 3:] = np.nan
+  got = np.asarray(pbt.welch_p_value(jnp.asarray(x, jnp.float32),
+                                     jnp.asarray(y, jnp.float32)))
+  want = np.array([welch_reference(a, b) for a, b in zip(x, y)])
+  # float32 moments of 10 values of order 1 (relative error ~1e-6) and
+  # float32's incomplete beta (~1e-5 relative): far inside 1e-4.
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  assert (want < 0.05).sum() > 50 and (want > 0.05).sum() > 50  # both sides
+
+
+def test_welch_p_value_without_spread_or_with_one_value():
+  nan = np.nan
+  x = jnp.array([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, nan, nan],
+                 [1.0, 2.0, nan]])
+  y = jnp.array([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0], [0.0, 5.0, 9.0],
+                 [0.0, nan, nan]])
+  p = np.asarray(pbt.welch_p_value(x, y))
+  np.testing.assert_array_equal(p[:2], [0.0, 1.0])
+  assert np.isnan(p[2:]).all()
+
+
+def test_ttest_copies_only_a_member_better_by_welchs_test():
+  n, config = 10, pbt.PBTConfig(exploit='ttest')
+  rng = np.random.default_rng(0)
+  step = jax.jit(pbt.select_parents, static_argnums=3)
+  index = np.arange(n)
+  decided = 0
+  for seed in range(30):
+    samples = rng.normal(rng.normal(0, 1, (n, 1)), 1.0, (n, 10))
+    samples[rng.random(n) < 0.2, 5:] = np.nan
+    samples[seed % n, 1:] = np.nan  # one member with a single value
+    fitness = np.nanmean(samples, axis=1).astype(np.float32)
+    ready = rng.random(n) < 0.8
+    key = jax.random.PRNGKey(seed)
+    parent, replaced = map(np.asarray, step(key, fitness, ready, config,
+                                            samples))
+    # The member each one drew (the docstring's uniform other member),
+    # checked against the tournament's copies from the same key.
+    drawn = (index + np.asarray(jax.random.randint(key, (n,), 1, n))) % n
+    tour_parent, tour_replaced = map(np.asarray, step(
+        key, fitness, ready, pbt.PBTConfig(exploit='tournament')))
+    np.testing.assert_array_equal(tour_parent[tour_replaced],
+                                  drawn[tour_replaced])
+    for i in range(n):
+      p_value = welch_reference(samples[drawn[i]], samples[i])
+      if abs(p_value - 0.05) < 1e-3:
+        continue  # float32 against float64 at the threshold
+      want = bool(ready[i] and fitness[drawn[i]] > fitness[i]
+                  and p_value < 0.05)
+      assert replaced[i] == want, (seed, i, p_value)
+      assert parent[i] == (drawn[i] if want else i)
+      decided += want
+  assert 20 < decided < 150  # copies made and refused alike
+
+
+def test_ttest_needs_the_samples():
+  with pytest.raises(ValueError, match='samples'):
+    pbt.select_parents(jax.random.PRNGKey(0), jnp.zeros(4), jnp.ones(4, bool),
+                       pbt.PBTConfig(exploit='ttest'))
+
+
 def test_explore_stays_in_bounds(population):
   state, hparams = population
   config = pbt.PBTConfig(fraction=0.5, resample_probability=0.25)
@@ -237,7 +312,9 @@ def test_ready_mask():
 @pytest.mark.parametrize('kwargs, message', [
     (dict(fraction=0.6), 'fraction'),
     (dict(fraction=0.0), 'fraction'),
-    (dict(exploit='ttest'), 'exploit'),
+    (dict(exploit='roulette'), 'exploit'),
+    (dict(exploit='ttest', significance=0.0), 'significance'),
+    (dict(exploit='ttest', significance=1.0), 'significance'),
     (dict(resample_probability=2.0), 'resample_probability'),
     (dict(perturb_factors=(0.8, -1.0)), 'perturb factors'),
     (dict(min_gap_relative=-0.1), 'min_gap_relative'),

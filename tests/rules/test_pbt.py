@@ -120,6 +120,20 @@ def test_the_whole_population_decides_at_once():
                                 run.rule_state.history[2])  # copied values
 
 
+def test_ttest_copies_only_where_the_returns_differ_significantly():
+  run = Run(exploit='ttest')
+  run.call(200)  # the first call: warm-up evaluations score nobody
+  # Members 0-2 overlap (means -180 to -195, spread ~90): no pair differs
+  # at 5%. Member 3 is below each of them by far: whichever it draws, it
+  # copies; whichever they draw, they keep their own.
+  returns = {0: [-100, -300, -200, -150], 1: [-120, -280, -210, -160],
+             2: [-110, -290, -190, -170], 3: [-900, -905, -895, -910]}
+  run.call(30, [(m, r) for m in range(N) for r in returns[m]])
+  assert int(run.rule_state.exploits) == 1
+  assert [e['member'] for e in run.events] == [3]
+  assert run.events[0]['parent'] in (0, 1, 2)
+
+
 def test_lineage_starts_once_per_run_not_per_resume():
   run = Run()
   first = run.call(10)
