@@ -91,7 +91,7 @@ import numpy as np
 
 from benchmarks import stats
 from fastpbrl.config import agent_spec
-from fastpbrl.population import pb2
+from fastpbrl.population import pb2, pbt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +311,11 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
       # distance, whose last value alone depends on the bandit's last arm.
       'rule_curves': read_rule_csv(os.path.join(run_dir, 'run')),
   }
+  lineage = os.path.join(run_dir, 'run', pbt.LINEAGE)
+  if os.path.exists(lineage):
+    # How many initial members' lines of weights the final population
+    # still holds: PBT's exploit ends lineages, 4 seeds keep 4.
+    out['lineages_at_end'] = len(set(pbt.founders(lineage).values()))
   mean_csv = os.path.join(run_dir, 'run', 'mean_policy.csv')
   if os.path.exists(mean_csv):
     curve = cem_mean_policy_curve(mean_csv, args.population_size)
@@ -876,6 +881,17 @@ def _share_cell(shares: list) -> str:
   return f'{np.mean(known):.0%}' if known else ''
 
 
+def _lineages_cell(counts: list) -> str:
+  """The mean number of lineages at the end over the seeds that recorded
+  it (runs of a lineage-keeping rule since the benchmark records it), with
+  how many did where not all."""
+  known = [c for c in counts if c is not None]
+  if not known:
+    return ''
+  cell = f'{np.mean(known):.1f}'
+  return cell if len(known) == len(counts) else f'{cell} ({len(known)} seeds)'
+
+
 LATE_FRACTION = 0.2  # "late": the evaluations in the last fifth of the budget
 
 
@@ -927,12 +943,13 @@ def report(out: str) -> str:
            'final | best member, last fifth | population mean, final | '
            'CEM mean policy | mean pairwise '
            'action distance: final (mean over the run) | final hparams at '
-           'an edge of their range | wall time per run | code |',
-           '|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|']
+           'an edge of their range | lineages at the end | wall time per '
+           'run | code |',
+           '|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|']
   csv_rows = ['task,env_steps_per_member,method,seed,best_final,best_late,'
               'mean_final,'
               'cem_mean_policy,diversity,diversity_run_mean,edge_share,'
-              'wall_time_s']
+              'lineages_at_end,wall_time_s']
   order = {m: i for i, m in enumerate(METHODS)}
   tasks = sorted(by, key=lambda k: (list(TASKS).index(k[0]), k[1]))
   for task, steps in tasks:
@@ -946,22 +963,25 @@ def report(out: str) -> str:
              for r in runs]
       div_mean = [_run_mean(r, 'mean_pairwise_action_distance') for r in runs]
       edges = [edge_share(r) for r in runs]
+      lineages = [r.get('lineages_at_end') for r in runs]
       wall = [r['wall_time_s'] for r in runs]
       lines.append(
           f'| {task} | {steps:,} | {method} | {len(runs)} | {_fmt(best)} | '
           f'{_fmt(late)} | {_fmt(mean)} | '
           f'{_fmt(cem) if any(c is not None for c in cem) else ""} | '
           + _diversity_cell(div, div_mean) + ' | ' + _share_cell(edges)
+          + ' | ' + _lineages_cell(lineages)
           + f' | {np.mean(wall) / 60:.1f} min | '
           + ', '.join(sorted({r.get('code', 'not recorded') for r in runs}))
           + ' |')
-      for r, b, bl, m, c, d, dm, e in zip(runs, best, late, mean, cem, div,
-                                          div_mean, edges):
+      for r, b, bl, m, c, d, dm, e, g in zip(runs, best, late, mean, cem,
+                                             div, div_mean, edges, lineages):
         csv_rows.append(f'{task},{steps},{method},{r["seed"]},{b},'
                         f'{"" if bl is None else bl},{m},'
                         f'{"" if c is None else c},{"" if d is None else d},'
                         f'{"" if dm is None else dm},'
                         f'{"" if e is None else e},'
+                        f'{"" if g is None else g},'
                         f'{r["wall_time_s"]:.1f}')
   machines = sorted({r['machine'] for r in results})
   dates = sorted({r['date'] for r in results})

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -648,6 +649,30 @@ def read_lineage(path: str | os.PathLike) -> list[dict]:
   """Host-side. All events of a lineage file, in the order written."""
   with open(path, encoding='utf-8') as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+def founders(path_or_events) -> dict[int, tuple[int, int]]:
+  """Host-side. The start of each member's current line of weights, as
+  ``(member, step)`` of the ``init`` or ``reset`` event it descends from:
+  the number of distinct values is the number of lineages still alive.
+
+  The copies of one decision read the population as it was before it
+  (consecutive events with the same step and ``reason`` are one
+  decision), as ``exploit_explore`` makes them.
+  """
+  events = (read_lineage(path_or_events)
+            if isinstance(path_or_events, (str, os.PathLike))
+            else list(path_or_events))
+  origin: dict[int, tuple[int, int]] = {}
+  for _, decision in itertools.groupby(
+      events, key=lambda e: (e['step'], e.get('reason'))):
+    before = dict(origin)
+    for e in decision:
+      if e['event'] == 'exploit':
+        origin[e['member']] = before[e['parent']]
+      else:  # init / reset: a line of weights starts here
+        origin[e['member']] = (e['member'], e['step'])
+  return origin
 
 
 def schedule(path_or_events, member: int,

@@ -157,12 +157,35 @@ def test_report_gives_the_final_and_run_mean_action_distance(tmp_path):
   table = learning.report(str(out))
   # Final: (0.5 + 0.7) / 2; run mean of seed 0: (2 + 1.5 + 0.5) / 3.
   assert ('| Pendulum-v1 | 400 | dvd | 2 | -100 ± 0 | -100 ± 0 | -150 ± 0 |  | '
-          '0.600 (1.333, 1 of 2 seeds) |  | 1.0 min | x |') in table
+          '0.600 (1.333, 1 of 2 seeds) |  |  | 1.0 min | x |') in table
   with open(out / 'results.csv') as f:
     rows = f.read().splitlines()
   # DvD chooses no hyperparameters: no edge share.
-  assert rows[1].endswith(',0.5,1.3333333333333333,,60.0')
-  assert rows[2].endswith(',0.7,,,60.0')
+  assert rows[1].endswith(',0.5,1.3333333333333333,,,60.0')
+  assert rows[2].endswith(',0.7,,,,60.0')
+
+
+def test_report_gives_the_lineages_left_at_the_end(tmp_path):
+  out = tmp_path / 'learning'
+  # Seeds 0 and 1 recorded their lineages (3 and 2 left), seed 2 was
+  # stored before the benchmark recorded them.
+  for seed, count in ((0, 3), (1, 2), (2, None)):
+    path = learning.result_path(str(out), 'Pendulum-v1', 'pbt-td3', seed, 400)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    result = {'final_returns': [-200.0, -100.0], 'wall_time_s': 60.0,
+              'curve': [[400, -100.0, -150.0]], 'task': 'Pendulum-v1',
+              'method': 'pbt-td3', 'seed': seed, 'population_size': 2,
+              'eval_episodes': 1, 'budget': {'env_steps': 400},
+              'machine': 'test', 'date': '2026-11-27', 'code': 'x'}
+    if count is not None:
+      result['lineages_at_end'] = count
+    with open(path, 'w') as f:
+      json.dump(result, f)
+  table = learning.report(str(out))
+  assert '|  | 2.5 (2 seeds) | 1.0 min | x |' in table
+  with open(out / 'results.csv') as f:
+    rows = f.read().splitlines()
+  assert [r.split(',')[-2] for r in rows[1:]] == ['3', '2', '']
 
 
 def test_late_best_averages_the_best_member_over_the_last_fifth(tmp_path):

@@ -364,6 +364,7 @@ def test_lineage_and_schedule(tmp_path, population):
 
   # Forward reference: each member's schedule, carried along with copies.
   expected = [[(0, r)] for r in rows(hparams)]
+  origin = list(range(n))  # the initial member each one descends from
   rng = np.random.default_rng(3)
   total = 0
   for t, step in enumerate((100, 200, 300, 400, 500)):
@@ -377,6 +378,8 @@ def test_lineage_and_schedule(tmp_path, population):
     new_rows = rows(out.hparams)
     expected = [expected[parent[i]] + [(step, new_rows[i])] if replaced[i]
                 else expected[i] for i in range(n)]
+    origin = [origin[parent[i]] if replaced[i] else origin[i]
+              for i in range(n)]
     # The file's last events are exactly this call's replacements.
     events = pbt.read_lineage(path)[-written:] if written else []
     assert [e['member'] for e in events] == list(np.flatnonzero(replaced))
@@ -401,6 +404,27 @@ def test_lineage_and_schedule(tmp_path, population):
   assert pbt.schedule(events, 0, until_step=0) == [(0, initial[0])]
   with pytest.raises(ValueError, match='no init event for member 7'):
     pbt.schedule(events, 7)
+  assert pbt.founders(path) == {i: (origin[i], 0) for i in range(n)}
+  assert len(set(origin)) < n  # some lineages ended
+
+
+def test_founders_reads_one_decision_as_simultaneous():
+  def init(m, step, event='init'):
+    return {'event': event, 'member': m, 'step': step}
+
+  def copy(m, parent, step, **extra):
+    return {'event': 'exploit', 'member': m, 'parent': parent, 'step': step,
+            **extra}
+
+  events = [init(m, 0) for m in range(4)] + [
+      # One decision: 0 copies 1 while 1 copies 2; 0 takes 1's old line.
+      copy(0, 1, 100), copy(1, 2, 100),
+      # A diverged replacement, then a decision at the same step: the
+      # decision reads the population after the replacement.
+      copy(3, 2, 200, reason='diverged'), copy(2, 3, 200),
+      init(1, 300, event='reset')]  # a slot restarted from scratch
+  assert pbt.founders(events) == {0: (1, 0), 1: (1, 300), 2: (2, 0),
+                                  3: (2, 0)}
 
 
 def test_sac_state_copied_with_temperature():
