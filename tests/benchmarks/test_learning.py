@@ -134,6 +134,20 @@ def test_report_plots_the_cem_mean_policy(tmp_path, monkeypatch):
   assert steps == [120, 200] and ys == [-430.0, -270.0]
 
 
+def write_run(out, method: str, seed: int, **extra) -> None:
+  """A Pendulum-v1 run of 2 members at 400 env steps (finals -200 and
+  -100, one minute), with ``extra`` fields, as the benchmark stores it."""
+  path = learning.result_path(str(out), 'Pendulum-v1', method, seed, 400)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w') as f:
+    json.dump({'final_returns': [-200.0, -100.0], 'wall_time_s': 60.0,
+               'curve': [[400, -100.0, -150.0]], 'task': 'Pendulum-v1',
+               'method': method, 'seed': seed, 'population_size': 2,
+               'eval_episodes': 1, 'budget': {'env_steps': 400},
+               'machine': 'test', 'date': '2026-11-24', 'code': 'x',
+               **extra}, f)
+
+
 def test_report_gives_the_final_and_run_mean_action_distance(tmp_path):
   out = tmp_path / 'learning'
   # Seed 0 has the distance's history (rule.csv), seed 1 was stored before
@@ -142,18 +156,9 @@ def test_report_gives_the_final_and_run_mean_action_distance(tmp_path):
       (0, 0.5, {'mean_pairwise_action_distance': [(100, 2.0), (200, 1.5),
                                                   (300, 0.5)]}),
       (1, 0.7, None)):
-    path = learning.result_path(str(out), 'Pendulum-v1', 'dvd', seed, 400)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    result = {'final_returns': [-200.0, -100.0], 'wall_time_s': 60.0,
-              'curve': [[400, -100.0, -150.0]], 'task': 'Pendulum-v1',
-              'method': 'dvd', 'seed': seed, 'population_size': 2,
-              'eval_episodes': 1, 'budget': {'env_steps': 400},
-              'machine': 'test', 'date': '2026-11-24', 'code': 'x',
-              'rule_scalars': {'mean_pairwise_action_distance': final}}
-    if curves:
-      result['rule_curves'] = curves
-    with open(path, 'w') as f:
-      json.dump(result, f)
+    extra = {'rule_curves': curves} if curves else {}
+    write_run(out, 'dvd', seed, rule_scalars={
+        'mean_pairwise_action_distance': final}, **extra)
   table = learning.report(str(out))
   # Final: (0.5 + 0.7) / 2; run mean of seed 0: (2 + 1.5 + 0.5) / 3.
   assert ('| Pendulum-v1 | 400 | dvd | 2 | -100 ± 0 | -100 ± 0 | -150 ± 0 |  | '
@@ -170,17 +175,8 @@ def test_report_gives_the_lineages_left_at_the_end(tmp_path):
   # Seeds 0 and 1 recorded their lineages (3 and 2 left), seed 2 was
   # stored before the benchmark recorded them.
   for seed, count in ((0, 3), (1, 2), (2, None)):
-    path = learning.result_path(str(out), 'Pendulum-v1', 'pbt-td3', seed, 400)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    result = {'final_returns': [-200.0, -100.0], 'wall_time_s': 60.0,
-              'curve': [[400, -100.0, -150.0]], 'task': 'Pendulum-v1',
-              'method': 'pbt-td3', 'seed': seed, 'population_size': 2,
-              'eval_episodes': 1, 'budget': {'env_steps': 400},
-              'machine': 'test', 'date': '2026-11-27', 'code': 'x'}
-    if count is not None:
-      result['lineages_at_end'] = count
-    with open(path, 'w') as f:
-      json.dump(result, f)
+    write_run(out, 'pbt-td3', seed,
+              **({} if count is None else {'lineages_at_end': count}))
   table = learning.report(str(out))
   assert '|  | 2.5 (2 seeds) | 1.0 min | x |' in table
   with open(out / 'results.csv') as f:
