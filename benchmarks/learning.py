@@ -314,8 +314,12 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
   lineage = os.path.join(run_dir, 'run', pbt.LINEAGE)
   if os.path.exists(lineage):
     # How many initial members' lines of weights the final population
-    # still holds: PBT's exploit ends lineages, 4 seeds keep 4.
-    out['lineages_at_end'] = len(set(pbt.founders(lineage).values()))
+    # still holds: PBT's exploit ends lineages, 4 seeds keep 4. A lineage
+    # it cannot follow is reported; the run's results are kept.
+    try:
+      out['lineages_at_end'] = len(set(pbt.founders(lineage).values()))
+    except ValueError as e:
+      print(f'{lineage}: lineages not counted: {e}', file=sys.stderr)
   mean_csv = os.path.join(run_dir, 'run', 'mean_policy.csv')
   if os.path.exists(mean_csv):
     curve = cem_mean_policy_curve(mean_csv, args.population_size)

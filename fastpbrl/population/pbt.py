@@ -22,12 +22,18 @@ Exploit strategies (sec. 4.1.1 and 4.3 of the paper):
   member uniformly at random and copies it if that one is better.
 * ``'ttest'`` (T-test selection, the first of the paper's two exploits for
   RL, sec. 4.1.1): each ready member picks another member uniformly at
-  random and copies it if that one's mean over its last 10 evaluation
-  returns is higher and Welch's t-test on the two sets of returns gives a
-  two-sided p-value below ``significance``. The paper states no level;
-  0.05 is ours. A member with fewer than two returns is never replaced
-  (its variance is unknown); two sets without spread differ with p = 0
-  when their means differ.
+  random and copies it if that one's fitness (the mean of its samples) is
+  higher and Welch's t-test on the two members' samples gives a
+  two-sided p-value below ``significance``; the min-gap guards below
+  apply too. The paper compares the last 10 episodic rewards and states
+  no level; the rule passes each member's last ``--fitness-window`` (10)
+  evaluation returns, and 0.05 is ours. Where a window holds episodes of
+  two policy versions (one before and one after the last decision) the
+  samples are not identically distributed, which makes the test more
+  conservative; the paper's training episodes span versions too. A pair
+  in which either member has fewer than two returns is never tested
+  (its spread is unknown), so neither copies the other; two sets without
+  spread differ with p = 0 when their means differ.
 
 Departures and additions:
 
@@ -235,7 +241,10 @@ def welch_p_value(x: jax.Array, y: jax.Array) -> jax.Array:
   t2 = (mx - my) ** 2 / spread
   # Welch-Satterthwaite degrees of freedom; P(|T| > |t|) for Student's t
   # with df degrees is I_{df / (df + t^2)}(df / 2, 1 / 2).
-  df = spread ** 2 / (sx ** 2 / (nx - 1) + sy ** 2 / (ny - 1))
+  # df written with shares of the spread: no square of a variance, which
+  # float32 overflows (or flushes to 0) for returns beyond about 1e9.
+  a, b = sx / spread, sy / spread
+  df = 1.0 / (a ** 2 / (nx - 1) + b ** 2 / (ny - 1))
   safe_df = jnp.where(spread > 0, df, 1.0)
   p = jax.scipy.special.betainc(safe_df / 2, 0.5,
                                 safe_df / (safe_df + jnp.where(spread > 0,
@@ -657,21 +666,29 @@ def founders(path_or_events) -> dict[int, tuple[int, int]]:
   the number of distinct values is the number of lineages still alive.
 
   The copies of one decision read the population as it was before it
-  (consecutive events with the same step and ``reason`` are one
+  (consecutive copies with the same step and ``reason`` are one
   decision), as ``exploit_explore`` makes them.
+
+  Raises:
+    ValueError: if a copy's parent has no line of weights yet.
   """
   events = (read_lineage(path_or_events)
             if isinstance(path_or_events, (str, os.PathLike))
             else list(path_or_events))
   origin: dict[int, tuple[int, int]] = {}
   for _, decision in itertools.groupby(
-      events, key=lambda e: (e['step'], e.get('reason'))):
+      events, key=lambda e: (e['step'], e.get('reason'),
+                             e['event'] == 'exploit')):
     before = dict(origin)
     for e in decision:
-      if e['event'] == 'exploit':
-        origin[e['member']] = before[e['parent']]
-      else:  # init / reset: a line of weights starts here
+      if e['event'] != 'exploit':  # init / reset: a line of weights starts
         origin[e['member']] = (e['member'], e['step'])
+      elif e['parent'] in before:
+        origin[e['member']] = before[e['parent']]
+      else:
+        raise ValueError(f'lineage: member {e["member"]} copies member '
+                         f'{e["parent"]} at step {e["step"]}, which has no '
+                         'init event before it')
   return origin
 
 

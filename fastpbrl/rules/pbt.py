@@ -452,12 +452,19 @@ class PBT(Rule):
     """Diverged members are replaced at once by copies of good members,
     with perturbed hyperparameters (``pbt.replace_diverged``), and logged
     in the lineage with ``reason: diverged``; if every member diverged,
-    they are re-initialised instead."""
-    if diverged.all():
-      rule_state, decision = super().replace_diverged(rule_state, observation,
-                                                      diverged)
-      return _cut_intervals(rule_state, diverged), decision
+    they are re-initialised instead (``reset`` events in the lineage: new
+    lines of weights)."""
     obs = observation
+    if diverged.all():
+      rule_state, decision = super().replace_diverged(rule_state, obs,
+                                                      diverged)
+      logs = self._lineage_start(rule_state, obs) + tuple(
+          (LINEAGE, e) for e in pbt_lib.init_events(
+              obs.update_steps, obs.hparams, event='reset',
+              env_steps=obs.env_steps))
+      rule_state = rule_state._replace(lineage_started=np.asarray(True))
+      return _cut_intervals(rule_state, diverged), decision._replace(
+          logs=decision.logs + logs)
     fitness = fitness_of(rule_state.history)
     rule_state, key = split_key(rule_state)
     result = self.exploit.replace_diverged(key, obs.state, obs.hparams,

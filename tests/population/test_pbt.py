@@ -208,6 +208,10 @@ def welch_reference(x, y):
   return scipy.stats.ttest_ind(x, y, equal_var=False).pvalue
 
 
+# scipy warns of cancellation for the rows without spread on one side,
+# whose variance it computes as the rounding of identical values (~1e-32):
+# far below the other side's, so the p-values compare all the same.
+@pytest.mark.filterwarnings('ignore:Precision loss occurred')
 def test_welch_p_value_matches_scipy():
   rng = np.random.default_rng(0)
   x = rng.normal(rng.normal(0, 2, (200, 1)), rng.uniform(0.1, 3, (200, 1)),
@@ -216,12 +220,17 @@ def test_welch_p_value_matches_scipy():
                  (200, 10))
   x[:50, 6:] = np.nan  # some rows shorter: a window not yet full
   y[25:75, 3:] = np.nan
+  y[190:] = y[190:, :1]  # no spread on one side: df is the other's n - 1
   got = np.asarray(pbt.welch_p_value(jnp.asarray(x, jnp.float32),
                                      jnp.asarray(y, jnp.float32)))
   want = np.array([welch_reference(a, b) for a, b in zip(x, y)])
   # float32 moments of 10 values of order 1 (relative error ~1e-6) and
   # float32's incomplete beta (~1e-5 relative): far inside 1e-4.
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  # Returns of order 1e10: the same p-values (no variance is squared).
+  big = np.asarray(pbt.welch_p_value(jnp.asarray(x * 1e10, jnp.float32),
+                                     jnp.asarray(y * 1e10, jnp.float32)))
+  np.testing.assert_allclose(big, want, rtol=1e-4, atol=1e-6)
   assert (want < 0.05).sum() > 50 and (want > 0.05).sum() > 50  # both sides
 
 
@@ -417,14 +426,19 @@ def test_founders_reads_one_decision_as_simultaneous():
             **extra}
 
   events = [init(m, 0) for m in range(4)] + [
-      # One decision: 0 copies 1 while 1 copies 2; 0 takes 1's old line.
+      # One decision: 1 copies 3 while 2 copies 1 (written in member
+      # order); 2 takes 1's line as it was before the decision.
+      copy(1, 3, 50), copy(2, 1, 50),
+      # The next: 0 copies 1 while 1 copies 2.
       copy(0, 1, 100), copy(1, 2, 100),
       # A diverged replacement, then a decision at the same step: the
       # decision reads the population after the replacement.
       copy(3, 2, 200, reason='diverged'), copy(2, 3, 200),
       init(1, 300, event='reset')]  # a slot restarted from scratch
-  assert pbt.founders(events) == {0: (1, 0), 1: (1, 300), 2: (2, 0),
-                                  3: (2, 0)}
+  assert pbt.founders(events) == {0: (3, 0), 1: (1, 300), 2: (1, 0),
+                                  3: (1, 0)}
+  with pytest.raises(ValueError, match='member 1 copies member 5'):
+    pbt.founders(events + [copy(1, 5, 400)])
 
 
 def test_sac_state_copied_with_temperature():

@@ -17,11 +17,12 @@ from fastpbrl.build import initial_population, make_agent, make_env_spec
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.config import ConfigError
 from fastpbrl.population import pb2
+from fastpbrl.population import pbt as pbt_lib
 from fastpbrl import resume
 from fastpbrl.resume import like
 from fastpbrl.rules.base import Observation
-from fastpbrl.rules.pbt import (PRESETS, PBT, PBTRunConfig, fitness_of,
-                                record)
+from fastpbrl.rules.pbt import (LINEAGE, PRESETS, PBT, PBTRunConfig,
+                                fitness_of, record)
 
 N = 4
 
@@ -121,14 +122,22 @@ def test_the_whole_population_decides_at_once():
 
 
 def test_ttest_copies_only_where_the_returns_differ_significantly():
+  # Returns within noise of each other (means -180 to -195, spread ~90;
+  # Welch's p > 0.9 for every pair): nobody copies, where a tournament
+  # would surely replace member 0, whose mean is below every other one.
+  overlapping = {0: [-100, -300, -210, -170], 1: [-120, -280, -210, -160],
+                 2: [-110, -290, -190, -170], 3: [-100, -300, -200, -150]}
   run = Run(exploit='ttest')
   run.call(200)  # the first call: warm-up evaluations score nobody
-  # Members 0-2 overlap (means -180 to -195, spread ~90): no pair differs
-  # at 5%. Member 3 is below each of them by far: whichever it draws, it
-  # copies; whichever they draw, they keep their own.
-  returns = {0: [-100, -300, -200, -150], 1: [-120, -280, -210, -160],
-             2: [-110, -290, -190, -170], 3: [-900, -905, -895, -910]}
-  run.call(30, [(m, r) for m in range(N) for r in returns[m]])
+  run.call(30, [(m, r) for m in range(N) for r in overlapping[m]])
+  assert int(run.rule_state.decisions) == 1
+  assert int(run.rule_state.exploits) == 0
+  # Member 3 far below the others (p < 0.001 against each): whichever
+  # it draws, it copies; whichever they draw, they keep their own.
+  run = Run(exploit='ttest')
+  run.call(200)
+  run.call(30, [(m, r) for m in range(N)
+                for r in {**overlapping, 3: [-900, -905, -895, -910]}[m]])
   assert int(run.rule_state.exploits) == 1
   assert [e['member'] for e in run.events] == [3]
   assert run.events[0]['parent'] in (0, 1, 2)
@@ -364,6 +373,29 @@ def test_pb2_leaves_out_an_interval_cut_by_a_diverged_replacement():
   data = pb2.data(np.asarray(run.rule_state.pb2_rows))
   third = data.t == 2.0  # the rows of the interval the replacement cut
   assert third.sum() == N - 1
+
+
+def test_when_every_member_diverged_the_lineage_restarts():
+  """Re-initialised weights descend from no member: the lineage says so
+  with a reset event per member, so its lines of weights start again."""
+  run = Run()
+  first = run.call(200)  # the first call writes the init events
+  run.call(30, [(m, -100.0 * (m + 1)) for m in range(N)])  # a copy
+  logs = [e for _, e in first.logs] + [e for e in run.events]
+  assert len(set(pbt_lib.founders(logs).values())) < N
+  observation = Observation(
+      calls=0, update_steps=run.update_steps,
+      member_update_steps=np.full(N, run.update_steps), env_steps=100,
+      episodes=(), marked_at=run.marked_at.copy(), state=run.state,
+      hparams=run.hparams)
+  run.rule_state, decision = run.rule.replace_diverged(
+      run.rule_state, observation, np.ones(N, bool))
+  assert decision.reinit is not None and decision.renewed.all()
+  resets = [e for name, e in decision.logs if name == LINEAGE]
+  assert [(e['event'], e['member']) for e in resets] == [
+      ('reset', m) for m in range(N)]
+  assert pbt_lib.founders(logs + resets) == {
+      m: (m, run.update_steps) for m in range(N)}
 
 
 def test_a_checkpoint_of_an_earlier_state_layout_is_refused(tmp_path):
