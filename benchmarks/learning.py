@@ -92,6 +92,7 @@ import numpy as np
 from benchmarks import stats
 from fastpbrl.config import agent_spec
 from fastpbrl.population import pb2, pbt
+from fastpbrl.rules.pbt import LINEAGE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,15 +312,9 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
       # distance, whose last value alone depends on the bandit's last arm.
       'rule_curves': read_rule_csv(os.path.join(run_dir, 'run')),
   }
-  lineage = os.path.join(run_dir, 'run', pbt.LINEAGE)
-  if os.path.exists(lineage):
-    # How many initial members' lines of weights the final population
-    # still holds: PBT's exploit ends lineages, 4 seeds keep 4. A lineage
-    # it cannot follow is reported; the run's results are kept.
-    try:
-      out['lineages_at_end'] = len(set(pbt.founders(lineage).values()))
-    except ValueError as e:
-      print(f'{lineage}: lineages not counted: {e}', file=sys.stderr)
+  lineages = lineages_at_end(os.path.join(run_dir, 'run'))
+  if lineages is not None:
+    out['lineages_at_end'] = lineages
   mean_csv = os.path.join(run_dir, 'run', 'mean_policy.csv')
   if os.path.exists(mean_csv):
     curve = cem_mean_policy_curve(mean_csv, args.population_size)
@@ -327,6 +322,21 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
       out['cem_mean_policy_return'] = curve[-1][1]
       out['cem_mean_policy_curve'] = curve
   return out
+
+
+def lineages_at_end(run_dir: str) -> Optional[int]:
+  """How many initial members' lines of weights a run's final population
+  still holds (PBT's exploit ends lineages; 4 seeds keep 4), from the
+  run's lineage file; None for a rule that keeps none, or a lineage it
+  cannot follow (reported, so that the run's results are kept)."""
+  path = os.path.join(run_dir, LINEAGE)
+  if not os.path.exists(path):
+    return None
+  try:
+    return len(set(pbt.founders(path).values()))
+  except ValueError as e:
+    print(f'{path}: lineages not counted: {e}', file=sys.stderr)
+    return None
 
 
 def cem_mean_policy_curve(path: str, population_size: int) -> list:

@@ -47,6 +47,29 @@ def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
   assert os.path.getmtime(path) == mtime
 
 
+def test_tiny_pbt_benchmark_records_the_lineages_left(tmp_path):
+  out, runs = str(tmp_path / 'learning'), tmp_path / 'runs'
+  runs.mkdir()
+  learning.main(['--tasks', 'Pendulum-v1', '--methods', 'pbt-ttest-td3',
+                 '--seeds', '0', '--env-steps', '400', '--population-size',
+                 '2', '--eval-episodes', '1', '--out', out, '--run-root',
+                 str(runs)])
+  with open(learning.result_path(out, 'Pendulum-v1', 'pbt-ttest-td3', 0,
+                                 400)) as f:
+    result = json.load(f)
+  assert '--exploit ttest' in result['command']
+  (run_dir,) = runs.iterdir()
+  lineage = run_dir / 'run' / 'lineage.jsonl'
+  # From the lineage file, by hand: members whose line no copy replaced.
+  events = [json.loads(line) for line in lineage.read_text().splitlines()]
+  copied = {e['member'] for e in events if e['event'] == 'exploit'}
+  parents = {e['parent'] for e in events if e['event'] == 'exploit'}
+  if not copied:
+    assert result['lineages_at_end'] == 2
+  else:  # with 2 members, every copy leaves one line
+    assert result['lineages_at_end'] == 1 and len(copied | parents) == 2
+
+
 @pytest.mark.parametrize('argv, message', [
     (['--tasks', 'Nope-v0'], '--tasks: unknown task'),
     (['--methods', 'ppo'], '--methods: unknown method'),
@@ -168,6 +191,22 @@ def test_report_gives_the_final_and_run_mean_action_distance(tmp_path):
   # DvD chooses no hyperparameters: no edge share.
   assert rows[1].endswith(',0.5,1.3333333333333333,,,60.0')
   assert rows[2].endswith(',0.7,,,,60.0')
+
+
+def test_lineages_at_end_reads_the_runs_lineage_file(tmp_path, capsys):
+  assert learning.lineages_at_end(str(tmp_path)) is None  # no lineage kept
+  events = [{'event': 'init', 'member': m, 'step': 0} for m in range(4)] + [
+      {'event': 'exploit', 'member': 0, 'parent': 2, 'step': 10},
+      {'event': 'exploit', 'member': 1, 'parent': 2, 'step': 20}]
+  path = tmp_path / 'lineage.jsonl'
+  path.write_text(''.join(json.dumps(e) + '\n' for e in events))
+  assert learning.lineages_at_end(str(tmp_path)) == 2  # members 2 and 3
+  # A copy of a member the file never started: reported, not raised.
+  with open(path, 'a') as f:
+    f.write(json.dumps({'event': 'exploit', 'member': 3, 'parent': 7,
+                        'step': 30}) + '\n')
+  assert learning.lineages_at_end(str(tmp_path)) is None
+  assert 'lineages not counted' in capsys.readouterr().err
 
 
 def test_report_gives_the_lineages_left_at_the_end(tmp_path):
