@@ -903,7 +903,8 @@ def _lineages_cell(counts: list) -> str:
   if not known:
     return ''
   cell = f'{np.mean(known):.1f}'
-  return cell if len(known) == len(counts) else f'{cell} ({len(known)} seeds)'
+  return (cell if len(known) == len(counts)
+          else f'{cell} ({len(known)} of {len(counts)} seeds)')
 
 
 LATE_FRACTION = 0.2  # "late": the evaluations in the last fifth of the budget

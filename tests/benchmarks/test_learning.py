@@ -217,7 +217,7 @@ def test_report_gives_the_lineages_left_at_the_end(tmp_path):
     write_run(out, 'pbt-td3', seed,
               **({} if count is None else {'lineages_at_end': count}))
   table = learning.report(str(out))
-  assert '|  | 2.5 (2 seeds) | 1.0 min | x |' in table
+  assert '|  | 2.5 (2 of 3 seeds) | 1.0 min | x |' in table
   with open(out / 'results.csv') as f:
     rows = f.read().splitlines()
   assert [r.split(',')[-2] for r in rows[1:]] == ['3', '2', '']
