@@ -74,6 +74,19 @@ class Run:
     self.version += 1  # this call's weights are published
     return decision
 
+  def diverge(self, diverged):
+    """The loop's call of ``replace_diverged`` for ``diverged`` members."""
+    observation = Observation(
+        calls=0, update_steps=self.update_steps,
+        member_update_steps=np.full(N, self.update_steps), env_steps=100,
+        episodes=(), marked_at=self.marked_at.copy(), state=self.state,
+        hparams=self.hparams)
+    self.rule_state, decision = self.rule.replace_diverged(
+        self.rule_state, observation, diverged)
+    if decision.state is not None:
+      self.state, self.hparams = decision.state, decision.hparams
+    return decision
+
 
 def test_no_exploit_on_evaluations_of_untrained_policies():
   run = Run()
@@ -358,14 +371,7 @@ def test_pb2_leaves_out_an_interval_cut_by_a_diverged_replacement():
   before = np.asarray(run.rule_state.last_fitness).copy()
   diverged = np.zeros(N, bool)
   diverged[0] = True
-  observation = Observation(
-      calls=0, update_steps=run.update_steps,
-      member_update_steps=np.full(N, run.update_steps), env_steps=100,
-      episodes=(), marked_at=run.marked_at.copy(), state=run.state,
-      hparams=run.hparams)
-  run.rule_state, decision = run.rule.replace_diverged(
-      run.rule_state, observation, diverged)
-  run.state, run.hparams = decision.state, decision.hparams
+  run.diverge(diverged)
   after = np.asarray(run.rule_state.last_fitness)
   assert np.isnan(after[0])
   np.testing.assert_array_equal(after[1:], before[1:])
@@ -383,13 +389,7 @@ def test_when_every_member_diverged_the_lineage_restarts():
   run.call(30, [(m, -100.0 * (m + 1)) for m in range(N)])  # a copy
   logs = [e for _, e in first.logs] + [e for e in run.events]
   assert len(set(pbt_lib.founders(logs).values())) < N
-  observation = Observation(
-      calls=0, update_steps=run.update_steps,
-      member_update_steps=np.full(N, run.update_steps), env_steps=100,
-      episodes=(), marked_at=run.marked_at.copy(), state=run.state,
-      hparams=run.hparams)
-  run.rule_state, decision = run.rule.replace_diverged(
-      run.rule_state, observation, np.ones(N, bool))
+  decision = run.diverge(np.ones(N, bool))
   assert decision.reinit is not None and decision.renewed.all()
   resets = [e for name, e in decision.logs if name == LINEAGE]
   assert [(e['event'], e['member']) for e in resets] == [
