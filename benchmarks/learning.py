@@ -26,7 +26,12 @@ Methods:
   ``pbt-ttest-td3``: PBT whose exploit is Jaderberg et al.'s T-test
   selection (a member copies the one it drew only where Welch's test
   separates their returns), which keeps lineages apart while their
-  returns are within noise of each other;
+  returns are within noise of each other; ``pbt-no-copy-td3``: PBT's whole
+  path (its rule, decisions and lineage log) with every member at the
+  defaults and no copy (``--min-gap-absolute 1e9``), so that it differs
+  from the baseline only in the path, never in what it decides: a gap
+  between it and ``seeds-td3`` is the path's, a gap between it and
+  ``pbt-td3`` the decisions';
 * ``cemrl``: CEM-RL (its score is the CEM mean policy's return, reported in
   its own column; the members' finals are reported like the others');
 * ``dvd``, ``dvd-no-diversity``: DvD-TD3 and the same shared-critic TD3
@@ -131,6 +136,10 @@ METHODS = {
     'pbt-pb2-td3': ('pbt', ['--agent', 'td3', '--explore', 'pb2']),
     # Jaderberg et al.'s T-test selection instead of truncation.
     'pbt-ttest-td3': ('pbt', ['--agent', 'td3', '--exploit', 'ttest']),
+    # PBT's path with nothing decided: every member at the defaults, and a
+    # fitness gap no member reaches, so no copy and no explore.
+    'pbt-no-copy-td3': ('pbt', ['--agent', 'td3', '--init-hparams',
+                                'defaults', '--min-gap-absolute', '1e9']),
     # Today's PBT with one replay for all members: each learns from every
     # member's transitions (as CEM-RL's and DvD's shared critic does).
     'pbt-shared-td3': ('pbt', ['--agent', 'td3', '--shared-replay']),

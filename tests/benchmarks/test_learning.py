@@ -70,6 +70,28 @@ def test_tiny_pbt_benchmark_records_the_lineages_left(tmp_path):
     assert result['lineages_at_end'] == 1 and len(copied | parents) == 2
 
 
+def test_tiny_no_copy_benchmark_decides_nothing(tmp_path):
+  # The diagnostic row differs from the baseline only in the path: every
+  # member at the defaults, decisions taken, and none of them a copy.
+  out, runs = str(tmp_path / 'learning'), tmp_path / 'runs'
+  runs.mkdir()
+  learning.main(['--tasks', 'Pendulum-v1', '--methods', 'pbt-no-copy-td3',
+                 '--seeds', '0', '--env-steps', '400', '--population-size',
+                 '2', '--eval-episodes', '1', '--out', out, '--run-root',
+                 str(runs)])
+  with open(learning.result_path(out, 'Pendulum-v1', 'pbt-no-copy-td3', 0,
+                                 400)) as f:
+    result = json.load(f)
+  assert result['lineages_at_end'] == 2
+  (run_dir,) = runs.iterdir()
+  lineage = run_dir / 'run' / 'lineage.jsonl'
+  events = [json.loads(line) for line in lineage.read_text().splitlines()]
+  inits = [e for e in events if e['event'] == 'init']
+  assert [e['member'] for e in inits] == [0, 1]
+  assert inits[0]['hparams'] == inits[1]['hparams']  # both at the defaults
+  assert {e['event'] for e in events} == {'init'}
+
+
 @pytest.mark.parametrize('argv, message', [
     (['--tasks', 'Nope-v0'], '--tasks: unknown task'),
     (['--methods', 'ppo'], '--methods: unknown method'),
