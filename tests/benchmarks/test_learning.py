@@ -47,21 +47,27 @@ def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
   assert os.path.getmtime(path) == mtime
 
 
-def test_tiny_pbt_benchmark_records_the_lineages_left(tmp_path):
+def _tiny_pbt_run(tmp_path, method):
+  """One tiny run of ``method`` through the benchmark: its result JSON and
+  the events of its lineage file."""
   out, runs = str(tmp_path / 'learning'), tmp_path / 'runs'
   runs.mkdir()
-  learning.main(['--tasks', 'Pendulum-v1', '--methods', 'pbt-ttest-td3',
+  learning.main(['--tasks', 'Pendulum-v1', '--methods', method,
                  '--seeds', '0', '--env-steps', '400', '--population-size',
                  '2', '--eval-episodes', '1', '--out', out, '--run-root',
                  str(runs)])
-  with open(learning.result_path(out, 'Pendulum-v1', 'pbt-ttest-td3', 0,
-                                 400)) as f:
+  with open(learning.result_path(out, 'Pendulum-v1', method, 0, 400)) as f:
     result = json.load(f)
-  assert '--exploit ttest' in result['command']
   (run_dir,) = runs.iterdir()
   lineage = run_dir / 'run' / 'lineage.jsonl'
-  # From the lineage file, by hand: members whose line no copy replaced.
   events = [json.loads(line) for line in lineage.read_text().splitlines()]
+  return result, events
+
+
+def test_tiny_pbt_benchmark_records_the_lineages_left(tmp_path):
+  result, events = _tiny_pbt_run(tmp_path, 'pbt-ttest-td3')
+  assert '--exploit ttest' in result['command']
+  # From the lineage file, by hand: members whose line no copy replaced.
   copied = {e['member'] for e in events if e['event'] == 'exploit'}
   parents = {e['parent'] for e in events if e['event'] == 'exploit'}
   if not copied:
@@ -72,20 +78,9 @@ def test_tiny_pbt_benchmark_records_the_lineages_left(tmp_path):
 
 def test_tiny_no_copy_benchmark_decides_nothing(tmp_path):
   # The diagnostic row differs from the baseline only in the path: every
-  # member at the defaults, decisions taken, and none of them a copy.
-  out, runs = str(tmp_path / 'learning'), tmp_path / 'runs'
-  runs.mkdir()
-  learning.main(['--tasks', 'Pendulum-v1', '--methods', 'pbt-no-copy-td3',
-                 '--seeds', '0', '--env-steps', '400', '--population-size',
-                 '2', '--eval-episodes', '1', '--out', out, '--run-root',
-                 str(runs)])
-  with open(learning.result_path(out, 'Pendulum-v1', 'pbt-no-copy-td3', 0,
-                                 400)) as f:
-    result = json.load(f)
+  # member starts at the defaults and none is ever replaced.
+  result, events = _tiny_pbt_run(tmp_path, 'pbt-no-copy-td3')
   assert result['lineages_at_end'] == 2
-  (run_dir,) = runs.iterdir()
-  lineage = run_dir / 'run' / 'lineage.jsonl'
-  events = [json.loads(line) for line in lineage.read_text().splitlines()]
   inits = [e for e in events if e['event'] == 'init']
   assert [e['member'] for e in inits] == [0, 1]
   assert inits[0]['hparams'] == inits[1]['hparams']  # both at the defaults
