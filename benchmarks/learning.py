@@ -92,6 +92,7 @@ import tempfile
 import time
 from typing import Optional
 
+import jax
 import numpy as np
 
 from benchmarks import stats
@@ -556,6 +557,8 @@ def run_one(args, task_name: str, method: str, seed: int) -> None:
              budget=dataclasses.asdict(task_budget(args, task_name)),
              machine=machine(), date=time.strftime('%Y-%m-%d'),
              code=code)
+  if learner_device():
+    out['device'] = learner_device()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = path + '.tmp'
   with open(tmp, 'w') as f:
@@ -625,6 +628,14 @@ def machine() -> str:
   except OSError:
     pass
   return f'{cpu}, {os.cpu_count()} cores, {platform.system()}'
+
+
+def learner_device() -> Optional[str]:
+  """The accelerator JAX runs the learner on (``'NVIDIA H200 (learner)'``),
+  or None where it runs on the CPU: a row's ``device``, since the CPU model
+  of its ``machine`` does not say whether a GPU was there."""
+  device = jax.devices()[0]
+  return None if device.platform == 'cpu' else f'{device.device_kind} (learner)'
 
 
 # --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 
+import jax
 import numpy as np
 import pytest
 
@@ -30,6 +31,8 @@ def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
     result = json.load(f)
   assert len(result['final_returns']) == 2
   assert all(np.isfinite(r) for r in result['final_returns'])
+  # The row says where its learner ran: a GPU's name, or no device at all.
+  assert result.get('device') == learning.learner_device()
   assert result['env_steps'] >= 400 and result['curve']
   # The last curve point is the final evaluation, at the budget.
   steps, best, mean = result['curve'][-1]
@@ -431,3 +434,13 @@ def test_a_new_run_sets_a_superseded_result_aside(tmp_path, monkeypatch):
   assert learning.is_current(str(path))
   assert learning.set_aside_superseded(str(path)) is None and path.exists()
   assert learning.set_aside_superseded(str(tmp_path / 'none.json')) is None
+
+
+def test_a_row_names_the_gpu_its_learner_ran_on():
+  """A row's ``device`` is the GPU its learner ran on, and there is none
+  where JAX has only the CPU (CI's case)."""
+  device = jax.devices()[0]
+  if device.platform == 'cpu':
+    assert learning.learner_device() is None
+  else:
+    assert learning.learner_device() == f'{device.device_kind} (learner)'
