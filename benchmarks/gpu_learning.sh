@@ -8,6 +8,10 @@
 # end). The result JSONs land under $RESULTS/runs/, as in
 # benchmarks/results/learning/runs/; each names the GPU its learner ran on
 # (its "device").
+# A row records the commit it ran (git rev-parse there): the device tool
+# sends no .git, so carry a shallow clone's, ignored here
+# (git clone -q --depth 1 file://$PWD /tmp/s && mv /tmp/s/.git .devgit),
+# and `cp -r .devgit .git` there first; the wheels: gpu_wheels.sh.
 #   RESULTS=/tmp/rows DEADLINE_S=540 bash benchmarks/gpu_learning.sh \
 #     HalfCheetah-v5:50000:pbt-pb2-td3:0 ...   # TASK:STEPS:METHOD:SEED
 set -uo pipefail
