@@ -5,7 +5,8 @@
 # many rows at once as the machine has pairs of cores. Rows are taken in
 # the order given; at the deadline the rows still running are stopped and
 # only finished rows are kept (a row's JSON is written atomically at its
-# end). The result JSONs land under $RESULTS/runs/, as in
+# end); the script lists each row as kept or left out, and exits 1 if any
+# was left out. The result JSONs land under $RESULTS/runs/, as in
 # benchmarks/results/learning/runs/; each names the GPU its learner ran on
 # (its "device").
 # A row records the commit it ran (git rev-parse there): the device tool
@@ -54,5 +55,15 @@ while (( SECONDS - start < DEADLINE_S )); do
 done
 for pid in "${slot_pid[@]}"; do pkill -TERM -P "$pid" 2>/dev/null; kill -TERM "$pid" 2>/dev/null; done
 sleep 5
-echo "$(( SECONDS - start ))s done; finished rows:"
-find "$RESULTS/runs" -name 'seed*.json' 2>/dev/null | sort
+echo "$(( SECONDS - start ))s done"
+left_out=0
+for row in "$@"; do  # a row's JSON is at TASK@STEPS or, at its default budget, TASK
+  IFS=: read -r task steps method seed <<<"$row"
+  kept=
+  for dir in "$task@$steps" "$task"; do
+    f="$RESULTS/runs/$dir/$method/seed$seed.json"
+    [[ -f $f ]] && kept=$f
+  done
+  if [[ -n $kept ]]; then echo "kept $kept"; else echo "left out $row"; left_out=1; fi
+done
+exit "$left_out"  # 1: a row did not finish by the deadline, or failed (its log says)

@@ -1,0 +1,44 @@
+"""benchmarks/gpu_learning.sh: rows side by side, each pinned to two cores,
+stopped at a deadline. Runs here on the CPU (the script needs no GPU)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import learning
+
+SCRIPT = os.path.join(learning.REPO, 'benchmarks', 'gpu_learning.sh')
+
+
+def _run(tmp_path, deadline_s: int, *rows: str) -> subprocess.CompletedProcess:
+  env = dict(os.environ, RESULTS=str(tmp_path / 'rows'),
+             DEADLINE_S=str(deadline_s), PYTHON=sys.executable)
+  return subprocess.run(['bash', SCRIPT, *rows], cwd=learning.REPO, env=env,
+                        capture_output=True, text=True, timeout=900)
+
+
+def test_a_row_past_the_deadline_is_never_started(tmp_path):
+  done = _run(tmp_path, 0, 'Pendulum-v1:400:seeds-td3:0')
+  assert done.returncode == 1, done.stderr
+  assert 'slot' not in done.stdout  # no row was given a slot
+  assert 'left out Pendulum-v1:400:seeds-td3:0' in done.stdout
+  assert not (tmp_path / 'rows' / 'runs').exists()
+
+
+@pytest.mark.slow
+def test_rows_run_to_their_result_files(tmp_path):
+  done = _run(tmp_path, 800, 'Pendulum-v1:400:seeds-td3:0',
+              'Pendulum-v1:400:pbt-td3:1')
+  assert done.returncode == 0, done.stderr
+  for method, seed in (('seeds-td3', 0), ('pbt-td3', 1)):
+    path = learning.result_path(str(tmp_path / 'rows'), 'Pendulum-v1',
+                                method, seed, 400)
+    with open(path) as f:
+      result = json.load(f)
+    assert result['method'] == method and result['seed'] == seed
+    assert result['budget']['env_steps'] == 400
+    assert len(result['final_returns']) == 4  # the benchmark's default size
+    assert f'kept {path}' in done.stdout
