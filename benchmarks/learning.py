@@ -830,8 +830,21 @@ def matrix_summary(by: dict) -> list[str]:
             + f'; worse on {len(found["worse"])}'
             + (f' ({"; ".join(found["worse"])})' if found['worse'] else '')
             + f'. Every method has {stats.MIN_SEEDS} seeds or more on '
-            f'{complete} of {count} tasks.']
+            f'{complete} of {count} tasks.', '', power_note()]
   return lines
+
+
+def power_note() -> str:
+  """What "better" takes at ``MIN_SEEDS`` seeds a side, so that "not
+  distinguishable" reads as "no gain that large", not "no gain"."""
+  n = stats.MIN_SEEDS
+  p = stats.smallest_decisive_probability(n, n)
+  return (f'With {n} seeds a side, a variant is called better only from P = '
+          f'{p:.2f} ({round(p * n * n)} of the {n * n} pairs of seeds), '
+          f'whatever the returns: for normally distributed returns of one '
+          f'spread, a gap of {stats.normal_gap(p):.1f} standard deviations '
+          f'between the means (P = Phi(gap / sqrt 2)). A smaller gain reads '
+          f'"not distinguishable" at these seed counts.')
 
 
 SUPERSEDED_NOTE = (

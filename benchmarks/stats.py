@@ -24,6 +24,8 @@ rliable would add arch and its dependencies for three functions.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from typing import NamedTuple, Sequence
 
@@ -107,6 +109,35 @@ def improvement_interval(x: Sequence[float],
 # gives [1, 1] whatever the counts, though 2 seeds against 4 separate so by
 # chance with probability 1/15; from 5 against 5 that chance is 1/252.
 MIN_SEEDS = 5
+
+
+@functools.cache
+def smallest_decisive_probability(n: int, m: int) -> float:
+  """The smallest probability of improvement that is called ``better``
+  with ``n`` seeds of a rule against ``m`` of the baseline, whichever seeds
+  they are: the least P from which every ordering of the ``n + m`` returns
+  gets an interval above 1/2 (ties aside). P and its bootstrap depend on
+  the returns' ranks alone, so the orderings are all the ways of drawing
+  the rule's ranks from ``n + m``; by symmetry ``1 - P`` is the largest P
+  called ``worse``."""
+  ranks = range(n + m)
+  decisive = {}  # P -> whether every ordering with that P is called better
+  for rule in itertools.combinations(ranks, n):
+    baseline = [r for r in ranks if r not in rule]
+    interval = improvement_interval(rule, baseline)
+    key = round(interval.value * n * m)  # pairs won: P is a count over n m
+    decisive[key] = decisive.get(key, True) and interval.low > 0.5
+  wins = n * m
+  while wins - 1 in decisive and decisive[wins - 1]:
+    wins -= 1
+  return wins / (n * m)
+
+
+def normal_gap(probability: float) -> float:
+  """The gap of two normal means, in their common standard deviation, at
+  which a draw of one exceeds a draw of the other with ``probability``:
+  P(X > Y) = Phi(gap / sqrt(2))."""
+  return float(math.sqrt(2.0) * stats.norm.ppf(probability))
 
 
 def verdict(interval: Interval, seeds: int) -> str:

@@ -376,13 +376,22 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
   hopper = [c.rstrip(' |') for c in rows['Hopper-v5 at 50,000 env steps']]
   assert hopper == ['not run', 'no baseline yet, 3 seeds', 'not run',
                     'not run', 'not run']
-  assert lines[-1] == (
+  assert lines[-1] == learning.power_note()
+  assert lines[-3] == (
       'A PBT variant better than seeds-td3 on 1 of 5 tasks (Pendulum-v1 at '
       '20,000 env steps); worse on 1 (Pendulum-v1 at 20,000 env steps). '
       'Every method has 5 seeds or more on 0 of 5 tasks.')
   # A folder with no run of the matrix (another experiment's) has none.
   assert learning.matrix_summary(
       {('HalfCheetah-v5', 100_000): {'pbt-td3': _runs(1.0)}}) == []
+
+
+def test_power_note_gives_the_threshold_of_five_seeds_a_side():
+  # 21 of 25 pairs (tests/benchmarks/test_stats.py); the gap by hand:
+  # sqrt(2) * Phi^-1(0.84) = 1.414 * 0.994 = 1.41.
+  note = learning.power_note()
+  assert 'from P = 0.84 (21 of the 25 pairs of seeds)' in note
+  assert 'a gap of 1.4 standard deviations' in note
 
 
 def test_runs_on_code_without_a_later_fix_of_their_rule_are_superseded():

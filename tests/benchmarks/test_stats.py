@@ -73,3 +73,34 @@ def test_iqm_interval_brackets_the_iqm_and_is_reproducible():
   assert first.low <= first.value <= first.high
   assert min(values) <= first.low and first.high <= max(values)
   assert math.isnan(stats.iqm_interval([1.0]).low)
+
+
+def test_two_seeds_a_side_are_called_better_only_when_separated():
+  # By hand: with 2 against 2 and one pair crossed (P = 3/4, rule {1, 3},
+  # baseline {0, 2}), the resample rule {1, 1} against baseline {2, 2}
+  # (chance 1/16 > 2.5%) has P = 0, so the interval reaches below 1/2.
+  assert stats.improvement_interval([1, 3], [0, 2]).low < 0.5
+  assert stats.smallest_decisive_probability(2, 2) == 1.0
+
+
+def test_smallest_decisive_probability_splits_real_returns_at_five_seeds():
+  """Returns drawn from normals (not ranks): at 5 seeds a side, the
+  verdict is "better" exactly where P reaches the threshold."""
+  threshold = stats.smallest_decisive_probability(5, 5)
+  assert threshold == 21 / 25
+  rng = np.random.default_rng(0)
+  seen = set()
+  for _ in range(60):
+    x, y = rng.normal(1.5, 1.0, 5), rng.normal(0.0, 1.0, 5)
+    interval = stats.improvement_interval(x, y)
+    better = stats.verdict(interval, 5) == 'better'
+    assert better == (interval.value >= threshold), (x, y, interval)
+    seen.add(better)
+  assert seen == {True, False}  # both sides of the threshold were drawn
+
+
+def test_normal_gap_inverts_the_probability_of_improvement():
+  # P(X > Y) for X ~ N(gap, 1), Y ~ N(0, 1) is Phi(gap / sqrt(2)).
+  for gap in (0.0, 0.5, 1.41):
+    p = 0.5 * (1.0 + math.erf(gap / 2.0))
+    assert abs(stats.normal_gap(p) - gap) < 1e-9
