@@ -557,8 +557,9 @@ def run_one(args, task_name: str, method: str, seed: int) -> None:
              budget=dataclasses.asdict(task_budget(args, task_name)),
              machine=machine(), date=time.strftime('%Y-%m-%d'),
              code=code)
-  if learner_device():
-    out['device'] = learner_device()
+  device = learner_device()
+  if device:
+    out['device'] = device
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = path + '.tmp'
   with open(tmp, 'w') as f:
