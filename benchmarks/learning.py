@@ -789,13 +789,17 @@ MATRIX_NOTE = (
     'its seeds ("not run": no run yet).')
 
 
+def _seeds(count: int) -> str:
+  return f'{count} seed' + ('' if count == 1 else 's')
+
+
 def _matrix_cell(rule: Optional[list], baseline: Optional[list]) -> str:
   if rule is None:
     return 'not run'
   if baseline is None:
-    return f'no baseline yet, {len(rule)} seeds'
+    return f'no baseline yet, {_seeds(len(rule))}'
   poi, verdict = compare(tuple(rule), tuple(baseline))
-  return f'{verdict}: P {stats.fmt_interval(poi, 2)}, {len(rule)} seeds'
+  return f'{verdict}: P {stats.fmt_interval(poi, 2)}, {_seeds(len(rule))}'
 
 
 def matrix_summary(by: dict) -> list[str]:
@@ -814,7 +818,7 @@ def matrix_summary(by: dict) -> list[str]:
     finals = {m: [max(r['final_returns']) for r in runs]
               for m, runs in by.get((task, steps), {}).items()}
     baseline = finals.get(MATRIX_BASELINE)
-    cells = [f'{len(baseline)} seeds' if baseline else 'not run']
+    cells = [_seeds(len(baseline)) if baseline else 'not run']
     cells += [_matrix_cell(finals.get(m), baseline) for m in MATRIX_RULES]
     complete += all(len(finals.get(m, [])) >= stats.MIN_SEEDS
                     for m in methods)

@@ -354,7 +354,8 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
       'pbt-pb2-td3': _runs(-200.0, -210.0, -190.0, -205.0, -195.0),
       # -100 beats all 5 default seeds, -300 none: P = 5 / 10.
       'pbt-resample-td3': _runs(-100.0, -300.0)},
-        ('Hopper-v5', 50_000): {'pbt-td3': _runs(1.0, 2.0, 3.0)},
+        ('Hopper-v5', 50_000): {'pbt-td3': _runs(1.0, 2.0, 3.0),
+                                'pbt-pb2-td3': _runs(4.0)},
         # Not a budget of the matrix: not in it.
         ('HalfCheetah-v5', 100_000): {'seeds-td3': _runs(1.0)}}
   lines = learning.matrix_summary(by)
@@ -375,7 +376,7 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
   assert shared == 'not run'
   hopper = [c.rstrip(' |') for c in rows['Hopper-v5 at 50,000 env steps']]
   assert hopper == ['not run', 'no baseline yet, 3 seeds', 'not run',
-                    'not run', 'not run']
+                    'no baseline yet, 1 seed', 'not run']
   assert lines[-1] == learning.power_note()
   assert lines[-3] == (
       'A PBT variant better than seeds-td3 on 1 of 5 tasks (Pendulum-v1 at '
