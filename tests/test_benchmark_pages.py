@@ -161,18 +161,23 @@ def test_the_learning_table_agrees_with_the_run_jsons():
     steps = steps.split(' env steps')[0]
     y = runs.get((task, steps, learning.MATRIX_BASELINE))
     assert cells[learning.MATRIX_BASELINE] == (
-        f'{len(y)} seeds' if y else 'not run')
+        seed_count(len(y)) if y else 'not run')
     for method in learning.MATRIX_RULES:
       x = runs.get((task, steps, method))
       if x is None:
         assert cells[method] == 'not run'
         continue
-      assert cells[method].endswith(f', {len(x)} seeds'), cells[method]
+      assert cells[method].endswith(f', {seed_count(len(x))}'), cells[method]
       if y:
         wins = sum((a > b) + 0.5 * (a == b) for a in x for b in y)
         assert f': P {wins / (len(x) * len(y)):.2f}' in cells[method]
         compared += 1
   assert compared >= 5
+
+
+def seed_count(count: int) -> str:
+  """'1 seed', '5 seeds': how the matrix gives a row's seeds."""
+  return f'{count} seed' + ('' if count == 1 else 's')
 
 
 def body_rows(text: str) -> list[list[str]]:
