@@ -204,11 +204,11 @@ class RunLogger:
     self._files, self._writers = [], []
     for i in range(population_size):
       path = os.path.join(run_dir, 'members', f'member_{i:03d}.csv')
-      new = not os.path.exists(path)
       f = open(path, 'a', newline='')  # noqa: SIM115 (closed in close())
       writer = csv.DictWriter(f, fieldnames=EPISODE_FIELDS)
-      if new:
+      if f.tell() == 0:  # new, or cut back to before its header by a resume
         writer.writeheader()
+        f.flush()  # a checkpoint's log sizes must count the header
       self._files.append(f)
       self._writers.append(writer)
     self._start = time.monotonic() - wall_time_offset
