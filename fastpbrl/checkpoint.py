@@ -10,6 +10,10 @@ finds a whole one. A checkpoint holds
 * ``extra``: further array pytrees (hyperparameters, rule state, RNG keys);
 * ``meta``: JSON (counters, config, host-side rule bookkeeping).
 
+* ``data_path`` (where the data path can give it: the on-device envs of
+  one process): the envs' states, keys and counters as numpy
+  (``DevicePipeline.checkpoint_state``), so a resume with the replay
+  continues the run exactly;
 * ``replay`` (only with ``--checkpoint-replay``): the replay's contents
   (``Replay.state_dict``), in the same atomic step as the rest, so a resumed
   run continues with the data the killed run had at that call. Over several
@@ -192,13 +196,16 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, extra: Any, meta: dict,
            replay: Optional[dict] = None,
-           replay_members: Optional[slice] = None) -> None:
+           replay_members: Optional[slice] = None,
+           data_path: Optional[dict] = None) -> None:
     """Writes checkpoint ``step`` and waits until it is complete on disk.
 
     ``replay``: a ``Replay.state_dict()`` to store with it (or None).
     ``replay_members``: over several processes, the members this process's
     ``replay`` holds; it then goes to this process's own file
     (``ProcessReplayFiles``) rather than into the orbax checkpoint.
+    ``data_path``: a nested dict of numpy arrays (``DevicePipeline.
+    checkpoint_state``), read back by :meth:`restore_data_path`.
     """
     # Host copies: the learner donates the device state on its next call.
     # Over several processes each gathers the whole population (a rule's
@@ -209,11 +216,14 @@ class Checkpointer:
                  extra=ocp.args.StandardSave(extra),
                  meta=ocp.args.JsonSave({
                      **meta, 'has_replay': replay is not None,
+                     'has_data_path': data_path is not None,
                      # Set where each process saved its own file.
                      **({'replay_processes': jax.process_count()} if files
                         else {})}))
     if replay is not None and not files:
       items['replay'] = ocp.args.StandardSave(replay)
+    if data_path is not None:
+      items['data_path'] = ocp.args.StandardSave(data_path)
     try:
       if files:
         self.replay_files.write(step, replay, replay_members)
@@ -289,6 +299,13 @@ class Checkpointer:
     if replay_template is not None:
       meta['replay'] = jax.tree.map(np.asarray, restored.replay)
     return restored.state, restored.extra, meta
+
+  def restore_data_path(self, step: Optional[int] = None) -> dict:
+    """The ``data_path`` item of checkpoint ``step`` (the latest by
+    default), as the numpy arrays it was saved as."""
+    restored = self._manager.restore(self._step(step), args=ocp.args.Composite(
+        data_path=ocp.args.StandardRestore()))
+    return jax.tree.map(np.asarray, restored.data_path)
 
   def restore_process_replay(self, members: slice,
                              step: Optional[int] = None) -> dict:

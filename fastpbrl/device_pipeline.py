@@ -36,9 +36,12 @@ checkpoints do not know which path runs. What differs, by design:
   parameters up to a call or two old). A policy version is one learner call.
 * **Determinism.** Everything is a function of ``--seed``: two runs with the
   same settings on the same device take the same decisions.
-* **Resume.** The envs' states are not checkpointed: a resumed run starts
-  new episodes (the replay, with ``--checkpoint-replay``, the policies and
-  the counters are restored; episodes cut by the stop are not logged).
+* **Resume.** Each checkpoint holds the envs' states, keys and counters
+  (``checkpoint_state``; one process). With ``--checkpoint-replay`` a
+  resumed run continues them with the replay: it is the run never
+  stopped, bit for bit. Without the replay (or over several processes) a
+  resumed run starts new episodes and refills the replay with the
+  restored policies (episodes cut by the stop are not logged).
 * **Several processes** (``fastpbrl.launch``, ``fastpbrl.distributed``).
   The envs and rings are global arrays over every process's devices, split
   by member with the learner's mesh: each device steps its own members'
@@ -120,7 +123,9 @@ class DevicePipeline:
                config, *, envs_per_member: int = 1, interleave: int = 1,
                seed: int = 0,
                resume_env_steps: Sequence[int] | None = None,
-               replay_state: dict | None = None, processes=None):
+               replay_state: dict | None = None, processes=None,
+               carried_env_steps: float | Sequence[float] = 0.0,
+               saved_state: dict | None = None):
     """Args:
       env: the JAX env every member acts in.
       agent: the population's agent (its ``act``).
@@ -131,8 +136,13 @@ class DevicePipeline:
       envs_per_member: ``E``, envs each member acts in at once.
       interleave: ``G``, groups of acting then updating per call.
       seed: the run's seed (env resets, exploration, sampling).
-      resume_env_steps, replay_state: as ``Pipeline``'s (``[N]`` steps:
-        every member's, also over several processes).
+      resume_env_steps, replay_state, carried_env_steps: as
+        ``Pipeline``'s (``[N]`` steps: every member's, also over several
+        processes).
+      saved_state: ``checkpoint_state()`` of the run being resumed, with
+        its ``replay_state``: the envs, keys and counters continue exactly
+        where they were (``restored_exactly``), so the resumed run is the
+        run never stopped, bit for bit.
       processes: the run's ``fastpbrl.distributed.Processes`` (None: one
         process); over several, the learner's mesh spans them all and the
         loop sees this process's members (see the module's docstring).
@@ -150,35 +160,22 @@ class DevicePipeline:
     learner.compile_with_envs(agent, env, *self.plan)
     self.publish_every_version = False
     self._seed = int(seed)
-    resumed = resume_env_steps is not None
-    warmup = np.broadcast_to(np.asarray(config.warmup_steps, np.int64),
-                             (num_members,)).copy()
-    self._warmup_length = warmup
-    # Env steps (this pipeline's count) before the learner may start, and
-    # the data the update-to-data ratio counts from.
-    self._learn_after = np.zeros(num_members, np.int64) if (
-        replay_state is not None) else warmup.copy()
-    self._data_from = (0 if config.warmup_counts_as_data and not resumed
-                       else int(self._learn_after.max()))
-    self._random_left = np.zeros(num_members, np.int64) if resumed else (
-        warmup.copy())
-    # Every member's counters (the same in every process); the loop reads
-    # this process's rows (``env_steps``, ``last_active``).
-    self._steps = np.zeros(num_members, np.int64)
-    self._active = np.ones(num_members, bool)
-    self.update_steps = 0
-    self.calls = 0
-    self.policy_version = 0
+    self._warmup_length = np.broadcast_to(
+        np.asarray(config.warmup_steps, np.int64), (num_members,)).copy()
+    self._start_counters(resume_env_steps, replay_state is not None,
+                         carried_env_steps)
     self._episodes: list[EpisodeRecord] = []
-    self._start_version = np.zeros((num_members, envs_per_member), np.int64)
-    self._next_eval = (config.eval_interval if config.eval_interval else
-                       None)
     self._params = self._actor_hparams = None
     self._busy = self._idle = 0.0
     self._idle_since: float | None = None
     self._busy_since: float | None = None
     self.replay = _ReplayView(self)
     self.envs = _unaliased(self._initial_envs(replay_state))
+    self.restored_exactly = (saved_state is not None
+                             and replay_state is not None
+                             and not self._processes.several)
+    if self.restored_exactly:
+      self._restore(saved_state)
     self._compile_host_calls()
     log.info('on-device data path: %s, %d members x %d envs; a learner call '
              'is %d groups of %d env steps and %d update steps',
@@ -187,7 +184,7 @@ class DevicePipeline:
   @classmethod
   def create(cls, run_config, agent, learner, *, shared_replay: bool,
              seed: int, resume_env_steps=None, replay_state=None,
-             processes=None):
+             processes=None, carried_env_steps=0.0, saved_state=None):
     """The pipeline of a run's settings (``fastpbrl.config.RunConfig``)."""
     n = int(run_config.population_size)
     if learner.batch_size is None:
@@ -206,9 +203,87 @@ class DevicePipeline:
                envs_per_member=run_config.envs_per_member,
                interleave=run_config.interleave, seed=seed,
                resume_env_steps=resume_env_steps, replay_state=replay_state,
-               processes=processes)
+               processes=processes, carried_env_steps=carried_env_steps,
+               saved_state=saved_state)
 
   # ----------------------------------------------------------- building
+
+  def _start_counters(self, resume_env_steps, has_replay: bool,
+                      carried_env_steps) -> None:
+    """Every member's counters (the same in every process; the loop reads
+    this process's rows: ``env_steps``, ``last_active``), in env steps of
+    the whole run: a resumed run's continue from ``resume_env_steps``."""
+    n, config = self.num_members, self.config
+    resumed = resume_env_steps is not None
+    warmup = self._warmup_length
+    self._steps = (np.zeros(n, np.int64) if not resumed else np.broadcast_to(
+        np.asarray(resume_env_steps, np.int64), (n,)).copy())
+    # Where this pipeline started: the loop counts from there.
+    self._origin = self._steps.copy()
+    # Env steps before the learner may start, and the data the
+    # update-to-data ratio counts from: a resume's refill is data, and so
+    # are the steps before it that earned update steps not taken yet
+    # (``carried_env_steps``). Every member takes the same env steps.
+    start = int(self._steps.min())
+    self._learn_after = self._steps + (0 if has_replay else warmup)
+    self._data_from = (
+        start - float(np.min(carried_env_steps)) if resumed else
+        0 if config.warmup_counts_as_data else int(self._learn_after.max()))
+    self._random_left = np.zeros(n, np.int64) if resumed else warmup.copy()
+    self._active = np.ones(n, bool)
+    self.update_steps = 0
+    self.calls = 0
+    self.policy_version = 0
+    self._start_version = np.zeros((n, self.envs_per_member), np.int64)
+    interval = config.eval_interval
+    # The next --eval-every boundary after the start.
+    self._next_eval = (start // interval + 1) * interval if interval else None
+
+  # The host counters a checkpoint keeps (``checkpoint_state``).
+  _SAVED_COUNTERS = ('_steps', '_learn_after', '_random_left', '_active',
+                     '_start_version')
+
+  def checkpoint_state(self) -> dict | None:
+    """What a resume needs, beside the replay, to continue this data
+    path exactly: the envs' states and keys, and the counters (numpy).
+    None over several processes, whose envs are split between them (a
+    resume there starts new episodes)."""
+    if self._processes.several:
+      return None
+    leaves = jax.tree.leaves(self.envs._replace(replay=None))
+    return {'envs': {f'{i:04d}': np.asarray(x) for i, x in enumerate(leaves)},
+            **{name.lstrip('_'): np.asarray(getattr(self, name)).copy()
+               for name in self._SAVED_COUNTERS},
+            'data_from': np.asarray(self._data_from, np.float64),
+            'counts': np.asarray([
+                self.update_steps, self.calls, self.policy_version,
+                -1 if self._next_eval is None else self._next_eval,
+                self._seed], np.int64)}
+
+  def _restore(self, saved: dict) -> None:
+    """The envs and counters of ``checkpoint_state`` (see ``__init__``)."""
+    envs = self.envs._replace(replay=None)
+    leaves, treedef = jax.tree.flatten(envs)
+    saved_leaves = [saved['envs'][k] for k in sorted(saved['envs'])]
+    if len(saved_leaves) != len(leaves) or any(
+        np.shape(a) != np.shape(b) for a, b in zip(saved_leaves, leaves)):
+      raise ValueError('--resume: the checkpoint\'s env states do not fit '
+                       'this env and population; resume with the settings '
+                       'of the saving run')
+    restored = jax.tree.unflatten(treedef, [
+        jnp.asarray(x, np.asarray(like).dtype)
+        for x, like in zip(saved_leaves, leaves)])
+    self.envs = _unaliased(restored._replace(replay=self.envs.replay))
+    for name in self._SAVED_COUNTERS:
+      setattr(self, name, np.asarray(saved[name.lstrip('_')]).copy())
+    self._origin = self._steps.copy()
+    self._data_from = float(saved['data_from'])
+    (self.update_steps, self.calls, version, next_eval,
+     self._seed) = (int(x) for x in saved['counts'])
+    # The run publishes the restored policies once before its first call:
+    # that publish gives them the version they had.
+    self.policy_version = version - 1
+    self._next_eval = None if next_eval < 0 else next_eval
 
   def _initial_envs(self, replay_state: dict | None) -> collect.EnvsState:
     """Fresh episodes and empty (or restored) rings, built by one jitted
@@ -284,8 +359,9 @@ class DevicePipeline:
 
   @property
   def env_steps(self) -> np.ndarray:
-    """Env steps collected per member of this process (its rows)."""
-    return self._steps[self._local]
+    """Env steps collected per member of this process (its rows), since
+    this pipeline started (a resumed run's count from zero again)."""
+    return (self._steps - self._origin)[self._local]
 
   @property
   def last_active(self) -> np.ndarray:
@@ -469,7 +545,7 @@ class DevicePipeline:
   # ---------------------------------------------------------------- stats
 
   def env_steps_per_member(self) -> int:
-    return int(self._steps.min())
+    return int((self._steps - self._origin).min())
 
   def _mark_busy(self) -> None:
     now = time.monotonic()

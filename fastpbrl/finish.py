@@ -13,7 +13,9 @@ from fastpbrl.actors import EpisodeRecord
 from fastpbrl.distributed import Processes
 from fastpbrl.envs import make_env
 from fastpbrl.evaluation import evaluate_population
-from fastpbrl.logging import (FINAL_RETURNS, plot_returns, summary_table,
+from fastpbrl.logging import (FINAL_RETURNS, evaluation_points,
+                              plot_returns, read_final_returns,
+                              read_member_csvs, summary_table,
                               write_json_atomic)
 from fastpbrl.callbacks import Loop
 from fastpbrl.rules.base import Rule
@@ -122,3 +124,36 @@ def summarize(loop: Loop, rule: Rule, rule_state, run_dir: str,
   if extra:
     print(extra)
   print(f'logs, checkpoints and {", ".join(pictures)} in {run_dir}')
+
+
+def finished_before(config, rule: Rule, start, run_dir: str,
+                    checkpoint_step) -> RunResult | None:
+  """The result of a resumed run that has nothing left to train: its budget
+  (``--env-steps``, which a resume may raise) spent, or its rule done, and
+  its final evaluation written at its last checkpoint. None otherwise.
+
+  ``start`` is the ``fastpbrl.resume.Restored`` run. Nothing is started:
+  the result is read from the run's files, and a line says so.
+  """
+  counters = start.counters
+  spent = (counters['env_steps'] >= config.env_steps
+           or rule.finished(start.rule_state))
+  try:
+    final = read_final_returns(run_dir)
+  except FileNotFoundError:
+    return None
+  if not spent or final.get('checkpoint_step') != checkpoint_step:
+    return None
+  n = config.population_size
+  log.warning('%s is finished (%d of --env-steps %d per member): nothing '
+              'left to train; resume with a larger --env-steps to train '
+              'longer', run_dir, counters['env_steps'], config.env_steps)
+  means = [p[2] for rows in read_member_csvs(run_dir)
+           for p in evaluation_points(rows, config.eval_episodes)]
+  return RunResult(
+      run_dir=run_dir, best_return=max(means, default=float('nan')),
+      env_steps=counters['env_steps'], update_steps=counters['update_steps'],
+      calls=counters['calls'], hparams=rule.hparam_rows(start.hparams)[:n],
+      wall_time=counters['wall_time'], final_returns=final['final_returns'],
+      rule_scalars=rule.scalars(start.rule_state),
+      diverged=counters.get('diverged', 0))

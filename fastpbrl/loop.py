@@ -307,6 +307,13 @@ def train(parts: Parts, loop: Loop) -> None:
   if pending is not None:
     read_back(parts, loop, divergence, pending)
     call_back(parts, loop, after_call=False)  # a last divergence's
+
+
+def write_last_rows(parts: Parts, loop: Loop) -> None:
+  """The hyperparameter and rule rows of the loop's end, written once its
+  last checkpoint is: a resumed run cuts its logs back to that checkpoint,
+  so a stopped run's last rows give way to the resumed run's own."""
+  rule_run = parts.rule_run
   parts.hparams_log.write(loop.env_steps, loop.update_steps,
                           rule_run.rule.hparam_rows(loop.hparams))
   if loop.calls % SCALARS_EVERY:  # else written at this call already

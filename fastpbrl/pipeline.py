@@ -189,7 +189,8 @@ class Pipeline:
                policy_params: Any, actor_hparams: Any,
                config: PipelineConfig = PipelineConfig(), seed: int = 0,
                device=None, resume_env_steps: Sequence[int] | None = None,
-               replay_state: dict | None = None, mesh=None):
+               replay_state: dict | None = None, mesh=None,
+               carried_env_steps: float | Sequence[float] = 0.0):
     """Starts the actors, reader threads and prefetch thread.
 
     Args:
@@ -213,9 +214,12 @@ class Pipeline:
         schedule, exploration schedule) and the members act with the
         published (restored) policies from the first step: no random
         warm-up. Without ``replay_state`` the learner waits for
-        ``warmup_steps`` new steps per member (collected by those policies)
-        and then counts the ratio from there, so no burst of updates;
-        :attr:`env_steps` counts from zero again.
+        ``warmup_steps`` new steps per member (collected by those policies:
+        the replay's refill); :attr:`env_steps` counts from zero again.
+      carried_env_steps: a resumed run's data that earned update steps the
+        run had not taken at its checkpoint (``resume.carried_env_steps``):
+        the learner takes them once the refill is in, so a resumed run
+        takes as many update steps in all as one never stopped.
       mesh: the learner's population mesh (``fastpbrl.sharding``), if
         any: a device replay is then split over it like the members.
       replay_state: a ``Replay.state_dict()`` restored into the replay
@@ -245,7 +249,7 @@ class Pipeline:
     try:
       fields = transition_fields(self.env_spec)
       self._start_replay_and_store(fields, tree, has_values, device, mesh,
-                                   replay_state, resumed)
+                                   replay_state, resumed, carried_env_steps)
       self._start_actors(agent_fn, fields, device, resume_env_steps)
     except BaseException:
       self.close()
@@ -283,7 +287,7 @@ class Pipeline:
 
   def _start_replay_and_store(self, fields, tree: tuple, has_values: bool,
                               device, mesh, replay_state: dict | None,
-                              resumed: bool) -> None:
+                              resumed: bool, carried_env_steps) -> None:
     """Makes the replay (restoring ``replay_state``), the rate limiter and
     the param store (``tree`` published as version 1 if it holds values)."""
     config = self.config
@@ -296,7 +300,10 @@ class Pipeline:
         self.num_members, config.update_to_data_ratio,
         0 if replay_state is not None else config.warmup_steps,
         config.env_steps_ahead(),
-        warmup_is_data=config.warmup_counts_as_data and not resumed)
+        # A resume's refill is data: what the run's own warm-up did not
+        # count is left out of the carried steps instead.
+        warmup_is_data=config.warmup_counts_as_data or resumed,
+        carried_env_steps=carried_env_steps)
     self._store = ParamStore.create(tree)
     if has_values:
       self._store.write(tree)
@@ -336,7 +343,8 @@ class Pipeline:
   def create(cls, run_config: Any, agent: Any, *, shared_replay: bool = False,
              seed: int = 0, device=None,
              resume_env_steps: Sequence[int] | None = None,
-             replay_state: dict | None = None, mesh=None) -> 'Pipeline':
+             replay_state: dict | None = None, mesh=None,
+             carried_env_steps: float | Sequence[float] = 0.0) -> 'Pipeline':
     """A pipeline from the run loop's settings and an agent of the registry.
 
     Args:
@@ -353,7 +361,8 @@ class Pipeline:
         per member.
       seed: the run seed.
       device: where batches are placed.
-      resume_env_steps, replay_state, mesh: see ``Pipeline``.
+      resume_env_steps, replay_state, mesh, carried_env_steps: see
+        ``Pipeline``.
 
     Nothing is published yet: call :meth:`publish` before the warm-up ends.
     """
@@ -395,7 +404,7 @@ class Pipeline:
     return cls(run_config.env, agent_fn, params_layout, hparams_layout,
                config, seed=seed, device=device,
                resume_env_steps=resume_env_steps, replay_state=replay_state,
-               mesh=mesh)
+               mesh=mesh, carried_env_steps=carried_env_steps)
 
   # ------------------------------------------------------ background work
 
@@ -695,6 +704,14 @@ class Pipeline:
   @property
   def policy_version(self) -> int:
     return self._store.version
+
+  # The actors' envs live in their processes: a resume starts new
+  # episodes, with new policy versions (``DevicePipeline``'s continue).
+  restored_exactly = False
+
+  def checkpoint_state(self) -> None:
+    """Nothing beside the replay: see ``restored_exactly``."""
+    return None
 
   @property
   def failures(self) -> list[ActorFailure]:

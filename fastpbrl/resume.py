@@ -63,6 +63,27 @@ def pipeline_seed(seed: int, calls: int, process: int = 0) -> int:
   return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
+def carried_env_steps(config: RunConfig, counters: dict) -> np.ndarray:
+  """``[N]``: each member's env steps before a resume that earned update
+  steps the run had not taken yet at its checkpoint (in env steps: the
+  rate limiter's ``carried_env_steps``).
+
+  The learner keeps ``--update-to-data-ratio`` update steps per env step
+  (less the warm-up's without ``--warmup-counts-as-data``); at a checkpoint
+  the actors are a little ahead of it, and batches it had prefetched are
+  lost with the stop. The resumed run takes those update steps after its
+  refill, so that it ends with the update steps (and so the rule
+  decisions) of a run never stopped.
+  """
+  n = config.population_size
+  steps = np.asarray(counters.get('member_env_steps',
+                                  [counters['env_steps']] * n), np.float64)
+  uncounted = 0 if config.warmup_counts_as_data else config.warmup_steps
+  earned = steps - uncounted
+  taken = counters['update_steps'] / config.update_to_data_ratio
+  return np.maximum(earned - taken, 0.0)
+
+
 def log_sizes(run_dir: str, rule_files: tuple = ()) -> dict:
   """Byte sizes of the run's append-only logs (member CSVs, the
   hyperparameter and rule CSVs, the files the rule appends to), stored in
@@ -102,14 +123,19 @@ class Restored(NamedTuple):
   rule_state: Any  # the rule's state (its key among it)
   counters: dict  # calls, update_steps, env_steps, wall_time, per member
   replay_state: Optional[Any]  # the replay, if the checkpoint holds it
+  # This process's log sizes at the checkpoint (``truncate_logs``).
+  log_sizes: Optional[dict] = None
+  # The data path's own state (``DevicePipeline.checkpoint_state``), if
+  # the checkpoint holds it and its replay is restored too.
+  data_path_state: Optional[dict] = None
 
 
 def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
-            env_spec, learner, fresh: Restored, processes,
-            own_dir: str) -> Restored:
+            env_spec, learner, fresh: Restored, processes) -> Restored:
   """The last checkpoint of ``config.resume``, read into the shapes of
-  ``fresh`` (the newly built run); each process cuts the logs it writes
-  (in ``own_dir``) back to their sizes at the checkpoint."""
+  ``fresh`` (the newly built run), with the sizes this process's logs had
+  then (the run cuts them back with ``truncate_logs`` once it knows it
+  trains on: a finished run's final evaluation is kept)."""
   if checkpointer.latest_step() is None:
     raise ConfigError(
         f'--resume {config.resume!r}: no complete checkpoint there (the run '
@@ -141,14 +167,17 @@ def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
   rule_state = rule.resumed(like(fresh.rule_state, extra['rule']))
   counters = meta['counters']
   replay_state = meta.get('replay')
-  truncate_logs(own_dir, own_log_sizes(meta, processes.index))
+  data_path_state = (checkpointer.restore_data_path()
+                     if replay_state is not None and meta.get('has_data_path')
+                     else None)
   log.info('resumed %s at call %d (%d env steps per member)%s', config.resume,
            counters['calls'], counters['env_steps'],
            '' if replay_state is not None else
            (', replay refilled by the restored policies'
             + (' (this checkpoint holds no replay)'
                if config.checkpoint_replay else '')))
-  return Restored(state, hparams, rule_state, counters, replay_state)
+  return Restored(state, hparams, rule_state, counters, replay_state,
+                  own_log_sizes(meta, processes.index), data_path_state)
 
 
 def restore_process_replay(checkpointer: Checkpointer, config: RunConfig,
@@ -214,6 +243,8 @@ class Saver:
     self.checkpointer.check_space()
     replay = (self.pipeline.replay.state_dict()
               if self.config.checkpoint_replay else None)
+    if replay is not None and not self.pipeline.replay.state_rows(replay):
+      replay = None  # empty (checkpoint 0): orbax saves no empty array
     start = time.monotonic()
     member_steps = (self.resumed_env_steps
                     + self.processes.members(self.pipeline.env_steps))
@@ -228,7 +259,11 @@ class Saver:
                       'env_steps': loop.env_steps,
                       'member_env_steps': member_steps.tolist(),
                       'diverged': loop.diverged,
-                      'wall_time': self.logger.wall_time},
+                      'wall_time': self.logger.wall_time,
+                      # The policy versions the rule's marks refer to
+                      # (kept by a data path that restores its versions).
+                      'first_version': self.rule_run.first_version.tolist(),
+                      'marked_at': self.rule_run.marked_at.tolist()},
          'rule_format': RULE_FORMAT, 'rule': self.rule_run.rule.name,
          'rule_state_version': self.rule_run.rule.state_version,
          'log_sizes': sizes[0], 'process_log_sizes': sizes,
@@ -236,7 +271,8 @@ class Saver:
                          self.pipeline.replay.state_rows(replay))},
         replay=replay,
         replay_members=(self.processes.local if self.processes.several
-                        else None))
+                        else None),
+        data_path=self.pipeline.checkpoint_state())
     if replay is not None:
       log.info('checkpoint %d with replay (%s) written in %.1f s', loop.calls,
                format_bytes(sum(x.nbytes for x in jax.tree.leaves(replay))),

@@ -147,7 +147,14 @@ def _train(built: Built, start: resume.Restored,
     stack.push(_closing(checkpointer.close))
     if config.resume:
       start = resume.restore(checkpointer, config, rule, built.env_spec,
-                             built.learner, start, processes, own_dir)
+                             built.learner, start, processes)
+      done = finish.finished_before(config, rule, start, own_dir,
+                                    checkpointer.latest_step())
+      if done is not None:
+        return done
+      # What a stopped run wrote after its checkpoint is redone, not kept
+      # twice.
+      resume.truncate_logs(own_dir, start.log_sizes)
     write_config(built, own_dir)
     logger, hparams_log, rule_log = open_logs(stack, built, own_dir,
                                               start.counters)
@@ -156,16 +163,25 @@ def _train(built: Built, start: resume.Restored,
     loop = make_loop(built, own_dir, start)
     rule_run = loop_lib.RuleRun(rule, start.rule_state,
                                 config.population_size, own_dir)
+    if pipeline.restored_exactly:  # its policy versions continue
+      rule_run.first_version[:] = start.counters['first_version']
+      rule_run.marked_at[:] = start.counters['marked_at']
     saver = resume.Saver(checkpointer, config, rule_run, pipeline, logger,
                          processes, run_dir, own_dir,
                          resumed_env_steps(built, start))
     pipeline.publish(
         processes.local_view(built.learner.policy_params(loop.state)),
         processes.local_view(rule.actor_hparams(loop.hparams)))
-    loop_lib.train(loop_lib.Parts(rule_run, built.learner, pipeline,
-                                  processes, stop, logger, hparams_log,
-                                  rule_log, saver, callbacks), loop)
+    # Checkpoint 0 (a new run's): a run killed in its first learner call,
+    # compiling, can be resumed too.
     saver.save(loop)
+    parts = loop_lib.Parts(rule_run, built.learner, pipeline, processes,
+                           stop, logger, hparams_log, rule_log, saver,
+                           callbacks)
+    loop_lib.train(parts, loop)
+    saver.save(loop)
+    # After the checkpoint: a resume cuts them off and writes its own.
+    loop_lib.write_last_rows(parts, loop)
     if processes.any(stop.requested):
       stack.callback(stop.disarm)  # runs first: the clean-up is not cut
       raise RunInterrupted(
@@ -237,15 +253,20 @@ def open_pipeline(stack: contextlib.ExitStack, built: Built,
   JAX env the envs on the device (``DevicePipeline``), closed by
   ``stack``; a restored replay goes into it."""
   config, processes = built.config, built.processes
+  # A run resumed before its first learner call starts as a new one would.
+  resumed = bool(config.resume) and start.counters['calls'] > 0
+  steps = resumed_env_steps(built, start) if resumed else None
+  carried = (resume.carried_env_steps(config, start.counters) if resumed
+             else 0.0)
   try:
     if is_jax_env(config.env):  # stepped inside the learner call
       pipeline = DevicePipeline.create(
           config, built.agent, built.learner,
           shared_replay=built.rule.shares_replay(),
           seed=resume.pipeline_seed(config.seed, start.counters['calls'], 0),
-          resume_env_steps=(resumed_env_steps(built, start)
-                            if config.resume else None),
-          replay_state=start.replay_state, processes=processes)
+          resume_env_steps=steps, carried_env_steps=carried,
+          replay_state=start.replay_state, processes=processes,
+          saved_state=start.data_path_state)
       stack.callback(pipeline.close)
       return pipeline
     pipeline = Pipeline.create(
@@ -255,8 +276,9 @@ def open_pipeline(stack: contextlib.ExitStack, built: Built,
         built.agent, shared_replay=built.rule.shares_replay(),
         seed=resume.pipeline_seed(config.seed, start.counters['calls'],
                                   processes.index),
-        resume_env_steps=(resumed_env_steps(built, start)[processes.local]
-                          if config.resume else None),
+        resume_env_steps=None if steps is None else steps[processes.local],
+        carried_env_steps=(carried if np.ndim(carried) == 0
+                           else carried[processes.local]),
         replay_state=start.replay_state,
         # Several processes: host batches, made global by to_global.
         device=(jax.local_devices(backend='cpu')[0] if processes.several

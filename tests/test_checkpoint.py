@@ -39,7 +39,8 @@ def test_state_hparams_and_meta_round_trip_exactly(tmp_path, population):
   got_state, got_extra, meta = ckpt.restore(other, {'hparams': hparams})
   chex.assert_trees_all_equal(got_state, jax.device_get(state))
   chex.assert_trees_all_equal(got_extra['hparams'], jax.device_get(hparams))
-  assert meta == {'counters': {'calls': 7}, 'has_replay': False}
+  assert meta == {'counters': {'calls': 7}, 'has_replay': False,
+                  'has_data_path': False}
   assert ckpt.latest_step() == 7
 
 

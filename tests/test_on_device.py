@@ -351,27 +351,50 @@ def test_pbt_runs_on_device_and_logs_like_the_actor_path(tmp_path):
   assert result.best_member in (0, 1)
 
 
+def without_wall_time(path):
+  """A member CSV's rows without the wall time (which a resume changes)."""
+  with open(path) as f:
+    return [line.split(',', 1)[1] for line in f]
+
+
+def final_checkpoint(run_dir):
+  from fastpbrl.checkpoint import Checkpointer
+  checkpointer = Checkpointer(str(run_dir))
+  try:
+    step = checkpointer.latest_step()
+    restored = checkpointer._manager.restore(step)
+    return step, jax.tree.map(np.asarray, dict(restored.state))
+  finally:
+    checkpointer.close()
+
+
 @pytest.mark.slow
-def test_same_seed_same_run_and_resume_continues(tmp_path):
+def test_same_seed_same_run_and_a_resume_is_the_run_bit_for_bit(tmp_path):
   """On the device everything is a function of the seed: two runs take the
-  same decisions and end with the same returns; a run stopped at 400 steps
-  resumes to 600."""
-  first = fastpbrl.train('pbt', run_dir=str(tmp_path / 'a'), ready_after=200,
-                         **TINY)
-  second = fastpbrl.train('pbt', run_dir=str(tmp_path / 'b'), ready_after=200,
-                          **TINY)
-  with open(tmp_path / 'a' / 'final_returns.json') as a, open(
-      tmp_path / 'b' / 'final_returns.json') as b:
-    assert json.load(a) == json.load(b)
-  assert open(tmp_path / 'a' / 'lineage.jsonl').read() == open(
-      tmp_path / 'b' / 'lineage.jsonl').read()
-  del first, second
-  short = dict(TINY, env_steps=400)
-  fastpbrl.train('pbt', run_dir=str(tmp_path / 'c'), ready_after=200,
-                 checkpoint_replay=True, **short)
+  same decisions and end with the same returns. A run stopped at 400 steps
+  and resumed to 600 with its replay (env states, keys and counters are in
+  every checkpoint) is the run never stopped, bit for bit: the same
+  episodes, hyperparameters, decisions, final returns and parameters."""
+  kw = dict(TINY, ready_after=200, checkpoint_replay=True,
+            checkpoint_every=100)
+  fastpbrl.train('pbt', run_dir=str(tmp_path / 'a'), **kw)
+  fastpbrl.train('pbt', run_dir=str(tmp_path / 'b'), **kw)
+  fastpbrl.train('pbt', run_dir=str(tmp_path / 'c'), **dict(kw,
+                                                              env_steps=400))
   fastpbrl.train(resume=str(tmp_path / 'c'), env_steps=600)
-  run = fastpbrl.load_run(str(tmp_path / 'c'))
-  assert run.episodes['env_steps'].max() == 600
+  for run in 'bc':
+    for name in ('final_returns.json', 'lineage.jsonl', 'hparams.csv'):
+      assert (open(tmp_path / 'a' / name).read()
+              == open(tmp_path / run / name).read()), (run, name)
+    for member in ('member_000.csv', 'member_001.csv'):
+      assert (without_wall_time(tmp_path / 'a' / 'members' / member)
+              == without_wall_time(tmp_path / run / 'members' / member))
+  step, state = final_checkpoint(tmp_path / 'a')
+  assert final_checkpoint(tmp_path / 'c')[0] == step
+  jax.tree.map(np.testing.assert_array_equal, state,
+               final_checkpoint(tmp_path / 'c')[1])
+  with open(tmp_path / 'a' / 'lineage.jsonl') as f:
+    assert any(json.loads(line)['event'] == 'exploit' for line in f)
 
 
 @pytest.mark.slow

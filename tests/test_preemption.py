@@ -46,8 +46,10 @@ def checkpoints(run_dir):
 
 
 def wait_for_checkpoint(proc, run_dir):
-  if not wait_until(lambda: checkpoints(run_dir) or proc.poll() is not None,
-                    600):
+  """Waits for a checkpoint after the first learner call (checkpoint 0 is
+  written before it)."""
+  if not wait_until(lambda: max(checkpoints(run_dir), default=0) > 0
+                    or proc.poll() is not None, 600):
     os.killpg(proc.pid, signal.SIGKILL)
     raise AssertionError('no checkpoint within 600 s')
   if proc.poll() is not None:

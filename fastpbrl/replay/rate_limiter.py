@@ -53,7 +53,8 @@ class RateLimiter:
   def __init__(self, num_members: int, target_ratio: float = 1.0,
                warmup_steps: int | Sequence[int] = 10_000,
                max_env_steps_ahead: int | None = None,
-               warmup_is_data: bool = True):
+               warmup_is_data: bool = True,
+               carried_env_steps: float | Sequence[float] = 0.0):
     """Args:
       num_members: population size ``N``.
       target_ratio: update steps allowed per collected env step, > 0.
@@ -65,6 +66,13 @@ class RateLimiter:
       warmup_is_data: True: warm-up steps count as collected data (right
         after warm-up, ``target_ratio * warmup_steps`` updates are allowed);
         False: the ratio counts only env steps after the warm-up.
+      carried_env_steps: env steps (an int for all members or ``N``)
+        collected before this limiter started that still count as data
+        for updates not yet taken: a resumed run's, ``env steps at the
+        checkpoint - steps its ratio did not count - update steps /
+        target_ratio`` (``resume_credit``), so that the resumed run takes
+        as many update steps in all as the run would have without the
+        stop. The warm-up gate still counts only new env steps.
     """
     if num_members < 1:
       raise ValueError(f'num_members must be >= 1, got {num_members}')
@@ -87,8 +95,12 @@ class RateLimiter:
     self.target_ratio = float(target_ratio)
     self.warmup_steps = warmup
     self.warmup_is_data = bool(warmup_is_data)
-    # Env steps that do not count as data for the ratio.
-    self._uncounted = np.zeros_like(warmup) if warmup_is_data else warmup
+    # Env steps that do not count as data for the ratio (negative: data
+    # carried over from before a resume).
+    self._uncounted = ((np.zeros_like(warmup) if warmup_is_data else warmup)
+                       - np.broadcast_to(np.asarray(carried_env_steps,
+                                                    np.float64),
+                                         warmup.shape))
     self._env_steps = np.zeros(num_members, np.int64)
     self._update_steps = 0
     self._blocked_s = 0.0
@@ -105,16 +117,19 @@ class RateLimiter:
       np.add.at(self._env_steps, members, np.asarray(steps, np.int64))
       self._cond.notify_all()
 
+  def _needed(self, update_steps: int, members=slice(None)) -> int:
+    """Env steps each of ``members`` needs before ``update_steps`` update
+    steps in all are allowed: past its warm-up, and enough counted data."""
+    by_ratio = np.ceil(update_steps / self.target_ratio - 1e-9)
+    return int(np.maximum(self.warmup_steps[members],
+                          np.ceil(by_ratio + self._uncounted[members])).max())
+
   def _admits(self, members: np.ndarray, steps: int) -> bool:
     if self.max_env_steps_ahead is None:
       return True
-    by_ratio = int(np.ceil(self._update_steps / self.target_ratio))
-    if self.warmup_is_data:
-      called_for = max(int(self.warmup_steps[members].max()), by_ratio)
-    else:
-      called_for = int(self.warmup_steps[members].max()) + by_ratio
     return (int(self._env_steps[members].max()) + steps
-            <= called_for + self.max_env_steps_ahead)
+            <= self._needed(self._update_steps, members)
+            + self.max_env_steps_ahead)
 
   def wait_to_insert(self, members: Sequence[int] | np.ndarray, steps: int,
                      timeout: float) -> bool:
@@ -229,8 +244,4 @@ class RateLimiter:
   def env_steps_needed(self, num_updates: int) -> int:
     """Env steps every member needs before ``num_updates`` more updates."""
     with self._cond:
-      by_ratio = int(np.ceil(
-          (self._update_steps + num_updates) / self.target_ratio - 1e-9))
-      if not self.warmup_is_data:
-        return by_ratio + int(self.warmup_steps.max())
-      return max(by_ratio, int(self.warmup_steps.max()))
+      return self._needed(self._update_steps + num_updates)

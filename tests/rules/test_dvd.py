@@ -331,8 +331,7 @@ def test_checkpoint_from_before_the_rule_contract_is_refused(tmp_path):
   try:
     with pytest.raises(ConfigError, match='start a new run'):
       resume.restore(checkpointer, config, run.rule, run.agent.env_spec,
-                     run.learner, fresh, distributed.Processes(None, 4),
-                     str(tmp_path))
+                     run.learner, fresh, distributed.Processes(None, 4))
   finally:
     checkpointer.close()
 

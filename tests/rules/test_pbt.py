@@ -411,8 +411,7 @@ def test_a_checkpoint_of_an_earlier_state_layout_is_refused(tmp_path):
                       {'rule_format': resume.RULE_FORMAT})
     config = PBTRunConfig(explore='pb2', resume=str(tmp_path))
     with pytest.raises(ConfigError, match='earlier fastpbrl, whose pbt rule'):
-      resume.restore(checkpointer, config, run.rule, None, None, None, None,
-                     str(tmp_path))
+      resume.restore(checkpointer, config, run.rule, None, None, None, None)
   finally:
     checkpointer.close()
 

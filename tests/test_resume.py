@@ -1,0 +1,109 @@
+"""A resume loses nothing (the actor path): a PBT run stopped by SIGTERM in
+its first learner call, resumed, killed with SIGKILL mid-run and resumed
+again ends with the env steps of a run never stopped and, within one
+learner call per resume, its update steps and rule decisions; its logs
+read back and its pictures are drawn. Resuming the finished run trains
+nothing. (The on-device path's bit-for-bit resume is in
+``tests/test_on_device.py``.)"""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import fastpbrl
+from tests.test_pipeline import wait_until
+from tests.test_preemption import FLAGS, REPO, checkpoints, finish, last_line
+
+pytestmark = pytest.mark.slow
+
+STEPS_PER_CALL = 10  # FLAGS' --steps-per-call
+PBT = [*FLAGS, '--ready-after', '100', '--eval-every', '100',
+       '--env-steps', '1500']
+
+
+def start(args):
+  return subprocess.Popen(
+      [sys.executable, '-m', 'experiments.pbt', *args], cwd=REPO,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+
+
+def wait_for(proc, condition, what):
+  """Waits (generously: the machine may be busy) until ``condition()``."""
+  if not wait_until(lambda: condition() or proc.poll() is not None, 600):
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError(f'no {what} within 600 s')
+  if proc.poll() is not None:
+    raise AssertionError(f'the run ended before {what}:\n'
+                         f'{proc.communicate()[1]}')
+
+
+def completes(proc) -> str:
+  _, err = finish(proc, 600)
+  assert proc.returncode == 0, err
+  return err
+
+
+def counts(run_dir):
+  """Env steps and update steps at the end (the last hyperparameter row)
+  and the PBT decisions (lineage events), from the run's files."""
+  with open(os.path.join(run_dir, 'hparams.csv'), newline='') as f:
+    last = list(csv.DictReader(f))[-1]
+  with open(os.path.join(run_dir, 'lineage.jsonl')) as f:
+    decisions = [json.loads(line) for line in f]
+  return int(last['env_steps']), int(last['update_steps']), len(decisions)
+
+
+def test_stopped_killed_and_resumed_twice_ends_as_a_run_never_stopped(
+    tmp_path):
+  whole, stopped = str(tmp_path / 'whole'), str(tmp_path / 'stopped')
+  completes(start([*PBT, '--run-dir', whole]))
+
+  # SIGTERM as soon as checkpoint 0 is written: in the warm-up or the
+  # first learner call (compiling), the likeliest moment for a Ctrl-C.
+  proc = start([*PBT, '--run-dir', stopped])
+  wait_for(proc, lambda: checkpoints(stopped), 'checkpoint 0')
+  os.kill(proc.pid, signal.SIGTERM)
+  _, err = finish(proc)
+  assert proc.returncode == 143, err
+  assert 'stopped after learner call 0 ' in last_line(err), err
+
+  # Resumed, then killed with SIGKILL mid-run: no checkpoint of its own.
+  proc = start(['--resume', stopped, '--no-progress'])
+  wait_for(proc, lambda: max(checkpoints(stopped), default=0) >= 40,
+           'checkpoint 40')
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+
+  err = completes(start(['--resume', stopped, '--no-progress']))
+  assert 'resumed' in err and 'Traceback' not in err
+
+  env_steps, update_steps, decisions = counts(whole)
+  got_env_steps, got_update_steps, got_decisions = counts(stopped)
+  assert got_env_steps == env_steps
+  resumes = 2
+  assert abs(got_update_steps - update_steps) <= resumes * STEPS_PER_CALL, (
+      got_update_steps, update_steps)
+  # PBT decides when a member's update steps pass --ready-after: a call
+  # more or less per resume moves at most one decision per member.
+  assert abs(got_decisions - decisions) <= resumes * 2, (got_decisions,
+                                                         decisions)
+  run = fastpbrl.load_run(stopped)
+  assert len(run.final_returns) == 2
+  assert run.evaluations['env_steps'].max() == got_env_steps
+  assert not run.episodes.duplicated(['member', 'env_steps',
+                                      'evaluation']).any()
+  for picture in ('returns.png', 'hparams.png'):
+    assert os.path.getsize(os.path.join(stopped, picture)) > 0
+
+  # The finished run, resumed: nothing is trained or evaluated again.
+  before = open(os.path.join(stopped, 'final_returns.json')).read()
+  err = completes(start(['--resume', stopped, '--no-progress']))
+  assert 'nothing left to train' in err, err
+  assert 'pipeline:' not in err  # no actors started
+  assert open(os.path.join(stopped, 'final_returns.json')).read() == before
