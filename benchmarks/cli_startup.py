@@ -29,15 +29,18 @@ from benchmarks import provenance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = (('--help',), ('pbt', '--help'))
-SCRIPT = 'import sys; from fastpbrl.commands import console_script; console_script()'
+SCRIPT = 'from fastpbrl.commands import console_script; console_script()'
 
 
 def wall_seconds(tree: str, args) -> float:
   """One run of ``fastpbrl ARGS`` from ``tree``: seconds from start to exit."""
   env = {**os.environ, 'PYTHONPATH': tree}
   start = time.perf_counter()
-  subprocess.run([sys.executable, '-c', SCRIPT, *args], env=env, check=True,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  # From the tree's folder: ``python -c`` puts the current folder on
+  # ``sys.path`` ahead of ``PYTHONPATH``.
+  subprocess.run([sys.executable, '-c', SCRIPT, *args], env=env, cwd=tree,
+                 check=True, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)
   return time.perf_counter() - start
 
 
