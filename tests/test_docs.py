@@ -14,7 +14,9 @@ import urllib.parse
 
 import pytest
 
-from fastpbrl import cli_reference
+from fastpbrl import cli_reference, commands, launch
+from fastpbrl.commands import evaluate, info
+from fastpbrl.rules import registry
 from fastpbrl.rules.pbt import PBTRunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -163,3 +165,17 @@ def test_the_cli_reference_has_every_flag_and_its_help_text():
   assert docs['ready_after'].startswith('Env steps per member between two '
                                         'exploit/explore decisions')
   assert ' '.join(docs['ready_after'].split()) in page
+
+
+def test_the_cli_reference_has_every_command_and_its_arguments():
+  page = cli_reference.markdown()
+  for rule in registry.builtins():
+    assert f'\n## fastpbrl {rule.name}\n' in page, rule.name
+  for name in commands.COMMANDS:
+    assert f'\n## fastpbrl {name}\n' in page, name
+  assert '\n## python -m fastpbrl.launch\n' in page
+  for parser in (evaluate.parser(), info.parser(), launch.parser()):
+    for action in parser._actions:  # noqa: SLF001
+      for flag in action.option_strings:
+        if flag.startswith('--') and flag != '--help':
+          assert f'`{flag}' in page, flag
