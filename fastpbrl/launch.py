@@ -178,6 +178,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv, command = argv[:cut], argv[cut + 1:]
   else:
     command = []
+  args = parser().parse_args(argv)
+  try:
+    return launch(command, args.num_processes, grace_s=args.grace,
+                  timeout_s=args.timeout, port=args.port)
+  except ValueError as e:
+    parser().error(str(e))
+
+
+def parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='python -m fastpbrl.launch',
       description='Run COMMAND as N jax processes on this machine.',
@@ -191,12 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help='stop everything after this many seconds (124)')
   parser.add_argument('--port', type=int, default=None,
                       help='coordinator port on localhost (default: free)')
-  args = parser.parse_args(argv)
-  try:
-    return launch(command, args.num_processes, grace_s=args.grace,
-                  timeout_s=args.timeout, port=args.port)
-  except ValueError as e:
-    parser.error(str(e))
+  return parser
 
 
 if __name__ == '__main__':

@@ -15,7 +15,7 @@ from fastpbrl import agents, commands, rules
 from fastpbrl.build import make_env_spec
 from fastpbrl.commands import bench
 from fastpbrl.config import ConfigError
-from fastpbrl.rules import registry
+from fastpbrl.rules import builtin, registry
 from fastpbrl.rules.hypertrick import PRESETS as PRESETS_HT
 from fastpbrl.rules.pbt import PRESETS as PBT_PRESETS
 from fastpbrl.rules.seeds import Seeds
@@ -341,3 +341,25 @@ def test_an_env_module_in_the_current_folder_is_found(tmp_path, monkeypatch):
                      match="--env 'cwd_env_mod:CwdDict-v0': observation "
                            'space .* is not supported'):
     make_env_spec('cwd_env_mod:CwdDict-v0')
+
+
+def test_help_imports_nothing_of_jax():
+  """``fastpbrl --help`` lists the commands without importing JAX, the run
+  loop or a rule (seconds of start-up); ``-X importtime`` in a fresh
+  process shows what it imports."""
+  code = ('import sys; from fastpbrl.commands import main; '
+          'assert main(["--help"]) == 0; '
+          'heavy = [m for m in sys.modules if m.split(".")[0] in '
+          '("jax", "jaxlib", "numpy", "haiku", "optax", "orbax", "gymnasium")'
+          ' or m in ("fastpbrl.run", "fastpbrl.cli", "fastpbrl.rules.base")]; '
+          'print(heavy, file=sys.stderr)')
+  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, text=True,
+                       capture_output=True, check=True,
+                       env={**os.environ, 'PYTHONPATH': ROOT})
+  assert 'train a population with a rule:' in out.stdout
+  assert out.stderr.strip() == '[]', out.stderr
+
+
+def test_help_lines_read_from_source_are_the_rules_own():
+  assert builtin.help_lines() == {rule.name: rule.help
+                                  for rule in registry.builtins()}

@@ -1,17 +1,22 @@
 """The documentation: every relative link of README.md and docs/ resolves
 in the repository (a page, a source file, a result file), every anchor to
-a heading of its page, and the MkDocs site builds in strict mode."""
+a heading of its page, the MkDocs site builds in strict mode, and every
+relative link of the built site opens a file of the site."""
 
 import dataclasses
 import glob
+import html.parser
 import os
 import re
 import subprocess
 import sys
+import urllib.parse
 
 import pytest
 
-from fastpbrl import cli_reference
+from fastpbrl import cli_reference, commands, launch
+from fastpbrl.commands import evaluate, info
+from fastpbrl.rules import registry
 from fastpbrl.rules.pbt import PBTRunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,21 +84,67 @@ def test_the_readme_is_one_page_without_commits():
   assert not hashes, hashes
 
 
-def test_the_site_builds_in_strict_mode(tmp_path):
+@pytest.fixture(scope='module')
+def site(tmp_path_factory):
+  """The site, built once for this module's tests in strict mode."""
   pytest.importorskip('mkdocs', reason='the test (or docs) extra')
+  site_dir = tmp_path_factory.mktemp('site')
   proc = subprocess.run(
       [sys.executable, '-m', 'mkdocs', 'build', '--strict', '--site-dir',
-       str(tmp_path / 'site')], cwd=ROOT, capture_output=True, text=True,
+       str(site_dir)], cwd=ROOT, capture_output=True, text=True,
       timeout=600, env={**os.environ, 'NO_MKDOCS_2_WARNING': '1'})
   assert proc.returncode == 0, proc.stderr[-5000:]
-  assert (tmp_path / 'site' / 'guides' / 'add-a-rule' / 'index.html').exists()
-  with open(tmp_path / 'site' / 'reference' / 'api' / 'index.html') as f:
+  return site_dir
+
+
+def test_the_site_builds_in_strict_mode(site):
+  assert (site / 'guides' / 'add-a-rule' / 'index.html').exists()
+  with open(site / 'reference' / 'api' / 'index.html') as f:
     api = f.read()
   # mkdocstrings rendered the docstrings it was pointed at.
   for name in ('fastpbrl.api.train', 'fastpbrl.rules.base.Rule.decide',
                'fastpbrl.policy.Policy.predict',
                'fastpbrl.callbacks.Callback.after_call'):
     assert f'id="{name}"' in api, name
+
+
+class _Links(html.parser.HTMLParser):
+  """The ``href`` and ``src`` values of an HTML page."""
+
+  def __init__(self):
+    super().__init__()
+    self.links = []
+
+  def handle_starttag(self, tag, attrs):
+    self.links += [value for name, value in attrs
+                   if name in ('href', 'src') and value]
+
+
+def test_every_relative_link_of_the_site_opens_a_file_of_it(site):
+  """A link to a repository file (``../examples/api_example.py``) opens its
+  copy in the site (docs/hooks.py), as does every link between pages."""
+  broken, pages = [], glob.glob(str(site / '**' / '*.html'), recursive=True)
+  for page in pages:
+    parser = _Links()
+    with open(page, encoding='utf-8') as f:
+      parser.feed(f.read())
+    for link in parser.links:
+      path = urllib.parse.unquote(link.split('#', 1)[0].split('?', 1)[0])
+      if not path or re.match(r'[a-z]+:|//', link):
+        continue
+      # An absolute path (404.html's, the site served from its root) is
+      # the site's own.
+      base = str(site) if path.startswith('/') else os.path.dirname(page)
+      target = os.path.normpath(os.path.join(base, path.lstrip('/')))
+      if os.path.isdir(target):
+        target = os.path.join(target, 'index.html')
+      if not os.path.isfile(target):
+        broken.append(f'{os.path.relpath(page, site)}: {link}')
+  assert len(pages) > 20
+  assert not broken, broken
+  # A page's link to a source file opens a page with the source.
+  with open(site / 'repo' / 'examples' / 'api_example.py' / 'index.html') as f:
+    assert 'fastpbrl' in f.read()
 
 
 def test_the_cli_reference_is_the_generated_one():
@@ -114,3 +165,17 @@ def test_the_cli_reference_has_every_flag_and_its_help_text():
   assert docs['ready_after'].startswith('Env steps per member between two '
                                         'exploit/explore decisions')
   assert ' '.join(docs['ready_after'].split()) in page
+
+
+def test_the_cli_reference_has_every_command_and_its_arguments():
+  page = cli_reference.markdown()
+  for rule in registry.builtins():
+    assert f'\n## fastpbrl {rule.name}\n' in page, rule.name
+  for name in commands.COMMANDS:
+    assert f'\n## fastpbrl {name}\n' in page, name
+  assert '\n## python -m fastpbrl.launch\n' in page
+  for parser in (evaluate.parser(), info.parser(), launch.parser()):
+    for action in parser._actions:  # noqa: SLF001
+      for flag in action.option_strings:
+        if flag.startswith('--') and flag != '--help':
+          assert f'`{flag}' in page, flag

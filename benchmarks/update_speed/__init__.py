@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
       '--max-parallel-processes', type=_positive_int,
       default=defaults.max_parallel_processes,
       help='largest N for jax-parallel and torch-parallel '
-      '(default: twice the available cores, %(default)s)')
+      '(default: twice the available cores)')
   parser.add_argument(
       '--matmul-size', type=_positive_int, default=None,
       help='side of the f32 matmul that measures the peak '
@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument(
       '--torch-threads', type=_positive_int, default=None,
       help='torch.set_num_threads for torch-sequential and torch-vectorized '
-      f'(default: the available cores, {available_cores()}); torch-parallel '
+      '(default: the available cores); torch-parallel '
       'gives each of its N processes max(1, cores // N)')
   return parser
 

@@ -13,6 +13,11 @@ this package with a ``main(argv)``:
 ``python -m experiments.<rule>`` from a checkout is an alias of
 ``fastpbrl <rule>``. A setting that a command refuses ends it with one line,
 ``error: ...``, and exit status 2, before any process starts.
+
+``fastpbrl --help`` imports nothing of JAX: a command's module (a rule's,
+the run loop, ``fastpbrl.cli``) is imported through ``_load`` when the
+command runs, and the rules' help lines are read from their source
+(``fastpbrl.rules.builtin``).
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
-from fastpbrl import __version__, cli
-from fastpbrl.rules import registry
+from fastpbrl import __version__
+from fastpbrl.rules import builtin
 
 # Commands that are not rules: name -> (module, one line for --help).
 COMMANDS = {
@@ -38,7 +43,7 @@ COMMANDS = {
 
 def usage() -> str:
   """``fastpbrl --help``: the registered rules, then the other commands."""
-  rules = [(rule.name, rule.help) for rule in registry.builtins()]
+  rules = list(builtin.help_lines().items())
   others = [(name, text) for name, (_, text) in COMMANDS.items()]
   width = max(len(name) for name, _ in rules + others + [('module:Rule', '')])
   lines = ['usage: fastpbrl <command> [flags]   (fastpbrl <command> --help)',
@@ -63,9 +68,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   name, rest = argv[0], argv[1:]
   try:
     if name in COMMANDS:
-      importlib.import_module(COMMANDS[name][0]).main(rest)
+      _load(COMMANDS[name][0]).main(rest)
     else:
-      cli.train_command(_rule(name), rest, prog=f'fastpbrl {name}')
+      _load('fastpbrl.cli').train_command(_rule(name), rest,
+                                          prog=f'fastpbrl {name}')
   except SystemExit as e:
     if isinstance(e.code, str):  # a one-line 'error: ...' from a flag check
       print(e.code, file=sys.stderr)
@@ -74,8 +80,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   return 0
 
 
+def _load(module: str):
+  """``module``, imported when its command runs.
+
+  The one deliberate lazy import of the command line, for start-up speed
+  (not to dodge a cycle): JAX, the run loop and the rules take seconds to
+  import, which ``fastpbrl --help`` need not wait for.
+  """
+  return importlib.import_module(module)
+
+
 def _rule(name: str):
   """The rule ``fastpbrl NAME`` names; ``SystemExit`` with one line if none."""
+  registry = _load('fastpbrl.rules.registry')
   try:
     return registry.get(name)
   except ValueError as e:

@@ -118,7 +118,7 @@ def rule_page(name: str) -> list[str]:
   return lines
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='fastpbrl info', exit_on_error=False,
       description='The registered agents and rules; an agent\'s '
@@ -127,8 +127,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                       help='an agent or a rule (module:attribute for your own)')
   parser.add_argument('--env', default='Pendulum-v1',
                       help='the env an agent\'s defaults are given for')
+  return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
   try:
-    args, unknown = parser.parse_known_args(argv)
+    args, unknown = parser().parse_known_args(argv)
   except argparse.ArgumentError as e:
     raise SystemExit(f'error: {e}') from None
   if unknown:

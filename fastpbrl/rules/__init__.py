@@ -13,11 +13,25 @@ The rules sit below the run loop: they import the settings
 (``fastpbrl.config``), the learner and the pure rules, never
 ``fastpbrl.run`` or ``fastpbrl.loop``, which import them. A rule of your
 own is one file: ``examples/halving.py``.
+
+Its names are imported on first use (PEP 562): importing
+``fastpbrl.rules.builtin``, the built-in rules' names and help lines that
+``fastpbrl --help`` lists, then does not import JAX through ``base``.
 """
 
-from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
-                                 RuleState, hparam_rows, mask, split_key)
-from fastpbrl.rules.registry import get, known, register
+import importlib
 
-__all__ = ['Decision', 'Observation', 'Population', 'Rule', 'RuleState',
-           'get', 'hparam_rows', 'known', 'mask', 'register', 'split_key']
+# name -> the module of this package that defines it.
+_NAMES = {'Decision': 'base', 'Observation': 'base', 'Population': 'base',
+          'Rule': 'base', 'RuleState': 'base', 'hparam_rows': 'base',
+          'mask': 'base', 'split_key': 'base', 'get': 'registry',
+          'known': 'registry', 'register': 'registry'}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+  if name in _NAMES:
+    return getattr(importlib.import_module(f'fastpbrl.rules.{_NAMES[name]}'),
+                   name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -23,12 +23,7 @@ import importlib
 
 from fastpbrl.imports import find, known_names
 from fastpbrl.rules.base import Rule
-
-# Built-in rules: name -> the module whose import registers it.
-BUILTIN = {'pbt': 'fastpbrl.rules.pbt', 'cemrl': 'fastpbrl.rules.cemrl',
-           'dvd': 'fastpbrl.rules.dvd',
-           'hypertrick': 'fastpbrl.rules.hypertrick',
-           'seeds': 'fastpbrl.rules.seeds'}
+from fastpbrl.rules.builtin import BUILTIN
 
 _REGISTRY: dict[str, type] = {}
 
