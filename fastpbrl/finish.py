@@ -144,7 +144,8 @@ def totals(outcome: RunResult, population_size: int,
       returns.append(f'best evaluation {best_eval[best]:.1f}')
     hparams = (json.dumps({k: float(f'{v:.4g}')
                            for k, v in outcome.hparams[best].items()})
-               if best < len(outcome.hparams) else '')
+               if best < len(outcome.hparams) and outcome.hparams[best]
+               else '')
     lines.append(f'best member: {best} ({", ".join(returns)}) '
                  f'{hparams}'.rstrip())
   lines.append(f'env steps: {outcome.env_steps} per member (least over '
