@@ -4,9 +4,13 @@ summary (host-side; not jittable)."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
+import json
 import logging
+import math
 import os
+from typing import Optional
 
 from fastpbrl import plots
 from fastpbrl.actors import EpisodeRecord
@@ -37,6 +41,12 @@ class RunResult:
   final_returns: list = dataclasses.field(default_factory=list)
   rule_scalars: dict = dataclasses.field(default_factory=dict)  # at the end
   diverged: int = 0  # member divergences (NaN/Inf) replaced during the run
+  # The member with the highest final return (None without a final
+  # evaluation), as ``fastpbrl.load_policy(run_dir)`` picks it.
+  best_member: Optional[int] = None
+  # The population's env steps (env_steps x members) per second of
+  # wall_time (a resumed run's included).
+  env_steps_per_second: float = 0.0
 
 
 def final_evaluation(loop: Loop, rule: Rule, logger, processes=None,
@@ -75,6 +85,8 @@ def final_evaluation(loop: Loop, rule: Rule, logger, processes=None,
                      start_policy_version=-1)
        for m in range(returns.shape[0]) for k in range(returns.shape[1])],
       loop.env_steps, loop.update_steps)
+  logger.finish_progress(loop.env_steps * config.population_size,
+                         final='evaluated')
   means = [float(x) for x in returns.mean(axis=1)]
   log.info('final evaluation (%d episodes per member at %d env steps): %s',
            config.eval_episodes, loop.env_steps,
@@ -97,21 +109,83 @@ def result(loop: Loop, rule: Rule, rule_state, logger, run_dir: str,
            final_returns: list[float]) -> RunResult:
   """The run's ``RunResult``. Over several processes every process must
   call it (the hyperparameters are gathered)."""
+  wall_time = logger.wall_time
+  population_steps = loop.env_steps * loop.config.population_size
   return RunResult(run_dir=run_dir, best_return=logger.best_return,
                    env_steps=loop.env_steps, update_steps=loop.update_steps,
                    calls=loop.calls, hparams=rule.hparam_rows(loop.hparams),
-                   wall_time=logger.wall_time, final_returns=final_returns,
+                   wall_time=wall_time, final_returns=final_returns,
                    rule_scalars=rule.scalars(rule_state),
-                   diverged=loop.diverged)
+                   diverged=loop.diverged,
+                   best_member=best_of(final_returns),
+                   env_steps_per_second=throughput(population_steps,
+                                                   wall_time))
+
+
+def best_of(final_returns: list[float]) -> Optional[int]:
+  """The member with the highest final return (None without any)."""
+  if not final_returns:
+    return None
+  return max(range(len(final_returns)), key=final_returns.__getitem__)
+
+
+def throughput(population_steps: int, wall_time: float) -> float:
+  """The population's env steps per second of ``wall_time``."""
+  return population_steps / wall_time if wall_time > 0 else 0.0
+
+
+def totals(outcome: RunResult, population_size: int,
+           eval_episodes: int = 1, member_update_steps=None) -> str:
+  """The summary's lines under the member table: the best member (by its
+  final evaluation, else by its best evaluation), env and update steps,
+  wall time and throughput."""
+  points = [evaluation_points(rows, eval_episodes)
+            for rows in read_member_csvs(outcome.run_dir)]
+  best_eval = [max((p[2] for p in member), default=float('nan'))
+               for member in points]
+  lines = []
+  best = outcome.best_member
+  if best is None and any(p for p in points):
+    best = max((i for i, p in enumerate(points) if p),
+               key=best_eval.__getitem__)
+  if best is not None:
+    returns = ([f'final evaluation {outcome.final_returns[best]:.1f}']
+               if outcome.final_returns else [])
+    if best < len(best_eval) and math.isfinite(best_eval[best]):
+      returns.append(f'best evaluation {best_eval[best]:.1f}')
+    hparams = (json.dumps({k: float(f'{v:.4g}')
+                           for k, v in outcome.hparams[best].items()})
+               if best < len(outcome.hparams) and outcome.hparams[best]
+               else '')
+    lines.append(f'best member: {best} ({", ".join(returns)}) '
+                 f'{hparams}'.rstrip())
+  lines.append(f'env steps: {outcome.env_steps} per member (least over '
+               f'members), {outcome.env_steps * population_size} in all')
+  kept = ('' if member_update_steps is None
+          or len(set(member_update_steps)) <= 1 else
+          f'; kept by each: {list(member_update_steps)}')
+  lines.append(f'update steps: {outcome.update_steps} per member in '
+               f'{outcome.calls} learner calls{kept}')
+  # Written at the end, named by learner call (``resume.Saver``).
+  lines.append(f'last checkpoint: checkpoints/{outcome.calls} (learner call '
+               f'{outcome.calls}, {outcome.env_steps} env steps per member)')
+  clock = datetime.timedelta(seconds=round(outcome.wall_time))
+  lines.append(f'wall time: {outcome.wall_time:.1f} s ({clock})')
+  lines.append(f'env steps per second: {outcome.env_steps_per_second:.1f} '
+               '(the population\'s, over the wall time)')
+  return '\n'.join(lines)
 
 
 def summarize(loop: Loop, rule: Rule, rule_state, run_dir: str,
-              rows: list[dict]) -> None:
+              outcome: RunResult) -> None:
   """Writes ``summary.txt`` and the pictures (``fastpbrl.plots``) of the
-  finished run and prints the summary (process 0 only: ``rows``, the
-  final hyperparameters, are gathered beforehand by every process)."""
+  finished run and prints the summary (process 0 only: ``outcome``, with
+  the final hyperparameters, is gathered beforehand by every process)."""
   eval_episodes = loop.config.eval_episodes
-  table = summary_table(run_dir, rows, eval_episodes=eval_episodes)
+  table = summary_table(run_dir, outcome.hparams, eval_episodes=eval_episodes)
+  kept = loop.member_update_steps
+  table += '\n' + totals(outcome, loop.config.population_size, eval_episodes,
+                         None if kept is None else [int(x) for x in kept])
   extra = rule.summary(rule_state, run_dir)
   if loop.diverged:
     extra = (extra + '\n' if extra else '') + (
@@ -119,7 +193,8 @@ def summarize(loop: Loop, rule: Rule, rule_state, run_dir: str,
   with open(os.path.join(run_dir, 'summary.txt'), 'w') as f:
     f.write(table + '\n' + (extra + '\n' if extra else ''))
   plot = plot_returns(run_dir, eval_episodes=eval_episodes)
-  pictures = [os.path.basename(p) for p in [plot] + plots.plot_run(run_dir)]
+  pictures = [os.path.basename(p) for p in [plot] + plots.plot_run(
+      run_dir, space=getattr(rule, 'space', None))]
   print(table)
   if extra:
     print(extra)
@@ -150,10 +225,12 @@ def finished_before(config, rule: Rule, start, run_dir: str,
               'longer', run_dir, counters['env_steps'], config.env_steps)
   means = [p[2] for rows in read_member_csvs(run_dir)
            for p in evaluation_points(rows, config.eval_episodes)]
+  returns, wall_time = final['final_returns'], counters['wall_time']
   return RunResult(
       run_dir=run_dir, best_return=max(means, default=float('nan')),
       env_steps=counters['env_steps'], update_steps=counters['update_steps'],
       calls=counters['calls'], hparams=rule.hparam_rows(start.hparams)[:n],
-      wall_time=counters['wall_time'], final_returns=final['final_returns'],
+      wall_time=wall_time, final_returns=returns,
       rule_scalars=rule.scalars(start.rule_state),
-      diverged=counters.get('diverged', 0))
+      diverged=counters.get('diverged', 0), best_member=best_of(returns),
+      env_steps_per_second=throughput(counters['env_steps'] * n, wall_time))

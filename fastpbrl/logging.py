@@ -293,11 +293,23 @@ class RunLogger:
               env_steps)
 
   def progress(self, env_steps: int, **postfix) -> None:
+    """Moves the bar to ``env_steps`` (the population's: per member, least
+    over members, times the population size); cheap enough for every call
+    (tqdm redraws at most every 0.1 s). The last learner call may overshoot
+    the budget by part of a call: the bar stops at its total."""
+    if self._bar.total:
+      env_steps = min(env_steps, self._bar.total)
     self._bar.update(max(0, env_steps - self._last_steps))
     self._last_steps = env_steps
     best = self.best_return
     self._bar.set_postfix(best=f'{best:.1f}' if math.isfinite(best) else '-',
                           **postfix, refresh=False)
+
+  def finish_progress(self, env_steps: int, **postfix) -> None:
+    """``progress``, redrawn now: where training (or the final evaluation)
+    ended, the total once the budget is spent."""
+    self.progress(env_steps, **postfix)
+    self._bar.refresh()
 
   def close(self) -> None:
     """Closes every file and tracker, all of them even when one fails

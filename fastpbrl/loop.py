@@ -175,11 +175,27 @@ def read_back(parts: Parts, loop: Loop, divergence: Divergence,
   if 'finite' in done.metrics:  # one [N] flag per call, not per step
     divergence.check(parts, loop, done)
   if done.scalars is not None:
-    scalars = {f'learner/{k}': float(np.mean(parts.processes.host(v)))
-               for k, v in done.metrics.items()}
+    scalars = learner_scalars(
+        {k: parts.processes.host(v) for k, v in done.metrics.items()},
+        loop.config.population_size)
     scalars.update(done.scalars)
     scalars['learner/diverged_members_total'] = loop.diverged
     parts.logger.scalars(scalars, done.env_steps)
+
+
+def learner_scalars(metrics: dict, population_size: int) -> dict:
+  """``learner/<k>``, the population's mean of each metric, and
+  ``member_<i>/learner/<k>``, each member's mean over its steps (for the
+  metrics with a leading population axis, ``[N]`` or ``[N, steps]``)."""
+  scalars = {}
+  for k, v in metrics.items():
+    v = np.asarray(v, np.float64)
+    scalars[f'learner/{k}'] = float(np.mean(v))
+    if v.ndim and v.shape[0] == population_size:
+      per_member = v.reshape(population_size, -1).mean(axis=1)
+      scalars.update({f'member_{i:03d}/learner/{k}': float(x)
+                      for i, x in enumerate(per_member)})
+  return scalars
 
 
 def learner_call(parts: Parts, loop: Loop, batch) -> Any:
@@ -246,9 +262,12 @@ def publish(parts: Parts, loop: Loop) -> None:
 
 
 def log_call(parts: Parts, loop: Loop, events: list) -> Optional[dict]:
-  """Hyperparameter and rule rows; every ``SCALARS_EVERY`` calls also the
-  host scalars to log with this call's metrics (returned), and progress."""
+  """Progress; hyperparameter and rule rows; every ``SCALARS_EVERY`` calls
+  also the host scalars to log with this call's metrics (returned)."""
   rule, pipeline = parts.rule_run.rule, parts.pipeline
+  n = loop.config.population_size
+  parts.logger.progress(loop.env_steps * n, calls=loop.calls,
+                        wait=f'{pipeline.wait_fraction():.0%}')
   if loop.calls % SCALARS_EVERY == 0 or events or loop.calls == 1:
     parts.hparams_log.write(loop.env_steps, loop.update_steps,
                             rule.hparam_rows(loop.hparams))
@@ -258,12 +277,9 @@ def log_call(parts: Parts, loop: Loop, events: list) -> Optional[dict]:
   parts.rule_log.write(loop.env_steps, loop.update_steps, rule_scalars)
   scalars = {f'rule/{k}': v for k, v in rule_scalars.items()}
   scalars['pipeline/learner_wait_fraction'] = pipeline.wait_fraction()
-  n = loop.config.population_size
   scalars['pipeline/population_env_steps'] = loop.env_steps * n
   for i, row in enumerate(rule.hparam_rows(loop.hparams)):
     scalars.update({f'member_{i:03d}/hparams/{k}': v for k, v in row.items()})
-  parts.logger.progress(loop.env_steps * n, calls=loop.calls,
-                        wait=f'{pipeline.wait_fraction():.0%}')
   return scalars
 
 
@@ -307,6 +323,8 @@ def train(parts: Parts, loop: Loop) -> None:
   if pending is not None:
     read_back(parts, loop, divergence, pending)
     call_back(parts, loop, after_call=False)  # a last divergence's
+  parts.logger.finish_progress(loop.env_steps * config.population_size,
+                               calls=loop.calls)
 
 
 def write_last_rows(parts: Parts, loop: Loop) -> None:

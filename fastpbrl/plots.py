@@ -7,23 +7,27 @@ Besides ``returns.png`` (``fastpbrl.logging.plot_returns``), a run ends with
   initial member whose weights it carries at that moment, and an arrow from
   the source member to the destination at every copy.
 * ``hparams.png`` (every run, from ``hparams.csv``): each hyperparameter's
-  value per member against env steps, one subplot per hyperparameter.
+  value per member against env steps, one subplot per hyperparameter that
+  varied (the fixed ones are named in the title), on a log axis where the
+  search space draws it log-uniformly, with a marker on a member's line
+  wherever it took another member's weights (PBT's exploits).
 
 Both stay readable from 4 to 80 members: a legend and thick lines up to
 ``LEGEND_MEMBERS`` members, thin lines coloured along a colormap beyond.
 The data each picture draws comes from a pure helper (``lineage_lines``,
-``hparam_lines``) that the tests compare with the records; the pictures are
+``hparam_panels``) that the tests compare with the records; the pictures are
 written atomically (a temporary file, then ``os.replace``).
 """
 
 from __future__ import annotations
 
+import bisect
 import csv
 import json
 import math
 import os
 import tempfile
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Collection, NamedTuple, Optional, Sequence
 
 LEGEND_MEMBERS = 10  # members up to which lines get a legend entry each
 
@@ -119,6 +123,87 @@ def hparam_lines(rows: Sequence[dict]
   return lines
 
 
+class Panel(NamedTuple):
+  """One subplot of ``hparams.png``."""
+
+  name: str  # the hyperparameter
+  log: bool  # a log y-axis
+  lines: dict[int, tuple[list[float], list[float]]]  # member -> (x, values)
+  exploits: list[tuple[int, float, float]]  # (member, env steps, new value)
+
+
+class HParamPanels(NamedTuple):
+  panels: list[Panel]  # the hyperparameters that varied, in column order
+  fixed: dict[str, float]  # the others: the one value all members kept
+
+
+def varies(values: Sequence[float], rel_tol: float = 1e-6) -> bool:
+  """Whether ``values`` hold two that differ beyond ``rel_tol`` of their
+  magnitude (float32 hyperparameters round-trip through the CSV)."""
+  return any(not math.isclose(v, values[0], rel_tol=rel_tol, abs_tol=1e-12)
+             for v in values)
+
+
+def hparam_panels(rows: Sequence[dict],
+                  log_fields: Optional[Collection[str]] = None,
+                  exploits: Sequence[Copy] = ()) -> HParamPanels:
+  """What ``hparams.png`` draws, from ``hparams.csv``'s rows.
+
+  Args:
+    rows: ``read_hparams_csv``'s rows.
+    log_fields: the fields the search space draws log-uniformly (their
+      axis is logarithmic); None when unknown: then a positive field
+      spanning over 20x gets one.
+    exploits: copies (``lineage_lines(...).copies`` in env steps): each
+      marks the destination member's line at its env steps, at the value
+      it had from there on.
+  """
+  panels, fixed = [], {}
+  for name, lines in hparam_lines(rows).items():
+    values = [v for _, ys in lines.values() for v in ys]
+    if not varies(values):
+      fixed[name] = values[0]
+      continue
+    positive = min(values) > 0
+    log = positive and (name in log_fields if log_fields is not None
+                        else max(values) > 20 * min(values))
+    marks = []
+    for c in exploits:
+      xs, ys = lines.get(c.member, ([], []))
+      k = bisect.bisect_right(xs, c.at) - 1  # the row in force at c.at
+      if k >= 0:
+        marks.append((c.member, c.at, ys[k]))
+    panels.append(Panel(name, log, lines, marks))
+  return HParamPanels(panels, fixed)
+
+
+def log_uniform_fields(space) -> set[str]:
+  """The fields a ``fastpbrl.search_space.SearchSpace`` draws
+  log-uniformly."""
+  from fastpbrl.search_space import LogUniform  # noqa: PLC0415
+  return {name for name, dist in space.distributions
+          if isinstance(dist, LogUniform)}
+
+
+def saved_log_fields(run_dir: str) -> Optional[set[str]]:
+  """``log_uniform_fields`` of the search space a run used, from its
+  ``config.json``: its ``--search-space``, else its agent's default
+  space (as ``rules.common.search_space_of`` resolves them for the run).
+  None when the folder does not say: no config.json, a search-space file
+  gone since, an agent not registered in this process."""
+  from types import SimpleNamespace  # noqa: PLC0415
+
+  from fastpbrl.config import ConfigError, saved_settings  # noqa: PLC0415
+  from fastpbrl.rules.common import search_space_of  # noqa: PLC0415
+  try:
+    saved = saved_settings(run_dir)
+    return log_uniform_fields(search_space_of(SimpleNamespace(
+        search_space=saved.get('search_space'),
+        agent=saved.get('agent', 'td3'))))
+  except (ConfigError, OSError, ValueError):
+    return None
+
+
 def _pyplot():
   import matplotlib  # noqa: PLC0415
 
@@ -190,45 +275,64 @@ def plot_lineage(events: Sequence[dict], path: str,
   return _save(fig, path)
 
 
-def plot_hparams(rows: Sequence[dict], path: str, title: str = '') -> str:
-  """Draws ``hparam_lines(rows)`` to ``path``, one subplot per
-  hyperparameter (log scale where a positive one spans over 20x)."""
+def hparams_figure(data: HParamPanels, members: int, title: str = ''):
+  """The figure of ``hparam_panels``: one subplot per panel (an ``axis`` of
+  its own, titled by the hyperparameter), exploits as triangles."""
   plt = _pyplot()
-  lines = hparam_lines(rows)
-  names = list(lines) or ['(none)']
-  members = 1 + max((int(r['member']) for r in rows), default=0)
   style = _style(members)
-  cols = min(3, len(names))
-  nrows = math.ceil(len(names) / cols)
+  panels = data.panels
+  cols = max(1, min(3, len(panels)))
+  nrows = max(1, math.ceil(len(panels) / cols))
   fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 2.9 * nrows),
                            squeeze=False)
-  for k, name in enumerate(names):
+  for k, panel in enumerate(panels):
     ax = axes[k // cols][k % cols]
-    values = []
-    for member, (xs, ys) in sorted(lines.get(name, {}).items()):
+    for member, (xs, ys) in sorted(panel.lines.items()):
       ax.plot(xs, ys, drawstyle='steps-post', lw=style['lw'],
               color=style['color'](member),
               label=f'member {member}' if style['legend'] else None)
-      values.extend(ys)
-    positive = [v for v in values if v > 0]
-    if values and len(positive) == len(values) and max(values) > 20 * min(values):
+    if panel.exploits:
+      member, x, y = zip(*panel.exploits)
+      ax.scatter(x, y, marker='v', s=24, zorder=3, edgecolors='k',
+                 linewidths=0.5, c=[style['color'](m) for m in member],
+                 label='took weights (exploit)')
+    if panel.log:
       ax.set_yscale('log')
-    ax.set_title(name, fontsize='medium')
+    ax.set_title(panel.name, fontsize='medium')
     ax.set_xlabel('env steps per member')
     ax.grid(alpha=0.3)
-  for k in range(len(names), nrows * cols):
+  for k in range(len(panels), nrows * cols):
     axes[k // cols][k % cols].axis('off')
-  if style['legend'] and rows:
+  if not panels:
+    axes[0][0].text(0.5, 0.5, 'no hyperparameter varied', ha='center',
+                    va='center', transform=axes[0][0].transAxes)
+  elif style['legend'] or any(p.exploits for p in panels):
     axes[0][0].legend(fontsize='x-small', loc='best')
-  fig.suptitle(title or f'hyperparameters of {members} members')
+  fixed = ', '.join(f'{k}={v:.4g}' for k, v in data.fixed.items())
+  fig.suptitle((title or f'hyperparameters of {members} members')
+               + (f'\nfixed: {fixed}' if fixed else ''))
   fig.tight_layout()
-  return _save(fig, path)
+  return fig
 
 
-def plot_run(run_dir: str) -> list[str]:
+def plot_hparams(rows: Sequence[dict], path: str, title: str = '',
+                 log_fields: Optional[Collection[str]] = None,
+                 exploits: Sequence[Copy] = ()) -> str:
+  """Draws ``hparam_panels(rows, log_fields, exploits)`` to ``path``;
+  returns ``path``."""
+  members = 1 + max((int(r['member']) for r in rows), default=0)
+  return _save(hparams_figure(hparam_panels(rows, log_fields, exploits),
+                              members, title), path)
+
+
+def plot_run(run_dir: str, space=None) -> list[str]:
   """Writes ``lineage.png`` (if the run has a lineage) and ``hparams.png``
-  (if it has ``hparams.csv``) in ``run_dir``; returns their paths."""
-  written = []
+  (if it has ``hparams.csv``) in ``run_dir``; returns their paths.
+
+  ``space``: the run's ``SearchSpace`` (its rule's, at the end of a run);
+  by default read back from the folder (``saved_log_fields``).
+  """
+  written, copies = [], []
   title = os.path.basename(os.path.abspath(run_dir))
   end = None
   hparams = os.path.join(run_dir, 'hparams.csv')
@@ -242,11 +346,16 @@ def plot_run(run_dir: str) -> list[str]:
       events = [json.loads(line) for line in f if line.strip()]
     if events:
       x = 'env_steps' if all('env_steps' in e for e in events) else 'step'
+      if x == 'env_steps':  # older lineages have update steps only
+        copies = lineage_lines(events).copies
       written.append(plot_lineage(
           events, os.path.join(run_dir, 'lineage.png'),
           end=end if x == 'env_steps' else None,
           title=f'{title}: PBT lineage (arrow: source -> destination)'))
   if rows:
+    log_fields = (log_uniform_fields(space) if space is not None
+                  else saved_log_fields(run_dir))
     written.append(plot_hparams(rows, os.path.join(run_dir, 'hparams.png'),
-                                title=f'{title}: hyperparameters'))
+                                title=f'{title}: hyperparameters',
+                                log_fields=log_fields, exploits=copies))
   return written

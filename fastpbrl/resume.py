@@ -273,7 +273,9 @@ class Saver:
         replay_members=(self.processes.local if self.processes.several
                         else None),
         data_path=self.pipeline.checkpoint_state())
-    if replay is not None:
-      log.info('checkpoint %d with replay (%s) written in %.1f s', loop.calls,
-               format_bytes(sum(x.nbytes for x in jax.tree.leaves(replay))),
-               time.monotonic() - start)
+    # Named by learner call; the env steps are in its meta's counters.
+    log.info('checkpoint %d (learner call) at %d env steps per member%s '
+             'written in %.1f s', loop.calls, loop.env_steps,
+             '' if replay is None else ' with replay ({})'.format(
+                 format_bytes(sum(x.nbytes for x in jax.tree.leaves(replay)))),
+             time.monotonic() - start)

@@ -197,7 +197,7 @@ def _train(built: Built, start: resume.Restored,
   outcome = finish.result(loop, rule, rule_run.state, logger, run_dir,
                           final_returns)
   if processes.main:  # process 0 summarises and draws
-    finish.summarize(loop, rule, rule_run.state, run_dir, outcome.hparams)
+    finish.summarize(loop, rule, rule_run.state, run_dir, outcome)
   return outcome
 
 

@@ -83,3 +83,16 @@ def test_rule_log_keeps_scalars_that_appear_later_and_survives_a_resume(
   with open(tmp_path / 'rule.csv') as f:
     assert f.read().count('env_steps') == 1  # one header
   assert read_rule_csv(str(tmp_path / 'nowhere')) == {}
+
+
+def test_progress_bar_reaches_its_total_at_the_end(tmp_path):
+  # 2 members, 100 env steps each: the last learner call overshoots to 104
+  # per member, and the bar stops at its total.
+  logger = RunLogger(str(tmp_path), 2, total_env_steps=200, progress=True,
+                     track='none')
+  for per_member in (8, 16, 96):
+    logger.progress(2 * per_member)
+  assert logger._bar.n == 192
+  logger.finish_progress(2 * 104)
+  assert logger._bar.n == logger._bar.total == 200
+  logger.close()

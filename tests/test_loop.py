@@ -122,3 +122,44 @@ def test_time_limit_counts_from_the_first_call():
   assert loop.stop_reason == 'the time limit of 5 s was reached'
   with pytest.raises(ValueError, match='seconds > 0'):
     TimeLimit(0)
+
+
+class _Tracker:
+  """A tracker that keeps what it is given."""
+
+  def __init__(self):
+    self.logged = []
+
+  def scalars(self, values, step):
+    self.logged.append((dict(values), step))
+
+  def close(self):
+    pass
+
+
+def test_read_back_logs_each_members_learner_scalars(tmp_path):
+  from fastpbrl.logging import RunLogger
+  parts = _parts(tmp_path)
+  parts.logger = RunLogger(str(tmp_path), 3, total_env_steps=30,
+                           progress=False, track='none')
+  tracker = _Tracker()
+  parts.logger._trackers = [tracker]
+  loop = Loop(config=RunConfig(population_size=3), run_dir=str(tmp_path),
+              agent=None, learner=None, state=None, hparams=None)
+  # [N, steps] losses, a [N] flag, and one metric of no member (shared).
+  metrics = {'critic_loss': np.array([[1.0, 3.0], [5.0, 7.0], [0.0, 0.0]]),
+             'finite': np.array([True, True, True]),
+             'shared_loss': np.array([2.0, 4.0, 6.0, 8.0])}
+  done = loop_lib.Finished(10, metrics, 400, {'rule/x': 1.0})
+  loop_lib.read_back(parts, loop, loop_lib.Divergence(3), done)
+  parts.logger.close()
+  (values, step), = tracker.logged
+  assert step == 400
+  assert values['learner/critic_loss'] == 8 / 3  # the population's mean
+  assert [values[f'member_{i:03d}/learner/critic_loss'] for i in range(3)] == [
+      2.0, 6.0, 0.0]  # each member's mean over its steps
+  assert values['member_001/learner/finite'] == 1.0
+  assert values['learner/shared_loss'] == 5.0
+  assert not any('shared_loss' in k and k.startswith('member_')
+                 for k in values)
+  assert values['rule/x'] == 1.0

@@ -102,3 +102,78 @@ def test_plot_run_without_lineage_draws_only_hparams(tmp_path):
   log.close()
   assert [os.path.basename(p) for p in plots.plot_run(str(tmp_path))] == [
       'hparams.png']
+
+
+def _panel_rows():
+  """Two members over three calls: lr differs (and is log-uniform), tau
+  and discount never change (discount with float32 round-off), noise
+  changes once at member 1's exploit (env steps 200)."""
+  rows = []
+  for env_steps in (0, 100, 200):
+    for m in range(2):
+      rows.append({'env_steps': float(env_steps), 'update_steps': 0.0,
+                   'member': m, 'policy_lr': 1e-4 * 10 ** m,
+                   'tau': 0.005, 'discount': 0.99 * (1 + 1e-8 * m),
+                   'noise': 0.5 if (m, env_steps) == (1, 200) else 0.1})
+  return rows
+
+
+def test_hparams_figure_skips_fixed_fields_and_logs_log_uniform_ones():
+  data = plots.hparam_panels(_panel_rows(), log_fields={'policy_lr', 'tau'},
+                             exploits=[plots.Copy(200.0, 0, 1),
+                                       plots.Copy(50.0, 1, 0)])
+  assert [p.name for p in data.panels] == ['policy_lr', 'noise']
+  assert set(data.fixed) == {'tau', 'discount'}
+  fig = plots.hparams_figure(data, members=2)
+  try:
+    drawn = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    assert set(drawn) == {'policy_lr', 'noise'}
+    assert drawn['policy_lr'].get_yscale() == 'log'
+    assert drawn['noise'].get_yscale() == 'linear'  # Uniform: not in the set
+    # One marker per exploit: member 1 at env steps 200, at the value it
+    # took there; member 0 at 50, at the value of its row at 0.
+    marks = drawn['noise'].collections[0].get_offsets().tolist()
+    assert marks == [[200.0, 0.5], [50.0, 0.1]]
+    assert 'tau=0.005' in fig._suptitle.get_text()
+  finally:
+    plots._pyplot().close(fig)
+
+
+def test_plot_run_reads_the_log_uniform_fields_and_exploits_of_the_folder(
+    tmp_path, monkeypatch):
+  import json
+  from fastpbrl.population.pbt import Lineage
+  rows = _panel_rows()
+  log = HParamsLog(str(tmp_path))
+  for env_steps in (0, 100, 200):
+    log.write(env_steps, 0, [{k: v for k, v in r.items()
+                              if k not in ('env_steps', 'update_steps',
+                                           'member')}
+                             for r in rows if r['env_steps'] == env_steps])
+  log.close()
+  Lineage(str(tmp_path / 'lineage.jsonl')).write(
+      _lineage(2, [(20, 200, 1, 0)]))
+  # No --search-space: the agent's default space (TD3: log-uniform lrs).
+  with open(tmp_path / 'config.json', 'w') as f:
+    json.dump({'rule': 'pbt', 'agent': 'td3', 'search_space': None}, f)
+  assert plots.saved_log_fields(str(tmp_path)) == {'policy_lr', 'critic_lr'}
+  drawn = {}
+  real = plots.hparams_figure
+
+  def keep(data, members, title=''):
+    drawn['data'] = data
+    return real(data, members, title)
+
+  monkeypatch.setattr(plots, 'hparams_figure', keep)
+  plots.plot_run(str(tmp_path))
+  panels = {p.name: p for p in drawn['data'].panels}
+  assert set(panels) == {'policy_lr', 'noise'}
+  assert panels['policy_lr'].log and not panels['noise'].log
+  assert panels['noise'].exploits == [(1, 200.0, 0.5)]
+  # A run's own --search-space (inline JSON) wins over the agent's.
+  with open(tmp_path / 'config.json', 'w') as f:
+    json.dump({'agent': 'td3', 'search_space': json.dumps(
+        {'noise': {'kind': 'loguniform', 'low': 0.01, 'high': 1.0}})}, f)
+  assert plots.saved_log_fields(str(tmp_path)) == {'noise'}
+  os.remove(tmp_path / 'config.json')
+  assert plots.saved_log_fields(str(tmp_path)) is None
