@@ -233,7 +233,7 @@ def test_unknown_field_and_agent():
 def test_default_spaces_match_the_paper():
   t = dict(agents.get('td3').default_search_space.distributions)
   assert t['policy_lr'] == ss.LogUniform(3e-5, 3e-3) == t['critic_lr']
-  assert t['policy_delay'] == ss.Uniform(0.2, 1.0)
+  assert t['policy_update_fraction'] == ss.Uniform(0.2, 1.0)
   assert (t['exploration_noise'] == ss.Uniform(0.0, 1.0) == t['target_noise']
           == t['noise_clip'])
   # The paper's U(0.9, 1), in horizon space and without gamma = 1.
@@ -330,13 +330,14 @@ def test_search_space_file_reads_every_kind(tmp_path):
       'policy_lr': {'kind': 'log_uniform', 'low': 1e-4, 'high': 1e-3},
       'exploration_noise': {'kind': 'uniform', 'low': 0, 'high': 0.5},
       'discount': {'kind': 'discount', 'low': 0.95, 'high': 0.995},
-      'policy_delay': {'kind': 'categorical', 'values': [0.25, 0.5, 1]}}))
+      'policy_update_fraction': {'kind': 'categorical',
+                                 'values': [0.25, 0.5, 1]}}))
   space = ss.load(path)
   assert dict(space.distributions) == {
       'policy_lr': ss.LogUniform(1e-4, 1e-3),
       'exploration_noise': ss.Uniform(0.0, 0.5),
       'discount': ss.Discount(0.95, 0.995),
-      'policy_delay': ss.Categorical((0.25, 0.5, 1.0))}
+      'policy_update_fraction': ss.Categorical((0.25, 0.5, 1.0))}
   yaml = pytest.importorskip('yaml')
   path = _write(tmp_path, 'space.yaml', yaml.safe_dump(
       {'policy_lr': {'kind': 'log_uniform', 'low': 1e-4, 'high': 1e-3}}))
@@ -348,11 +349,11 @@ def test_search_space_file_takes_ray_tune_and_optuna_spellings():
   ``choices`` read as ours."""
   space = ss.from_dict({
       'policy_lr': {'kind': 'loguniform', 'low': 1e-4, 'high': 1e-3},
-      'policy_delay': {'kind': 'choice', 'categories': [0.5, 1]},
+      'policy_update_fraction': {'kind': 'choice', 'categories': [0.5, 1]},
       'tau': {'kind': 'categorical', 'choices': [0.005, 0.01]}})
   assert dict(space.distributions) == {
       'policy_lr': ss.LogUniform(1e-4, 1e-3),
-      'policy_delay': ss.Categorical((0.5, 1.0)),
+      'policy_update_fraction': ss.Categorical((0.5, 1.0)),
       'tau': ss.Categorical((0.005, 0.01))}
 
 
@@ -418,14 +419,14 @@ def test_near_restricts_each_field_around_the_defaults():
   assert near.fields == space.fields and near.constraint is space.constraint
   # By hand, spread 1.25: lr 3e-4 -> [2.4e-4, 3.75e-4]; discount 0.99 ->
   # 1 - gamma in [0.008, 0.0125]; exploration noise 0.1 -> [0.08, 0.125];
-  # policy_delay 0.5 -> [0.4, 0.625].
+  # policy_update_fraction 0.5 -> [0.4, 0.625].
   expected = {'policy_lr': (ss.LogUniform, 2.4e-4, 3.75e-4),
               'critic_lr': (ss.LogUniform, 2.4e-4, 3.75e-4),
               'discount': (ss.Discount, 0.9875, 0.992),
               'exploration_noise': (ss.Uniform, 0.08, 0.125),
               'target_noise': (ss.Uniform, 0.16, 0.25),
               'noise_clip': (ss.Uniform, 0.4, 0.625),
-              'policy_delay': (ss.Uniform, 0.4, 0.625)}
+              'policy_update_fraction': (ss.Uniform, 0.4, 0.625)}
   for name, (kind, low, high) in expected.items():
     dist = near[name]
     assert type(dist) is kind, name
@@ -463,7 +464,7 @@ def test_perturb_resamples_from_the_resample_space():
     assert x.min() >= np.float32(dist.low) * (1 - slack), name
     assert x.max() <= np.float32(dist.high) * (1 + slack), name
     # From the whole prior most values fall outside the near region: 72% or
-    # more (policy_delay), sd <= 0.008, 30 sd above 0.5.
+    # more (policy_update_fraction), sd <= 0.008, 30 sd above 0.5.
     y = np.asarray(getattr(everywhere, name))
     assert np.mean((y < dist.low) | (y > dist.high)) > 0.5, name
   # Perturbed (not resampled) values still move by the factors and may
