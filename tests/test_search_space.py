@@ -507,3 +507,51 @@ def test_train_refuses_a_bad_dict_space_before_making_the_run_folder(
     fastpbrl.train('pbt', search_space=space, run_dir=str(run_dir),
                    progress=False, num_actors=1)
   assert not run_dir.exists()
+
+
+def test_a_domain_prints_its_range_and_says_why_a_value_is_invalid():
+  lr = ss.positive('Adam step size', 'step size')
+  assert str(lr) == '(0, inf)'
+  assert lr.problem(3e-4) is None
+  assert lr.problem(0.0) == 'is outside its valid range (0, inf)'
+  assert lr.problem(-1.0) == 'is outside its valid range (0, inf)'
+  fraction = ss.HParamDomain('f', '', low=0.0, high=1.0, low_open=True)
+  assert str(fraction) == '(0, 1]' and fraction.problem(1.0) is None
+  half_open = ss.HParamDomain('p', '', low=0.0, high=1.0, high_open=True)
+  assert str(half_open) == '[0, 1)' and half_open.problem(1.0)
+  period = ss.HParamDomain('period', 'update steps', low=1.0, integer=True)
+  assert str(period) == '[1, inf) integers'
+  assert period.problem(2500.0) is None
+  assert period.problem(2500.5).startswith('is not an integer')
+  assert ss.HParamDomain('anything').problem(-1e9) is None
+  assert lr.problem(float('nan')).startswith('is not finite')
+
+
+def test_values_and_spaces_are_checked_against_domains_in_one_line():
+  domains = {'policy_lr': ss.positive('Adam step size of the actor',
+                                      'step size'),
+             'epsilon': ss.HParamDomain('rate', 'probability', low=0.0,
+                                        high=1.0)}
+  ss.check_values(domains, {'policy_lr': 1e-3, 'unchecked': -5.0})
+  with pytest.raises(ValueError) as info:
+    ss.check_values(domains, {'policy_lr': -1.0})
+  assert str(info.value) == ('policy_lr=-1 is outside its valid range '
+                             '(0, inf) (Adam step size of the actor)')
+  with pytest.raises(ValueError, match="search space field 'policy_lr': low "
+                     r'-0.001 is outside its valid range \(0, inf\)'):
+    ss.check_space(domains, ss.SearchSpace(
+        {'policy_lr': ss.Uniform(-1e-3, 1e-3)}))
+  with pytest.raises(ValueError, match="search space field 'epsilon': value "
+                     r'1.5 is outside its valid range \[0, 1\]'):
+    ss.check_space(domains, ss.SearchSpace(
+        {'epsilon': ss.Categorical((0.1, 1.5))}))
+  ss.check_space(domains, ss.SearchSpace(
+      {'policy_lr': ss.PAPER_LR, 'epsilon': ss.Uniform(0.0, 1.0),
+       'tau': ss.Uniform(-1.0, 1.0)}))  # tau: no domain, unchecked
+  renamed = {'old': 'was renamed new: old=2 -> new=0.5'}
+  with pytest.raises(ValueError, match='^old was renamed new: old=2 -> '
+                     'new=0.5$'):
+    ss.check_values(domains, {'old': 2.0}, renamed)
+  with pytest.raises(ValueError, match='^old was renamed new'):
+    ss.check_space(domains, ss.SearchSpace({'old': ss.Uniform(1.0, 2.0)}),
+                   renamed)
