@@ -715,6 +715,16 @@ def baseline_of(method: str) -> Optional[str]:
 
 
 SEARCHING_MODULES = ('pbt', 'hypertrick')  # rules that choose hparams
+# Hyperparameters renamed since runs were recorded: old name -> new. The
+# result files under benchmarks/results/ are history and keep the old names
+# (TD3's policy_delay, a fraction, is policy_update_fraction now, same
+# values); code reading their 'hparams' maps them through recorded_hparams.
+RENAMED_HPARAMS = {'policy_delay': 'policy_update_fraction'}
+
+
+def recorded_hparams(hparams: dict) -> dict:
+  """One member's recorded hyperparameters under today's names."""
+  return {RENAMED_HPARAMS.get(k, k): v for k, v in hparams.items()}
 EDGE = 0.1  # "at an edge": in the outer tenth of a range, at either end
 
 
@@ -733,7 +743,8 @@ def edge_share(result: dict) -> Optional[float]:
     return None
   space = agent_spec(_agent_of(flags)).default_search_space
   names = pb2.continuous_fields(space)
-  unit = pb2.encode(space, {name: [h[name] for h in result['hparams']]
+  recorded = [recorded_hparams(h) for h in result['hparams']]
+  unit = pb2.encode(space, {name: [h[name] for h in recorded]
                             for name in names})
   return float(np.mean((unit < EDGE) | (unit > 1 - EDGE)))
 

@@ -83,6 +83,8 @@ def _event_text(event: dict) -> str:
 def replay(name: str, recording: str) -> dict:
   """Replays ``recording`` through rule ``name``; returns the comparison."""
   with open(recording, 'rb') as f:
+    # Hyperparameters are pickled NamedTuples, restored by position: TD3's
+    # policy_delay of older recordings reads as policy_update_fraction.
     recorded = pickle.load(f)
   rule, learner, state, hparams, rule_state = _rule(name)
   n = rule.config.population_size

@@ -95,5 +95,23 @@ SEARCH_SPACE = {'policy_lr': ss.LogUniform(1e-5, 1e-3),
                 'tau': ss.LogUniform(1e-4, 1e-2), 'discount': ss.PAPER_DISCOUNT,
                 'exploration_noise': ss.Uniform(0.0, 0.5)}
 
+# Each hyperparameter's meaning, unit and valid range (fastpbrl info): the
+# CLI and train() refuse a value or a search space outside it. An agent that
+# leaves this out still runs, unchecked.
+DOMAINS = {
+    'policy_lr': ss.positive('Adam step size of the actor', 'step size'),
+    'critic_lr': ss.positive('Adam step size of the critic', 'step size'),
+    'weight_decay': ss.non_negative('L2 coefficient on the critic',
+                                    'loss per squared weight'),
+    'discount': ss.HParamDomain('discount gamma of the TD target',
+                                'per env step', low=0.0, high=1.0),
+    'tau': ss.HParamDomain('Polyak rate of both targets, every step',
+                           'fraction per update', low=0.0, high=1.0,
+                           low_open=True),
+    'exploration_noise': ss.non_negative('std of the Gaussian action noise',
+                                         'action units'),
+}
+
 DDPG = agents.register('ddpg', make_agent=make_agent, config=DDPGConfig,
-                       default_search_space=SEARCH_SPACE)
+                       default_search_space=SEARCH_SPACE,
+                       hparam_domains=DOMAINS)

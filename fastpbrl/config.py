@@ -197,8 +197,12 @@ def as_flag_error(error: ValueError, config) -> ConfigError:
 
 def validate(config: RunConfig, min_population: int = 1) -> None:
   """Raises ``ConfigError`` naming the flag and the allowed range."""
-  agent_spec(config.agent)
-  parse_hparams(config.hparams)
+  try:  # each value in the agent's declared domain (or a renamed field)
+    agent_spec(config.agent).check_hparams(parse_hparams(config.hparams))
+  except ConfigError:
+    raise
+  except ValueError as e:
+    raise ConfigError(f'--hparams {e}') from None
   check(config.population_size >= min_population,
         f'--population-size must be >= {min_population} for this rule, got '
         f'{config.population_size}')

@@ -26,7 +26,7 @@ import numpy as np
 from fastpbrl.build import shard_state
 from fastpbrl.callbacks import Loop
 from fastpbrl.checkpoint import Checkpointer
-from fastpbrl.config import ConfigError, RunConfig
+from fastpbrl.config import ConfigError, RunConfig, agent_spec
 from fastpbrl.logging import HPARAMS_CSV, RULE_CSV
 from fastpbrl.replay.buffers import (format_bytes, state_template,
                                      transition_fields)
@@ -156,9 +156,13 @@ def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
           'shared' if rule.shares_replay() else 'per_member',
           transition_fields(env_spec), config.population_size,
           saved_meta['replay_rows'])
-  state, extra, meta = checkpointer.restore(
-      fresh.state, {'hparams': fresh.hparams, 'rule': fresh.rule_state},
-      replay_template=replay_template)
+  try:
+    state, extra, meta = checkpointer.restore(
+        fresh.state, {'hparams': fresh.hparams, 'rule': fresh.rule_state},
+        replay_template=replay_template)
+  except ValueError as e:  # orbax: "Structure mismatch: ... 'policy_delay'"
+    check_renamed_hparams(config, str(e))
+    raise
   if process_replay is not None:
     meta['replay'] = process_replay
   state = jax.tree.map(jnp.asarray, state)
@@ -178,6 +182,20 @@ def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
                if config.checkpoint_replay else '')))
   return Restored(state, hparams, rule_state, counters, replay_state,
                   own_log_sizes(meta, processes.index), data_path_state)
+
+
+def check_renamed_hparams(config: RunConfig, error: str) -> None:
+  """Raises ``ConfigError`` if ``error`` (orbax's refusal of a checkpoint
+  whose structure differs) names a hyperparameter the agent has renamed
+  since (``register(..., renamed_hparams=...)``: TD3's ``policy_delay``)."""
+  renamed = agent_spec(config.agent).renamed_hparams
+  old = [name for name in renamed if f"'{name}'" in error]
+  if old:
+    raise ConfigError(
+        f'--resume {config.resume!r}: its checkpoint was written before '
+        f'hyperparameter {old[0]} was renamed (fastpbrl info '
+        f'{config.agent}); start a new run, or finish this one with the '
+        'fastpbrl that began it')
 
 
 def restore_process_replay(checkpointer: Checkpointer, config: RunConfig,

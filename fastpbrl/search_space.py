@@ -35,6 +35,15 @@ imports no agent): TD3's and SAC's follow Flajolet et al. 2022,
 appendix B.1, with the discount in horizon space over ``[0.9, 0.999]``
 (above); DQN's is ours (the paper tunes none). ``load(path)`` reads
 one from a JSON or YAML file (``--search-space``).
+
+Each agent also registers the *domain* of its hyperparameters
+(``HParamDomain``: a one-line meaning, a unit, the valid range with open or
+closed ends, whether values are whole numbers). ``check_values`` checks
+values (``--hparams``, ``train(hparams=...)``) against it and
+``check_space`` a search space (``--search-space``, the default priors):
+each refusal is one line naming the field, the value and the range. A
+field without a domain is unchecked (a user agent that declares none keeps
+working; ``fastpbrl info`` says "undeclared").
 """
 
 from __future__ import annotations
@@ -175,6 +184,121 @@ class SearchSpace:
 
   def __getitem__(self, name: str) -> Distribution:
     return dict(self.distributions)[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class HParamDomain:
+  """Where one hyperparameter may lie, and what it means (host-side).
+
+  ``HParamDomain('Adam step size of the actor', 'step size', low=0,
+  low_open=True)`` is ``(0, inf)``; ``None`` bounds are unbounded.
+
+  Attributes:
+    meaning: one line: what the hyperparameter does.
+    unit: what its values count or measure ("update steps", "reward
+      multiplier"; "" for a plain number).
+    low: smallest valid value; ``None``: unbounded below.
+    high: largest valid value; ``None``: unbounded above.
+    low_open: ``low`` itself is invalid (``(0, ...``).
+    high_open: ``high`` itself is invalid (``..., 1)``).
+    integer: only whole numbers are valid; a search space over it must be
+      a ``Categorical`` of whole numbers.
+  """
+
+  meaning: str
+  unit: str = ''
+  low: Optional[float] = None
+  high: Optional[float] = None
+  low_open: bool = False
+  high_open: bool = False
+  integer: bool = False
+
+  def __str__(self) -> str:
+    low = '-inf' if self.low is None else f'{self.low:g}'
+    high = 'inf' if self.high is None else f'{self.high:g}'
+    text = (f'{"(" if self.low_open or self.low is None else "["}{low}, '
+            f'{high}{")" if self.high_open or self.high is None else "]"}')
+    return text + (' integers' if self.integer else '')
+
+  def problem(self, value: float) -> Optional[str]:
+    """Why ``value`` is invalid (``None``: it is valid)."""
+    value = float(value)
+    if not math.isfinite(value):
+      return f'is not finite (valid range: {self})'
+    below = self.low is not None and (value < self.low or (
+        self.low_open and value == self.low))
+    above = self.high is not None and (value > self.high or (
+        self.high_open and value == self.high))
+    if below or above:
+      return f'is outside its valid range {self}'
+    if self.integer and value != round(value):
+      return f'is not an integer (valid range: {self})'
+    return None
+
+
+def positive(meaning: str, unit: str = '') -> HParamDomain:
+  """``(0, inf)``: a step size, a noise scale above zero, a multiplier."""
+  return HParamDomain(meaning, unit, low=0.0, low_open=True)
+
+
+def non_negative(meaning: str, unit: str = '') -> HParamDomain:
+  """``[0, inf)``."""
+  return HParamDomain(meaning, unit, low=0.0)
+
+
+def check_renamed(name: str, renamed: Mapping[str, str]) -> None:
+  """Raises ``ValueError`` (one line) if ``name`` is an old name in
+  ``renamed`` (old name -> what to write instead)."""
+  if name in renamed:
+    raise ValueError(f'{name} {renamed[name]}')
+
+
+def check_values(domains: Mapping[str, HParamDomain],
+                 values: Mapping[str, float],
+                 renamed: Optional[Mapping[str, str]] = None) -> None:
+  """Checks hyperparameter values (``{field: value}``, host-side) against
+  their domains; a field without a domain is unchecked.
+
+  Raises:
+    ValueError: one line naming the field, the value and the valid range
+      (or the new name of a renamed field).
+  """
+  for name, value in values.items():
+    check_renamed(name, renamed or {})
+    domain = domains.get(name)
+    problem = None if domain is None else domain.problem(value)
+    if problem:
+      raise ValueError(f'{name}={float(value):g} {problem} ({domain.meaning})')
+
+
+def check_space(domains: Mapping[str, HParamDomain], space: SearchSpace,
+                renamed: Optional[Mapping[str, str]] = None) -> None:
+  """Checks that every value ``space`` can give (sample, perturb) lies in
+  its field's domain: both ends of a range, every categorical value.
+
+  Raises:
+    ValueError: one line naming the field, the offending bound or value and
+      the valid range.
+  """
+  for name, dist in space.distributions:
+    check_renamed(name, renamed or {})
+    domain = domains.get(name)
+    if domain is None:
+      continue
+    if isinstance(dist, Categorical):
+      ends = [('value', v) for v in dist.values]
+    else:
+      if domain.integer:
+        raise ValueError(
+            f'search space field {name!r}: {type(dist).__name__} draws '
+            f'fractions, but {name} takes integers ({domain}); use a '
+            'categorical of whole numbers')
+      ends = [('low', dist.low), ('high', dist.high)]
+    for label, value in ends:
+      problem = domain.problem(value)
+      if problem:
+        raise ValueError(f'search space field {name!r}: {label} {value:g} '
+                         f'{problem} ({domain.meaning})')
 
 
 def validate(space: SearchSpace, hparams: HParams) -> None:
@@ -596,7 +720,8 @@ def load(path: str) -> SearchSpace:
       {"policy_lr": {"kind": "log_uniform", "low": 3e-5, "high": 3e-3},
        "discount": {"kind": "discount", "low": 0.9, "high": 0.999},
        "exploration_noise": {"kind": "uniform", "low": 0.0, "high": 0.5},
-       "policy_delay": {"kind": "categorical", "values": [0.25, 0.5, 1.0]}}
+       "policy_update_fraction": {"kind": "categorical",
+                                  "values": [0.25, 0.5, 1.0]}}
 
   Host-side. Whether the names are fields of the agent's hyperparameters is
   checked against the agent (``validate``).

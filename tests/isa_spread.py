@@ -75,7 +75,7 @@ def _hparams(agent):
   return population_hparams(
       agent, N, policy_lr=np.linspace(1e-4, 1e-3, N),
       critic_lr=np.linspace(3e-4, 2e-3, N), discount=np.linspace(0.9, 0.99, N),
-      policy_delay=[0.5, 1.0] * (N // 2))
+      policy_update_fraction=[0.5, 1.0] * (N // 2))
 
 
 def _shared_dvd(agent):

@@ -52,7 +52,8 @@ def hparams_of(a, scale=1.0):
   return f64(population_hparams(
       a, N, policy_lr=scale * np.linspace(1e-4, 1e-3, N),
       critic_lr=scale * np.linspace(3e-4, 2e-3, N),
-      discount=np.linspace(0.9, 0.99, N), policy_delay=[0.5, 1.0] * (N // 2)))
+      discount=np.linspace(0.9, 0.99, N),
+      policy_update_fraction=[0.5, 1.0] * (N // 2)))
 
 
 def host(tree):

@@ -254,9 +254,11 @@ def test_train_refuses_unknown_settings_naming_them():
   with pytest.raises(fastpbrl.ConfigError, match="td3 has no hyperparameter "
                      "'policy_learning_rate'; did you mean policy_lr?"):
     fastpbrl.train('seeds', hparams={'policy_learning_rate': 1e-3})
-  with pytest.raises(fastpbrl.ConfigError, match='--hparams discount=2 is '
+  with pytest.raises(fastpbrl.ConfigError, match='--hparams discount=0.9 is '
                      'outside the search space'):
-    fastpbrl.train('pbt', hparams={'discount': 2})
+    fastpbrl.train('pbt', hparams={'discount': 0.9},
+                   search_space={'discount': {'kind': 'discount', 'low': 0.95,
+                                              'high': 0.99}})
 
 
 def run_example(tmp_path, code: str) -> str:

@@ -54,3 +54,28 @@ def test_a_config_of_another_rule_or_with_resume_is_refused(tmp_path):
     fastpbrl.train('dvd', config=fastpbrl.PBTRunConfig())
   with pytest.raises(fastpbrl.ConfigError, match='config and resume'):
     fastpbrl.train(config=fastpbrl.PBTRunConfig(), resume=str(tmp_path))
+
+
+def test_hparams_outside_their_domain_are_refused_before_the_run(
+    monkeypatch):
+  capture_run(monkeypatch)
+  with pytest.raises(fastpbrl.ConfigError) as info:
+    fastpbrl.train('seeds', hparams={'policy_lr': -1})
+  message = str(info.value)
+  assert message == ('--hparams policy_lr=-1 is outside its valid range '
+                     '(0, inf) (Adam step size of the actor)')
+  with pytest.raises(fastpbrl.ConfigError, match='--hparams policy_delay was '
+                     'renamed policy_update_fraction'):
+    fastpbrl.train('seeds', hparams={'policy_delay': 2})
+  with pytest.raises(fastpbrl.ConfigError, match="search space field "
+                     "'policy_lr': low -0.001 is outside its valid range"):
+    fastpbrl.train('pbt', search_space={
+        'policy_lr': {'kind': 'uniform', 'low': -1e-3, 'high': 1e-3}})
+  with pytest.raises(fastpbrl.ConfigError, match='target_update_period=10.5 '
+                     'is not an integer'):
+    fastpbrl.train('seeds', agent='dqn', env='CartPole-v1',
+                   hparams={'target_update_period': 10.5})
+  # Inside the domains: it reaches the run.
+  with pytest.raises(Ran):
+    fastpbrl.train('seeds', hparams={'policy_lr': 1e-3,
+                                     'policy_update_fraction': 1.0})

@@ -1,6 +1,7 @@
 """Checkpoints: a whole population round-trips exactly; a half-written one
 is never picked up; an empty directory is a clear error."""
 
+import collections
 import os
 import shutil
 import types
@@ -14,7 +15,7 @@ import pytest
 from fastpbrl import resume
 from fastpbrl.agents import td3
 from fastpbrl.checkpoint import CheckpointError, Checkpointer
-from fastpbrl.config import ConfigError
+from fastpbrl.config import ConfigError, RunConfig
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.replay import make_replay, transition_fields
 from fastpbrl.types import make_env_spec
@@ -184,3 +185,26 @@ def test_each_process_cuts_its_own_logs_back(tmp_path):
   path.write_text('a\nbcdefg\n')
   resume.truncate_logs(str(tmp_path), resume.own_log_sizes(meta, 1))
   assert path.read_text() == 'a\nbcd'
+
+
+def test_a_checkpoint_from_before_td3s_rename_is_one_clear_line(tmp_path,
+                                                                population):
+  learner, hparams = population
+  state = learner.init(jax.random.PRNGKey(0), hparams)
+  old_fields = tuple('policy_delay' if f == 'policy_update_fraction' else f
+                     for f in hparams._fields)
+  old = collections.namedtuple('TD3HParams', old_fields)(*hparams)
+  ckpt = Checkpointer(str(tmp_path))
+  ckpt.save(3, state, {'hparams': old, 'rule': ()},
+            {'rule_format': resume.RULE_FORMAT, 'counters': {'calls': 3}})
+  config = RunConfig(agent='td3', resume=str(tmp_path))
+  rule = types.SimpleNamespace(name='seeds', state_version=1)
+  fresh = resume.Restored(state, hparams, (), resume.FRESH_COUNTERS, None)
+  with pytest.raises(ConfigError) as info:
+    resume.restore(ckpt, config, rule, None, learner, fresh, None,
+                   str(tmp_path))
+  message = str(info.value)
+  assert '\n' not in message
+  assert message.startswith(f'--resume {str(tmp_path)!r}: its checkpoint was '
+                            'written before hyperparameter policy_delay was '
+                            'renamed')

@@ -11,6 +11,7 @@ import tomllib
 
 import pytest
 
+from examples import ddpg
 from fastpbrl import agents, commands, rules
 from fastpbrl.build import make_env_spec
 from fastpbrl.commands import bench
@@ -107,6 +108,24 @@ def _one_line_error(argv, capsys):
      '--config and --resume: a resume takes the run\'s saved settings'),
     (['info', '--bogus'], 'unknown argument --bogus'),
     (['info', 'dqn'], '--env Pendulum-v1: DQN needs a Discrete action space'),
+    # Values and search spaces outside a hyperparameter's declared domain.
+    (['seeds', '--hparams', 'policy_lr=-1', '--no-progress'],
+     '--hparams policy_lr=-1 is outside its valid range (0, inf)'),
+    (['seeds', '--hparams', 'policy_delay=2', '--no-progress'],
+     '--hparams policy_delay was renamed policy_update_fraction'),
+    (['seeds', '--hparams', 'policy_delay=2', '--no-progress'],
+     'policy_delay=2 -> policy_update_fraction=0.5'),
+    (['seeds', '--agent', 'dqn', '--env', 'CartPole-v1', '--hparams',
+      'target_update_period=2500.5', '--no-progress'],
+     '--hparams target_update_period=2500.5 is not an integer (valid range: '
+     '[1, inf) integers)'),
+    (['pbt', '--no-progress', '--search-space',
+      '{"policy_lr": {"kind": "uniform", "low": -1e-3, "high": 1e-3}}'],
+     "--search-space: search space field 'policy_lr': low -0.001 is outside "
+     'its valid range (0, inf)'),
+    (['pbt', '--no-progress', '--search-space',
+      '{"policy_delay": {"kind": "categorical", "values": [2, 4]}}'],
+     '--search-space: policy_delay was renamed policy_update_fraction'),
 ])
 def test_bad_input_is_one_line_with_status_2(argv, message, capsys):
   assert message in _one_line_error(argv, capsys)
@@ -223,21 +242,61 @@ def test_info_lists_every_agent_and_rule(capsys):
 
 def test_info_of_an_agent_is_its_defaults_and_search_space(capsys):
   assert commands.main(['info', 'dqn', '--env', 'CartPole-v1']) == 0
-  rows = [line.split(None, 2) for line in
-          capsys.readouterr().out.splitlines()[2:]]
+  lines = capsys.readouterr().out.splitlines()[2:]
+  rows, meanings = [line.split(None, 2) for line in lines[::2]], lines[1::2]
   spec = agents.get('dqn')
   defaults = spec.make_agent(make_env_spec('CartPole-v1'),
                              spec.config()).default_hparams()
   space = dict(spec.default_search_space.distributions)
   assert [r[0] for r in rows] == list(defaults._fields)
-  for field, default, searched in rows:
+  for (field, default, rest), meaning in zip(rows, meanings):
     assert float(default) == pytest.approx(float(getattr(defaults, field)),
                                            rel=1e-5), field  # printed %g
+    domain = spec.hparam_domains[field]
+    assert rest.startswith(f'{domain}  '), field
+    assert domain.unit in rest and meaning == f'    {domain.meaning}', field
     if field in space:
       dist = space[field]
-      assert searched.endswith(f'[{dist.low:g}, {dist.high:g}]'), field
+      assert rest.endswith(f'[{dist.low:g}, {dist.high:g}]'), field
     else:
-      assert searched == 'fixed', field
+      assert rest.endswith('fixed'), field
+
+
+def test_info_of_td3_gives_each_hyperparameters_meaning_unit_and_range(
+    capsys):
+  assert commands.main(['info', 'td3']) == 0
+  out = capsys.readouterr().out
+  row = next(line for line in out.splitlines()
+             if line.startswith('policy_update_fraction '))
+  assert row.split()[1:4] == ['0.5', '(0,', '1]']
+  assert 'policy updates per critic update' in row
+  assert row.endswith('uniform [0.2, 1]')
+  assert "0.5 = TD3's delay d=2" in out
+  assert 'Adam step size of the actor' in out and 'step size' in out
+
+
+def test_a_users_agent_without_domains_is_unchecked_and_info_says_so(
+    capsys):
+  spec = agents.register('nodomain-ddpg', make_agent=ddpg.make_agent,
+                         config=ddpg.DDPGConfig,
+                         default_search_space=ddpg.SEARCH_SPACE)
+  assert spec.hparam_domains == {}
+  spec.check_hparams({'policy_lr': -1.0})  # unchecked: nothing declared
+  assert commands.main(['info', 'nodomain-ddpg']) == 0
+  out = capsys.readouterr().out
+  assert 'undeclared: unchecked' in out
+  assert 'no meaning or range registered (hparam_domains)' in out
+
+
+def test_a_refused_hyperparameter_makes_no_run_folder(tmp_path, monkeypatch,
+                                                       capsys):
+  monkeypatch.chdir(tmp_path)
+  _one_line_error(['pbt', '--no-progress', '--hparams', 'discount=1.5'],
+                  capsys)
+  _one_line_error(['pbt', '--no-progress', '--search-space',
+                   '{"tau": {"kind": "uniform", "low": 0, "high": 0.1}}'],
+                  capsys)
+  assert os.listdir(tmp_path) == []
 
 
 def test_info_of_a_rule_is_how_its_presets_differ(capsys):

@@ -233,7 +233,7 @@ def test_unknown_field_and_agent():
 def test_default_spaces_match_the_paper():
   t = dict(agents.get('td3').default_search_space.distributions)
   assert t['policy_lr'] == ss.LogUniform(3e-5, 3e-3) == t['critic_lr']
-  assert t['policy_delay'] == ss.Uniform(0.2, 1.0)
+  assert t['policy_update_fraction'] == ss.Uniform(0.2, 1.0)
   assert (t['exploration_noise'] == ss.Uniform(0.0, 1.0) == t['target_noise']
           == t['noise_clip'])
   # The paper's U(0.9, 1), in horizon space and without gamma = 1.
@@ -330,13 +330,14 @@ def test_search_space_file_reads_every_kind(tmp_path):
       'policy_lr': {'kind': 'log_uniform', 'low': 1e-4, 'high': 1e-3},
       'exploration_noise': {'kind': 'uniform', 'low': 0, 'high': 0.5},
       'discount': {'kind': 'discount', 'low': 0.95, 'high': 0.995},
-      'policy_delay': {'kind': 'categorical', 'values': [0.25, 0.5, 1]}}))
+      'policy_update_fraction': {'kind': 'categorical',
+                                 'values': [0.25, 0.5, 1]}}))
   space = ss.load(path)
   assert dict(space.distributions) == {
       'policy_lr': ss.LogUniform(1e-4, 1e-3),
       'exploration_noise': ss.Uniform(0.0, 0.5),
       'discount': ss.Discount(0.95, 0.995),
-      'policy_delay': ss.Categorical((0.25, 0.5, 1.0))}
+      'policy_update_fraction': ss.Categorical((0.25, 0.5, 1.0))}
   yaml = pytest.importorskip('yaml')
   path = _write(tmp_path, 'space.yaml', yaml.safe_dump(
       {'policy_lr': {'kind': 'log_uniform', 'low': 1e-4, 'high': 1e-3}}))
@@ -348,11 +349,11 @@ def test_search_space_file_takes_ray_tune_and_optuna_spellings():
   ``choices`` read as ours."""
   space = ss.from_dict({
       'policy_lr': {'kind': 'loguniform', 'low': 1e-4, 'high': 1e-3},
-      'policy_delay': {'kind': 'choice', 'categories': [0.5, 1]},
+      'policy_update_fraction': {'kind': 'choice', 'categories': [0.5, 1]},
       'tau': {'kind': 'categorical', 'choices': [0.005, 0.01]}})
   assert dict(space.distributions) == {
       'policy_lr': ss.LogUniform(1e-4, 1e-3),
-      'policy_delay': ss.Categorical((0.5, 1.0)),
+      'policy_update_fraction': ss.Categorical((0.5, 1.0)),
       'tau': ss.Categorical((0.005, 0.01))}
 
 
@@ -418,14 +419,14 @@ def test_near_restricts_each_field_around_the_defaults():
   assert near.fields == space.fields and near.constraint is space.constraint
   # By hand, spread 1.25: lr 3e-4 -> [2.4e-4, 3.75e-4]; discount 0.99 ->
   # 1 - gamma in [0.008, 0.0125]; exploration noise 0.1 -> [0.08, 0.125];
-  # policy_delay 0.5 -> [0.4, 0.625].
+  # policy_update_fraction 0.5 -> [0.4, 0.625].
   expected = {'policy_lr': (ss.LogUniform, 2.4e-4, 3.75e-4),
               'critic_lr': (ss.LogUniform, 2.4e-4, 3.75e-4),
               'discount': (ss.Discount, 0.9875, 0.992),
               'exploration_noise': (ss.Uniform, 0.08, 0.125),
               'target_noise': (ss.Uniform, 0.16, 0.25),
               'noise_clip': (ss.Uniform, 0.4, 0.625),
-              'policy_delay': (ss.Uniform, 0.4, 0.625)}
+              'policy_update_fraction': (ss.Uniform, 0.4, 0.625)}
   for name, (kind, low, high) in expected.items():
     dist = near[name]
     assert type(dist) is kind, name
@@ -463,7 +464,7 @@ def test_perturb_resamples_from_the_resample_space():
     assert x.min() >= np.float32(dist.low) * (1 - slack), name
     assert x.max() <= np.float32(dist.high) * (1 + slack), name
     # From the whole prior most values fall outside the near region: 72% or
-    # more (policy_delay), sd <= 0.008, 30 sd above 0.5.
+    # more (policy_update_fraction), sd <= 0.008, 30 sd above 0.5.
     y = np.asarray(getattr(everywhere, name))
     assert np.mean((y < dist.low) | (y > dist.high)) > 0.5, name
   # Perturbed (not resampled) values still move by the factors and may
@@ -506,3 +507,51 @@ def test_train_refuses_a_bad_dict_space_before_making_the_run_folder(
     fastpbrl.train('pbt', search_space=space, run_dir=str(run_dir),
                    progress=False, num_actors=1)
   assert not run_dir.exists()
+
+
+def test_a_domain_prints_its_range_and_says_why_a_value_is_invalid():
+  lr = ss.positive('Adam step size', 'step size')
+  assert str(lr) == '(0, inf)'
+  assert lr.problem(3e-4) is None
+  assert lr.problem(0.0) == 'is outside its valid range (0, inf)'
+  assert lr.problem(-1.0) == 'is outside its valid range (0, inf)'
+  fraction = ss.HParamDomain('f', '', low=0.0, high=1.0, low_open=True)
+  assert str(fraction) == '(0, 1]' and fraction.problem(1.0) is None
+  half_open = ss.HParamDomain('p', '', low=0.0, high=1.0, high_open=True)
+  assert str(half_open) == '[0, 1)' and half_open.problem(1.0)
+  period = ss.HParamDomain('period', 'update steps', low=1.0, integer=True)
+  assert str(period) == '[1, inf) integers'
+  assert period.problem(2500.0) is None
+  assert period.problem(2500.5).startswith('is not an integer')
+  assert ss.HParamDomain('anything').problem(-1e9) is None
+  assert lr.problem(float('nan')).startswith('is not finite')
+
+
+def test_values_and_spaces_are_checked_against_domains_in_one_line():
+  domains = {'policy_lr': ss.positive('Adam step size of the actor',
+                                      'step size'),
+             'epsilon': ss.HParamDomain('rate', 'probability', low=0.0,
+                                        high=1.0)}
+  ss.check_values(domains, {'policy_lr': 1e-3, 'unchecked': -5.0})
+  with pytest.raises(ValueError) as info:
+    ss.check_values(domains, {'policy_lr': -1.0})
+  assert str(info.value) == ('policy_lr=-1 is outside its valid range '
+                             '(0, inf) (Adam step size of the actor)')
+  with pytest.raises(ValueError, match="search space field 'policy_lr': low "
+                     r'-0.001 is outside its valid range \(0, inf\)'):
+    ss.check_space(domains, ss.SearchSpace(
+        {'policy_lr': ss.Uniform(-1e-3, 1e-3)}))
+  with pytest.raises(ValueError, match="search space field 'epsilon': value "
+                     r'1.5 is outside its valid range \[0, 1\]'):
+    ss.check_space(domains, ss.SearchSpace(
+        {'epsilon': ss.Categorical((0.1, 1.5))}))
+  ss.check_space(domains, ss.SearchSpace(
+      {'policy_lr': ss.PAPER_LR, 'epsilon': ss.Uniform(0.0, 1.0),
+       'tau': ss.Uniform(-1.0, 1.0)}))  # tau: no domain, unchecked
+  renamed = {'old': 'was renamed new: old=2 -> new=0.5'}
+  with pytest.raises(ValueError, match='^old was renamed new: old=2 -> '
+                     'new=0.5$'):
+    ss.check_values(domains, {'old': 2.0}, renamed)
+  with pytest.raises(ValueError, match='^old was renamed new'):
+    ss.check_space(domains, ss.SearchSpace({'old': ss.Uniform(1.0, 2.0)}),
+                   renamed)

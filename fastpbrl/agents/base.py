@@ -35,12 +35,17 @@ To add an agent ``foo``, in any importable module (``mypkg/foo.py``):
        FOO = fastpbrl.agents.register(
            'foo', make_agent=make_agent, config=FooConfig,
            default_search_space={'lr': ss.LogUniform(1e-5, 1e-3), ...},
+           hparam_domains={'lr': ss.positive('Adam step size', 'step size'),
+                           ...},
            shared_critic=None,           # or (env_spec, config) -> SharedCritic
            hidden_sizes_field='hidden_sizes')  # None: no such setting
 
    ``default_search_space`` is PBT's and HyperTrick's prior over fields of
    ``FooHParams`` (``fastpbrl.search_space``; ``--search-space
-   FILE`` replaces it). ``shared_critic`` is the capability CEM-RL and DvD
+   FILE`` replaces it). ``hparam_domains`` gives each field's meaning,
+   unit and valid range (``search_space.HParamDomain``): ``--hparams``
+   and search spaces outside it are refused, ``fastpbrl info`` prints it;
+   a field without one is unchecked. ``shared_critic`` is the capability CEM-RL and DvD
    need (a ``SharedCritic``, below); without it they refuse the agent,
    naming ``--agent``. PBT, HyperTrick and independent seeds take any agent.
    The built-in TD3, SAC and DQN register the same way, at the end of their

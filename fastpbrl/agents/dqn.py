@@ -88,7 +88,9 @@ class DQNHParams(NamedTuple):
 
   lr: jax.Array  # RMSProp step size
   discount: jax.Array  # gamma
-  target_update_period: jax.Array  # update steps between target refreshes
+  # update steps between target refreshes, a whole number >= 1 (SB3's
+  # target_update_interval counts env steps: 4x this at train_freq 4)
+  target_update_period: jax.Array
   # epsilon-greedy exploration rate when acting; the actor anneals it from
   # EPSILON_START down to this value (see epsilon_at)
   epsilon: jax.Array
@@ -243,6 +245,28 @@ SEARCH_SPACE = {
     'discount': ss.PAPER_DISCOUNT,
 }
 
+# Meaning, unit and valid range of each hyperparameter (``fastpbrl info dqn``).
+DOMAINS = {
+    'lr': ss.positive('RMSProp step size', 'step size'),
+    'discount': ss.HParamDomain('discount gamma of the TD target',
+                                'per env step', low=0.0, high=1.0),
+    # SB3's target_update_interval counts env steps: with train_freq 4 and
+    # one gradient step per update, SB3's 10,000 is 2,500 here.
+    'target_update_period': ss.HParamDomain(
+        'update steps between target-network refreshes (SB3\'s '
+        'target_update_interval counts env steps: at train_freq 4, SB3\'s '
+        '10,000 = 2,500 here)', 'update steps', low=1.0, integer=True),
+    'epsilon': ss.HParamDomain(
+        'final epsilon-greedy exploration rate when acting', 'probability',
+        low=0.0, high=1.0),
+    'epsilon_decay_steps': ss.non_negative(
+        'member env steps of the linear anneal from 1.0 to epsilon',
+        'env steps'),
+    'eval_epsilon': ss.HParamDomain(
+        'exploration rate of evaluation episodes', 'probability', low=0.0,
+        high=1.0),
+}
+
 register('dqn', make_agent=make_agent, config=DQNConfig,
          default_search_space=SEARCH_SPACE, hidden_sizes_field='mlp_hidden_sizes',
-         image_run_settings=NATURE_ATARI_RUN)
+         image_run_settings=NATURE_ATARI_RUN, hparam_domains=DOMAINS)

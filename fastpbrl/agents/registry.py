@@ -2,7 +2,7 @@
 or from user code (host-side; imports modules, nothing here is jittable).
 
 ``register(name, make_agent=..., config=..., default_search_space=...,
-shared_critic=...)`` records an ``AgentSpec``; ``get(ref)`` finds one and
+hparam_domains=..., shared_critic=...)`` records an ``AgentSpec``; ``get(ref)`` finds one and
 ``make_agent(ref, env_spec, config)`` builds the agent. A *ref* is what
 ``--agent`` takes:
 
@@ -61,6 +61,13 @@ class AgentSpec:
     image_run_settings: run settings (``RunConfig`` fields) the agent's
       reference uses on image observations (DQN: Nature DQN's schedule); a
       run on images that departs from them gets a warning naming the flags.
+    hparam_domains: ``{field: search_space.HParamDomain}``: each
+      hyperparameter's meaning, unit and valid range; ``--hparams``,
+      ``--search-space`` and the default space are checked against it. A
+      field without one is unchecked (``fastpbrl info`` says so).
+    renamed_hparams: ``{old name: the rest of a one-line message}`` for
+      hyperparameters that were renamed, e.g. ``'policy_delay': 'was
+      renamed policy_update_fraction (...)'``: an old name is refused with it.
     module: the module that registered it.
   """
 
@@ -73,7 +80,27 @@ class AgentSpec:
   hidden_sizes_field: Optional[str] = 'hidden_sizes'
   image_run_settings: Optional[Mapping[str, Any]] = dataclasses.field(
       default=None, hash=False)
+  hparam_domains: Mapping[str, ss.HParamDomain] = dataclasses.field(
+      default_factory=dict, hash=False)
+  renamed_hparams: Mapping[str, str] = dataclasses.field(
+      default_factory=dict, hash=False)
   module: str = ''
+
+  def check_hparams(self, values: Mapping[str, float]) -> None:
+    """Checks hyperparameter values against the agent's domains.
+
+    Raises:
+      ValueError: one line naming the field, the value and the valid range.
+    """
+    ss.check_values(self.hparam_domains, values, self.renamed_hparams)
+
+  def check_search_space(self, space: ss.SearchSpace) -> None:
+    """Checks that ``space`` stays inside the agent's domains.
+
+    Raises:
+      ValueError: one line naming the field, the bound and the valid range.
+    """
+    ss.check_space(self.hparam_domains, space, self.renamed_hparams)
 
 
 _REGISTRY: dict[str, AgentSpec] = {}
@@ -83,7 +110,9 @@ def register(name: str, *, make_agent: Callable[..., Agent], config: type,
              default_search_space: Union[ss.SearchSpace, Mapping[str, Any]],
              shared_critic: Optional[Callable[..., SharedCritic]] = None,
              hidden_sizes_field: Optional[str] = 'hidden_sizes',
-             image_run_settings: Optional[Mapping[str, Any]] = None
+             image_run_settings: Optional[Mapping[str, Any]] = None,
+             hparam_domains: Optional[Mapping[str, ss.HParamDomain]] = None,
+             renamed_hparams: Optional[Mapping[str, str]] = None
              ) -> AgentSpec:
   """Registers an agent under ``name`` and returns its ``AgentSpec``.
 
@@ -91,9 +120,14 @@ def register(name: str, *, make_agent: Callable[..., Agent], config: type,
   '__main__':``): spawned actor processes re-import the module and must find
   the agent registered again.
 
+  ``hparam_domains`` declares each hyperparameter's meaning, unit and
+  valid range (``search_space.HParamDomain``); leave it out and values are
+  unchecked. The default search space must lie inside it.
+
   Raises:
-    ValueError: a bad name or config class, a search space that is not one,
-      or ``name`` already registered by another module.
+    ValueError: a bad name or config class, a search space that is not one
+      or leaves ``hparam_domains``, or ``name`` already registered by
+      another module.
   """
   if not name or ':' in name or name != name.strip():
     raise ValueError(f'agent name must be non-empty, without ":" or spaces '
@@ -112,12 +146,23 @@ def register(name: str, *, make_agent: Callable[..., Agent], config: type,
                      f'{", ".join(missing)}')
   if not isinstance(default_search_space, ss.SearchSpace):
     default_search_space = ss.SearchSpace(dict(default_search_space))
+  domains = dict(hparam_domains or {})
+  bad = [k for k, v in domains.items() if not isinstance(v, ss.HParamDomain)]
+  if bad:
+    raise ValueError(f'agent {name!r}: hparam_domains[{bad[0]!r}] is not a '
+                     'fastpbrl.search_space.HParamDomain')
+  renamed = dict(renamed_hparams or {})
+  try:
+    ss.check_space(domains, default_search_space, renamed)
+  except ValueError as e:
+    raise ValueError(f'agent {name!r}: default_search_space: {e}') from None
   spec = AgentSpec(name=name, make_agent=make_agent, config=config,
                    default_search_space=default_search_space,
                    shared_critic=shared_critic,
                    hidden_sizes_field=hidden_sizes_field,
                    image_run_settings=(None if image_run_settings is None
                                        else dict(image_run_settings)),
+                   hparam_domains=domains, renamed_hparams=renamed,
                    module=getattr(make_agent, '__module__', ''))
   old = _REGISTRY.get(name)
   # The same code registering again (a reload, or one file imported under

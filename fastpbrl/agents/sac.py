@@ -237,5 +237,22 @@ SEARCH_SPACE = {
     'discount': ss.PAPER_DISCOUNT,
 }
 
+# Meaning, unit and valid range of each hyperparameter (``fastpbrl info sac``).
+DOMAINS = {
+    'policy_lr': ss.positive('Adam step size of the actor', 'step size'),
+    'critic_lr': ss.positive('Adam step size of both critics', 'step size'),
+    'alpha_lr': ss.positive('Adam step size of the log temperature',
+                            'step size'),
+    'discount': ss.HParamDomain('discount gamma of the TD target',
+                                'per env step', low=0.0, high=1.0),
+    'tau': ss.HParamDomain('Polyak rate of the target critics, every step',
+                           'fraction per update', low=0.0, high=1.0,
+                           low_open=True),
+    'target_entropy_scale': ss.non_negative(
+        'target entropy = -scale * dim(A)', 'nats per action dimension'),
+    'reward_scale': ss.positive('rewards are multiplied by this in the TD '
+                                'target', 'multiplier'),
+}
+
 register('sac', make_agent=make_agent, config=SACConfig,
-         default_search_space=SEARCH_SPACE)
+         default_search_space=SEARCH_SPACE, hparam_domains=DOMAINS)

@@ -9,9 +9,11 @@ gamma 0.99, policy noise 0.2 clipped at 0.5, exploration noise 0.1, delay 2.
 
 Departures, each because hyperparameters are traced per member:
 
-* the policy delay is a *fraction* of steps with a policy update
-  (``policy_delay=0.5`` is the paper's ``d=2``; see ``periodic_flag``), as in
-  the 2022 paper's PBT search space;
+* the policy delay is a *fraction* of critic steps followed by a policy
+  and target update, ``policy_update_fraction = 1 / d`` (``0.5`` is the
+  paper's ``d=2``; see ``periodic_flag``), as in the 2022 paper's PBT
+  search space; it was called ``policy_delay`` before, a name that reads
+  as the paper's ``d`` and is refused now;
 * the optimizers are built inside ``update`` from the traced learning rates.
 
 Also here: the shared-critic population update of CEM-RL and DvD
@@ -58,7 +60,9 @@ class TD3HParams(NamedTuple):
   critic_lr: jax.Array  # Adam step size of both critics
   discount: jax.Array  # gamma
   tau: jax.Array  # Polyak rate of the target networks
-  policy_delay: jax.Array  # fraction of steps with a policy update, in (0, 1]
+  # fraction of critic steps followed by a policy and target update, in
+  # (0, 1]: 0.5 is TD3's delay d=2 (1 / d)
+  policy_update_fraction: jax.Array
   exploration_noise: jax.Array  # std of the Gaussian action noise when acting
   target_noise: jax.Array  # std of the target policy smoothing noise
   noise_clip: jax.Array  # target smoothing noise is clipped to +-noise_clip
@@ -68,7 +72,7 @@ class TD3HParams(NamedTuple):
 def default_hparams() -> TD3HParams:
   return scalar_hparams(
       TD3HParams, policy_lr=3e-4, critic_lr=3e-4, discount=0.99, tau=0.005,
-      policy_delay=0.5, exploration_noise=0.1, target_noise=0.2,
+      policy_update_fraction=0.5, exploration_noise=0.1, target_noise=0.2,
       noise_clip=0.5, reward_scale=1.0)
 
 
@@ -149,7 +153,7 @@ def make_agent(env_spec: specs.EnvironmentSpec,
     # cond under the learner's vmap: steps on which no member updates its
     # policy skip the policy work for the whole population; on the others
     # each member keeps or drops its step by its own flag.
-    do_policy = periodic_flag(state.step, hp.policy_delay)
+    do_policy = periodic_flag(state.step, hp.policy_update_fraction)
     current = (state.policy, state.policy_opt, state.target_policy,
                state.target_critic, jnp.zeros((), c_loss.dtype))
 
@@ -215,7 +219,8 @@ def make_shared_critic(nets: TD3Networks,
   Critic-side settings that are per member in ``TD3HParams`` (discount,
   target noise, reward scale) enter each member's own TD target; the ones
   that act on the single critic (``critic_lr``, ``tau``, and the rate of
-  target-critic refreshes ``policy_delay``) are the population mean.
+  target-critic refreshes ``policy_update_fraction``) are the population
+  mean.
   """
   return SharedCritic(
       init=functools.partial(_shared_init, nets),
@@ -302,7 +307,7 @@ def _shared_update(nets: TD3Networks, extra_policy_loss: Optional[PolicyTerm],
       nets, state, hp, batch, noise_keys)
 
   do_policy = jax.vmap(periodic_flag, in_axes=(None, 0))(
-      state.step, hp.policy_delay)  # [N]
+      state.step, hp.policy_update_fraction)  # [N]
   # The skipped step's losses take the critic losses' dtype, so that the
   # update also runs in float64 (the suite's exact comparisons).
   current = (state.policy, state.policy_opt, state.target_policy,
@@ -310,7 +315,7 @@ def _shared_update(nets: TD3Networks, extra_policy_loss: Optional[PolicyTerm],
   policy, policy_opt, target_policy, p_losses = _shared_policy_step(
       nets, extra_policy_loss, state, hp, batch, critic, do_policy, current)
   tau = jnp.mean(hp.tau)
-  do_critic_target = periodic_flag(state.step, jnp.mean(hp.policy_delay))
+  do_critic_target = periodic_flag(state.step, jnp.mean(hp.policy_update_fraction))
   target_critic = select_tree(do_critic_target,
                               polyak(state.target_critic, critic, tau),
                               state.target_critic)
@@ -335,8 +340,8 @@ def shared_critic(env_spec: specs.EnvironmentSpec,
 SEARCH_SPACE = {
     'policy_lr': ss.PAPER_LR,
     'critic_lr': ss.PAPER_LR,
-    # Fraction of steps with a policy update (TD3's d = 1 / fraction).
-    'policy_delay': ss.Uniform(0.2, 1.0),
+    # Fraction of critic steps with a policy update (TD3's d = 1 / fraction).
+    'policy_update_fraction': ss.Uniform(0.2, 1.0),
     # "the noise parameters (sampling uniform values between 0 and 1)":
     # exploration noise, target smoothing noise and its clip, as the
     # paper's code searches all three.
@@ -346,5 +351,37 @@ SEARCH_SPACE = {
     'discount': ss.PAPER_DISCOUNT,
 }
 
+# Meaning, unit and valid range of each hyperparameter (``fastpbrl info td3``).
+DOMAINS = {
+    'policy_lr': ss.positive('Adam step size of the actor', 'step size'),
+    'critic_lr': ss.positive('Adam step size of both critics', 'step size'),
+    'discount': ss.HParamDomain('discount gamma of the TD target',
+                                'per env step', low=0.0, high=1.0),
+    'tau': ss.HParamDomain('Polyak rate of the targets at each target update',
+                           'fraction per update', low=0.0, high=1.0,
+                           low_open=True),
+    'policy_update_fraction': ss.HParamDomain(
+        'fraction of critic update steps followed by a policy and target '
+        "update; 0.5 = TD3's delay d=2", 'policy updates per critic update',
+        low=0.0, high=1.0, low_open=True),
+    'exploration_noise': ss.non_negative(
+        'std of the Gaussian action noise when acting',
+        'action units (actions in [-1, 1])'),
+    'target_noise': ss.non_negative('std of the target policy smoothing noise',
+                                    'action units'),
+    'noise_clip': ss.non_negative(
+        'target smoothing noise is clipped to +-noise_clip', 'action units'),
+    'reward_scale': ss.positive('rewards are multiplied by this in the TD '
+                                'target', 'multiplier'),
+}
+
+# The old name of policy_update_fraction: it read as the paper's delay d.
+RENAMED = {'policy_delay': (
+    'was renamed policy_update_fraction (the fraction of critic steps '
+    "followed by a policy update, 1 / TD3's delay d): policy_delay=2 -> "
+    'policy_update_fraction=0.5; an old fraction such as 0.5 carries over '
+    'as is')}
+
 register('td3', make_agent=make_agent, config=TD3Config,
-         default_search_space=SEARCH_SPACE, shared_critic=shared_critic)
+         default_search_space=SEARCH_SPACE, shared_critic=shared_critic,
+         hparam_domains=DOMAINS, renamed_hparams=RENAMED)

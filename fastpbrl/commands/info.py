@@ -6,9 +6,11 @@
     fastpbrl info dqn --env CartPole-v1    # defaults can depend on the env
     fastpbrl info pbt                      # a rule's presets
 
-An agent's page lists each hyperparameter with its default and the range
-PBT and HyperTrick search (the agent's default search space; ``--search-
-space FILE`` replaces it). The defaults are the agent's own for ``--env``:
+An agent's page lists each hyperparameter with its default, its valid
+range and unit, the prior PBT and HyperTrick search (the agent's default
+search space; ``--search-space FILE`` replaces it) and, on the line below,
+its meaning: what the agent registered (``hparam_domains``; a field it
+declared nothing for reads "undeclared: unchecked"). The defaults are the agent's own for ``--env``:
 DQN's differ on image observations. A rule's page lists its presets and
 the settings in which each differs from the first (the default).
 """
@@ -90,13 +92,25 @@ def agent_page(name: str, env: str) -> list[str]:
     raise ConfigError(f'--env {env}: {e}; pass an env the agent can act '
                       'in') from None
   space = dict(spec.default_search_space.distributions)
-  rows = [('hyperparameter', 'default', 'searched by PBT / HyperTrick')]
+  rows = [('hyperparameter', 'default', 'valid range', 'unit',
+           'searched by PBT / HyperTrick')]
+  meanings = []
   for field, value in agent.default_hparams()._asdict().items():
+    domain = spec.hparam_domains.get(field)
     rows.append((field, f'{float(np.asarray(value)):g}',
+                 str(domain) if domain else 'undeclared: unchecked',
+                 (domain.unit or '-') if domain else '-',
                  describe(space[field]) if field in space else 'fixed'))
+    meanings.append(domain.meaning if domain else
+                    'no meaning or range registered (hparam_domains)')
+  lines = table(rows)
+  body = [lines[0]]
+  for line, meaning in zip(lines[1:], meanings):
+    body += [line, f'    {meaning}']
   return [f'{spec.name} ({spec.module}) on {env}: each hyperparameter\'s '
-          'default, and the range PBT and HyperTrick search (--search-space '
-          'FILE replaces it; fixed: kept at the default)', *table(rows)]
+          'default, valid range and unit, the prior PBT and HyperTrick '
+          'search (--search-space FILE replaces it; fixed: kept at the '
+          'default), and its meaning below it', *body]
 
 
 def rule_page(name: str) -> list[str]:

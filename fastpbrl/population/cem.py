@@ -53,8 +53,8 @@ half: rows ``0 .. num_rl - 1``) take one TD3 policy step each and the
 shared critic one step, its loss averaged over THOSE members' batches and
 target policies only; the other members' policies, optimizer states, keys
 and batches take no part. A generation of ``actor_steps`` active steps gives
-each RL actor ``actor_steps`` policy steps (with ``policy_delay = 1``) and
-the critic ``actor_steps`` steps: Algorithm 1's counts.
+each RL actor ``actor_steps`` policy steps (with ``policy_update_fraction
+= 1``) and the critic ``actor_steps`` steps: Algorithm 1's counts.
 
 Steps are switched on and off by a traced bound (``CEMRLHParams.
 train_until``): a step is active while the shared step counter is below it,
@@ -66,8 +66,8 @@ as the authors' code builds a new Adam optimizer for each RL actor.
 
 Departures of the schedule as ``fastpbrl.rules.cemrl.CEMRL`` runs it on
 the asynchronous pipeline (its docstring has the details): besides the
-vectorized critic above (with ``policy_delay = 1`` for every member), the
-actors never pause, so the env steps collected while the RL half trains,
+vectorized critic above (with ``policy_update_fraction = 1`` for every
+member), the actors never pause, so the env steps collected while the RL half trains,
 and in the evaluation phase before and beside the fitness episodes, count
 in the budget but not in ``actor_steps`` (the paper collects none); the
 rate limiter keeps the learner calling, with every step inactive, while the

@@ -155,8 +155,8 @@ class CEMRL(Rule):
 
   * the critic update is the 2022 paper's vectorized one (sec. 4.2): each
     step, every RL member's batch goes through its own target policy and
-    the critic loss is their mean; ``policy_delay`` is 1 for all members
-    (as in the 2022 authors' code), which gives the counts above;
+    the critic loss is their mean; ``policy_update_fraction`` is 1 for all
+    members (as in the 2022 authors' code), which gives the counts above;
   * actors never pause. While the RL half trains they keep stepping (with
     the policies being trained) at the rate limiter's pace, one env step per
     member per ``--update-to-data-ratio`` update steps (by default one
@@ -250,11 +250,12 @@ class CEMRL(Rule):
 
   def initial_hparams(self, key, agent, population_size):
     del key
-    # policy_delay 1 (an agent that has one, as TD3): every critic step comes
-    # with one policy step per RL member, so both counts are actor_steps
-    # (see the class docstring).
+    # policy_update_fraction 1 (an agent that has one, as TD3): every
+    # critic step comes with one policy step per RL member, so both counts
+    # are actor_steps (see the class docstring).
     fields = agent.default_hparams()._fields
-    every_step = {'policy_delay': 1.0} if 'policy_delay' in fields else {}
+    every_step = ({'policy_update_fraction': 1.0}
+                  if 'policy_update_fraction' in fields else {})
     return cem_lib.rl_hparams(population_hparams(
         agent, population_size, **every_step))
 

@@ -19,25 +19,37 @@ from fastpbrl.config import (ConfigError, RunConfig, agent_spec, check,
 def search_space_of(config: RunConfig) -> ss.SearchSpace:
   """``--search-space``: a file, or the space itself as a JSON object (the
   Python API passes a dict as one, so that config.json keeps it); if unset,
-  the agent's default space."""
+  the agent's default space. Its ranges must lie in the agent's declared
+  domains (``register(..., hparam_domains=...)``)."""
   path = getattr(config, 'search_space', None)
   if path is None:
     return agent_spec(config.agent).default_search_space
   try:
     if path.lstrip().startswith('{'):
-      return ss.from_dict(json.loads(path))
-    return ss.load(path)
+      space = ss.from_dict(json.loads(path))
+    else:
+      space = ss.load(path)
   except json.JSONDecodeError as e:
     raise ConfigError(f'--search-space: not a JSON object ({e})') from None
   except ValueError as e:
     source = 'the given space' if path.lstrip().startswith('{') else path
     raise ConfigError(f'--search-space {source}: {e}') from None
+  try:
+    agent_spec(config.agent).check_search_space(space)
+  except ValueError as e:
+    raise ConfigError(f'{_source_of(config, space)}: {e}') from None
+  return space
 
 
 def validate_space(config: RunConfig, space: ss.SearchSpace,
                    defaults) -> None:
-  """Every field of the space is a hyperparameter of the agent, and a
-  value ``--hparams`` gives a searched field lies in its range."""
+  """Every field of the space is a hyperparameter of the agent, its range
+  lies in the field's declared domain, and a value ``--hparams`` gives a
+  searched field lies in its range."""
+  try:
+    agent_spec(config.agent).check_search_space(space)
+  except ValueError as e:
+    raise ConfigError(f'{_source_of(config, space)}: {e}') from None
   given = parse_hparams(getattr(config, 'hparams', ()))
   for name, value in given.items():
     if name in space.fields and not ss.contains(space[name], value):
@@ -48,15 +60,18 @@ def validate_space(config: RunConfig, space: ss.SearchSpace,
   try:
     ss.validate(space, defaults)
   except ValueError as e:
-    path = getattr(config, 'search_space', None)
-    if path:
-      source = ('--search-space' if path.lstrip().startswith('{')
-                else f'--search-space {path}')
-    elif space == agent_spec(config.agent).default_search_space:
-      source = f'the default search space of --agent {config.agent}'
-    else:  # a space passed to the rule in code
-      source = 'the search space'
-    raise ConfigError(f'{source}: {e}') from None
+    raise ConfigError(f'{_source_of(config, space)}: {e}') from None
+
+
+def _source_of(config: RunConfig, space: ss.SearchSpace) -> str:
+  """Where ``space`` came from, as an error message names it."""
+  path = getattr(config, 'search_space', None)
+  if path:
+    return ('--search-space' if path.lstrip().startswith('{')
+            else f'--search-space {path}')
+  if space == agent_spec(config.agent).default_search_space:
+    return f'the default search space of --agent {config.agent}'
+  return 'the search space'  # a space passed to the rule in code
 
 
 def check_shared_critic(rule: str, config: RunConfig) -> None:

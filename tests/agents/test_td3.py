@@ -43,7 +43,7 @@ def test_spec_from_mujoco_env_and_shapes(agent):
 def test_population_call_matches_per_member_loop(agent):
   hparams = population_hparams(
       agent, 3, policy_lr=[1e-4, 3e-4, 1e-3], critic_lr=[3e-4, 1e-3, 3e-4],
-      discount=[0.99, 0.9, 0.95], policy_delay=[0.5, 1.0, 0.25],
+      discount=[0.99, 0.9, 0.95], policy_update_fraction=[0.5, 1.0, 0.25],
       target_noise=[0.2, 0.0, 0.5])
   _, population, metrics = assert_population_matches_loop(
       agent, hparams, num_steps=50, batch_size=16)
@@ -181,7 +181,7 @@ def test_shared_critic_policies_match_independent_td3_policy_step(agent):
   nets = td3.make_networks(agent.env_spec, SMALL)
   n = 2
   hparams = population_hparams(agent, n, policy_lr=[1e-3, 1e-4],
-                               policy_delay=1.0)
+                               policy_update_fraction=1.0)
   # In float64, as above: policy gradients that cancel to near zero.
   batch = numerics.as_float64(random_batch(agent.env_spec, (n, 1, 16), seed=2))
 

@@ -324,7 +324,7 @@ def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
 
 
 def test_edge_share_counts_values_in_the_outer_tenth_of_their_range():
-  defaults = dict(policy_lr=3e-4, critic_lr=3e-4, policy_delay=0.5,
+  defaults = dict(policy_lr=3e-4, critic_lr=3e-4, policy_update_fraction=0.5,
                   exploration_noise=0.15, target_noise=0.2, noise_clip=0.5,
                   discount=0.99, tau=0.005, reward_scale=1.0)
   # In the space's own scales (TD3's default space): policy_lr 3.5e-5 is
@@ -337,6 +337,10 @@ def test_edge_share_counts_values_in_the_outer_tenth_of_their_range():
   run = {'method': 'pbt-pb2-td3', 'hparams': [defaults, outer],
          'command': 'python -m experiments.pbt --explore pb2'}
   assert learning.edge_share(run) == pytest.approx(3 / 14)
+  # Runs recorded before the rename carry TD3's old name, policy_delay.
+  old = [{('policy_delay' if k == 'policy_update_fraction' else k): v
+          for k, v in h.items()} for h in run['hparams']]
+  assert learning.edge_share(dict(run, hparams=old)) == pytest.approx(3 / 14)
   assert learning.edge_share(dict(run, method='seeds-td3')) is None
   assert learning.edge_share(dict(
       run, command=run['command'] + ' --search-space s.json')) is None

@@ -198,8 +198,8 @@ def _rl_population(n=4, num_rl=2, steps=5, train_until=0):
   agent = tiny_td3(batch_size=4, steps_per_call=steps)
   learner = SharedCriticLearner(
       cem.with_rl_schedule(agent.shared_critic, num_rl), steps)
-  hparams = cem.rl_hparams(population_hparams(agent, n, policy_delay=1.0),
-                           train_until)
+  hparams = cem.rl_hparams(
+      population_hparams(agent, n, policy_update_fraction=1.0), train_until)
   return agent, learner, hparams, learner.init(jax.random.PRNGKey(0), hparams)
 
 

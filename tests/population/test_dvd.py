@@ -270,8 +270,8 @@ def test_with_diversity_traces_lambda_once():
   # And it acts on the policies: Adam's step moves them by ~lr = 3e-4 (6e-4
   # here), far above 1e-6, itself far above float64's rounding.
   assert max(jax.tree.leaves(delta)) > 1e-6
-  # Lambda enters the policy loss only: with policy_delay 0.5 the policies
-  # (and targets) move on the second step, so both critic steps saw the same
+  # Lambda enters the policy loss only: with policy_update_fraction 0.5 the
+  # policies (and targets) move on the second step, so both critic steps saw the same
   # target policies and the critics agree, bit for bit (one program, the
   # same inputs to the critic's steps).
   chex.assert_trees_all_equal(out1.critic, out0.critic)
