@@ -83,3 +83,25 @@ def test_rule_log_keeps_scalars_that_appear_later_and_survives_a_resume(
   with open(tmp_path / 'rule.csv') as f:
     assert f.read().count('env_steps') == 1  # one header
   assert read_rule_csv(str(tmp_path / 'nowhere')) == {}
+
+
+def test_logger_holds_no_file_per_member_open(tmp_path):
+  """A population larger than the open-file limit logs every member: a
+  member's CSV is opened only to append and closed again."""
+  import resource
+  from fastpbrl.actors import EpisodeRecord
+  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  n = 300
+  resource.setrlimit(resource.RLIMIT_NOFILE, (min(128, hard), hard))
+  try:
+    logger = RunLogger(str(tmp_path), n, total_env_steps=100, progress=False,
+                       track='none')
+    logger.episodes([EpisodeRecord(m, -1.0 * m, 10, False, 10, 1)
+                     for m in range(n)], env_steps=10, update_steps=10)
+    logger.close()
+  finally:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+  members = read_member_csvs(str(tmp_path))
+  assert len(members) == n
+  assert [float(m[0]['episode_return']) for m in members] == [
+      -1.0 * m for m in range(n)]
