@@ -94,6 +94,7 @@ def run(config: RunConfig, rule: Rule,
   rule.prepare(agent)
   mesh = build.population_mesh(config)
   processes = build.check_processes(config, rule, mesh)
+  build.check_population_memory(config, agent, mesh)
   # Process 0 names the folder (claiming a new default one); the others
   # wait here, so they have all validated --run-dir before it is written.
   try:

@@ -156,3 +156,31 @@ def test_a_set_interval_that_does_not_fit_is_still_refused(capsys):
                          '2500', '--no-progress'], capsys)
   assert '--ready-after 2500' in err
   assert resolved(RunConfig(env_steps=2000, eval_every=7)).eval_every == 7
+
+
+@pytest.mark.slow
+def test_the_first_small_run_runs(tmp_path):
+  """``fastpbrl pbt --env-steps 2000 --population-size 2``, as typed (a
+  smaller network and one actor to stay quick): no flag errors, PBT
+  exploits, and config.json holds the derived intervals."""
+  run_dir = tmp_path / 'run'
+  assert commands.main(['pbt', '--env-steps', '2000', '--population-size',
+                        '2', '--no-progress', '--num-actors', '1',
+                        '--hidden-sizes', '32', '32', '--track', 'none',
+                        '--run-dir', str(run_dir)]) in (0, None)
+  saved = json.loads((run_dir / 'config.json').read_text())
+  assert (saved['ready_after'], saved['eval_every']) == (500, 500)
+  assert (run_dir / 'final_returns.json').exists()
+
+
+def test_a_population_too_large_for_memory(tmp_path, capsys, monkeypatch):
+  """``--population-size 100000`` on a small machine: one line, before any
+  folder (simulated with a device of 1 MiB)."""
+  from fastpbrl.replay import device
+  monkeypatch.setattr(device, 'device_memory_bytes', lambda: 2**20)
+  err = _one_line_error(['seeds', '--population-size', '100', '--run-dir',
+                         str(tmp_path / 'run'), '--no-progress'], capsys)
+  assert '--population-size 100: the members\' parameters and optimizer ' \
+         'states alone need' in err
+  assert 'than the 1.0 MiB of memory' in err
+  assert not (tmp_path / 'run').exists()
