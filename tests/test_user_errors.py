@@ -178,8 +178,11 @@ def test_a_population_too_large_for_memory(tmp_path, capsys, monkeypatch):
   folder (simulated with a device of 1 MiB)."""
   from fastpbrl.replay import device
   monkeypatch.setattr(device, 'device_memory_bytes', lambda: 2**20)
-  err = _one_line_error(['seeds', '--population-size', '100', '--run-dir',
-                         str(tmp_path / 'run'), '--no-progress'], capsys)
+  assert commands.main(['seeds', '--population-size', '100', '--run-dir',
+                        str(tmp_path / 'run'), '--no-progress']) == 2
+  # After the INFO line of the devices, the one line of the error.
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert err.startswith('error: ')
   assert '--population-size 100: the members\' parameters and optimizer ' \
          'states alone need' in err
   assert 'than the 1.0 MiB of memory' in err
