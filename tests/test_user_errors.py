@@ -187,3 +187,21 @@ def test_a_population_too_large_for_memory(tmp_path, capsys, monkeypatch):
          'states alone need' in err
   assert 'than the 1.0 MiB of memory' in err
   assert not (tmp_path / 'run').exists()
+
+
+def test_an_error_making_the_run_folder_is_one_line(tmp_path, capsys,
+                                                    monkeypatch):
+  """What ``os.access`` cannot see (root in a read-only folder, a race)."""
+  target = str(tmp_path / 'run')
+  makedirs = os.makedirs
+
+  def refuse(path, *args, **kwargs):
+    if str(path) == target:
+      raise PermissionError(13, 'Permission denied', target)
+    return makedirs(path, *args, **kwargs)
+
+  monkeypatch.setattr(os, 'makedirs', refuse)
+  assert commands.main(['seeds', '--run-dir', target, '--no-progress']) == 2
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert err == (f"error: --run-dir '{target}': cannot make the folder "
+                 '(Permission denied); choose another directory')
