@@ -32,8 +32,8 @@ import numpy as np
 from fastpbrl import build, distributed
 from fastpbrl.callbacks import Callback
 from fastpbrl.checkpoint import Checkpointer
-from fastpbrl.config import (ConfigError, RunConfig, saved_config,
-                             saved_settings)
+from fastpbrl.config import (ConfigError, RunConfig, check_types,
+                             saved_config, saved_settings)
 from fastpbrl.envs import make_env
 from fastpbrl.evaluation import evaluation_seeds
 from fastpbrl.finish import RunResult
@@ -109,7 +109,9 @@ def train(rule: Union[str, type, None] = None, *,
 
   Raises:
     ConfigError: an unknown rule or setting, or an invalid value (the
-      message names it as the flag: ``--env-steps must be > 0``).
+      message names it as the flag: ``--env-steps must be > 0``); a
+      ``SettingTypeError`` (a ``ConfigError`` and a ``TypeError``) for a
+      value of the wrong type (``population_size='2'``, an env object).
   """
   resume = config_fields.get('resume') or getattr(config, 'resume', None)
   if config is not None and resume:
@@ -129,6 +131,8 @@ def train(rule: Union[str, type, None] = None, *,
     raise ConfigError(f'{rule_cls.name} has no setting {unknown[0]!r} '
                       f'(--{unknown[0].replace("_", "-")}); see fastpbrl '
                       f'{registry.ref_of(rule_cls)} --help')
+  config_fields = {k: v.item() if isinstance(v, np.generic) else v
+                   for k, v in config_fields.items()}  # np.int64(2) -> 2
   if 'hidden_sizes' in config_fields:
     config_fields['hidden_sizes'] = tuple(config_fields['hidden_sizes'])
   if isinstance(config_fields.get('hparams'), Mapping):  # {'policy_lr': 1e-3}
@@ -144,6 +148,7 @@ def train(rule: Union[str, type, None] = None, *,
   else:
     base = config if config is not None else config_cls()
   config = dataclasses.replace(base, **config_fields)
+  check_types(config)
   rule_obj = rule_cls.from_config(config)
   result = run(rule_obj.config, rule_obj, callbacks=callbacks)
   best = int(np.argmax(result.final_returns))

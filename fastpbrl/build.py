@@ -219,3 +219,34 @@ def assemble(rule):
   state, hparams, rule_state = initial_population(config, rule, agent,
                                                   learner)
   return agent, learner, state, hparams, rule_state
+
+
+def check_population_memory(config: RunConfig, agent, mesh=None) -> None:
+  """Refuses (one line naming --population-size) a population whose
+  members' training states (parameters, target parameters, optimizer
+  states: one member's, from ``jax.eval_shape``, times the population) are
+  larger than the memory of the devices they are placed on (the machine's
+  on the CPU backend), before any folder is made or array allocated."""
+  from fastpbrl.replay.buffers import format_bytes  # noqa: PLC0415
+  from fastpbrl.replay.device import device_memory_bytes  # noqa: PLC0415
+  try:
+    shapes = jax.eval_shape(agent.init, jax.random.PRNGKey(0),
+                            agent.default_hparams())
+  except Exception:  # noqa: BLE001 (an agent of a user's: not estimated)
+    return
+  member = sum(leaf.size * leaf.dtype.itemsize
+               for leaf in jax.tree.leaves(shapes))
+  memory = device_memory_bytes()
+  if memory is None:
+    try:
+      memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    except (ValueError, OSError):
+      return
+  memory *= 1 if mesh is None else mesh.devices.size
+  need = member * config.population_size
+  check(need <= memory,
+        f'--population-size {config.population_size}: the members\' '
+        f'parameters and optimizer states alone need {format_bytes(need)} '
+        f'({format_bytes(member)} each), more than the '
+        f'{format_bytes(memory)} of memory they would live in; lower '
+        '--population-size or --hidden-sizes')

@@ -23,7 +23,7 @@ import tyro
 
 from fastpbrl import cli_help, distributed
 from fastpbrl.config import (ConfigError, StorageError, file_config,
-                             saved_config)
+                             resolved, saved_config)
 from fastpbrl.signals import ForcedExit, RunInterrupted
 
 C = TypeVar('C')
@@ -78,7 +78,7 @@ def parse(presets: Mapping[str, C], description: str,
   config = tyro.cli(type(default), default=default, args=rest,
                     description=description, prog=prog)
   if known.print_config:
-    print(json.dumps(dataclasses.asdict(config), indent=2))
+    print(json.dumps(dataclasses.asdict(resolved(config)), indent=2))
     raise SystemExit(0)
   return config
 

@@ -17,7 +17,7 @@ import json
 import math
 import os
 import shlex
-from typing import ClassVar, Literal, Mapping, Optional, TypeVar
+from typing import ClassVar, Literal, Mapping, NamedTuple, Optional, TypeVar
 
 from fastpbrl import agents as agents_lib
 from fastpbrl import settings_file, sharding, tracking
@@ -27,6 +27,16 @@ from fastpbrl.jax_envs import is_jax_env
 from fastpbrl.replay.device import LOCATIONS as REPLAY_LOCATIONS
 
 C = TypeVar('C', bound='RunConfig')
+
+
+class Derived(NamedTuple):
+  """How a setting left unset (None) follows the budget: ``min(value,
+  budget // divisor)``, at least ``least`` (``resolved``); at budgets of
+  ``value x divisor`` and more it is ``value``."""
+
+  value: int
+  divisor: int
+  least: int = 1
 
 
 @dataclasses.dataclass
@@ -49,8 +59,9 @@ class RunConfig:
   replay sampling and every rule decision."""
   env_steps: int = 30_000
   """Budget: environment steps per member (training episodes only)."""
-  warmup_steps: int = 1_000
-  """Random-action steps per member before learning starts."""
+  warmup_steps: Optional[int] = None
+  """Random-action steps per member before learning starts (default:
+  1,000, or half of --env-steps below 2,000)."""
   update_to_data_ratio: float = 1.0
   """Target update steps per env step (per member); the learner waits above it."""
   warmup_counts_as_data: bool = True
@@ -101,10 +112,11 @@ class RunConfig:
   (the 2022 paper keeps one replay per agent when tuning hyperparameters).
   CEM-RL and DvD always share one; HyperTrick cannot (it restarts a slot
   with an empty replay of its own). One process only."""
-  eval_every: int = 5_000
+  eval_every: Optional[int] = None
   """Env steps per member between evaluations (noise-free episodes of one
   frozen policy version); every run also evaluates each member's final
-  policy at the end of its budget."""
+  policy at the end of its budget (default: 5,000, or half of --env-steps
+  below 10,000)."""
   eval_episodes: int = 5
   """Episodes per evaluation, played at once (one evaluation env each per
   member); their mean is one point of the return curve."""
@@ -144,6 +156,34 @@ class RunConfig:
   # run's config.json saved then is read in today's unit (``saved_config``).
   legacy_intervals: ClassVar[Mapping[str, tuple[str, str]]] = {
       'checkpoint_every': ('checkpoint_every', 'calls')}
+  # Settings that, left unset (None), follow the budget (``resolved``).
+  follows_budget: ClassVar[Mapping[str, Derived]] = {
+      'warmup_steps': Derived(1_000, 2, least=0),
+      'eval_every': Derived(5_000, 2)}
+
+  def member_budget(self) -> Optional[int]:
+    """The env steps per member that ``follows_budget`` settings follow."""
+    return self.env_steps
+
+
+def resolved(config: C) -> C:
+  """``config`` with each unset setting of ``follows_budget`` derived from
+  the budget (``Derived``), so that any budget runs with the defaults; what
+  a run uses, writes to config.json and ``--print-config`` shows. An
+  invalid budget leaves them at their full-budget values (``validate``
+  names the budget). Idempotent; a set value is kept, and checked as given."""
+  if not isinstance(config, RunConfig):
+    return config  # an object with RunConfig's fields: already resolved
+  budget = config.member_budget()
+  usable = (isinstance(budget, int) and not isinstance(budget, bool)
+            and budget > 0)
+  values = {}
+  for name, derived in type(config).follows_budget.items():
+    if getattr(config, name) is None:
+      values[name] = (max(derived.least,
+                          min(derived.value, budget // derived.divisor))
+                      if usable else derived.value)
+  return dataclasses.replace(config, **values) if values else config
 
 
 class StorageError(RuntimeError):
@@ -154,6 +194,31 @@ class StorageError(RuntimeError):
 class ConfigError(ValueError):
   """An invalid setting, found before any process starts; the message names
   the flag and what it may be."""
+
+
+class SettingTypeError(ConfigError, TypeError):
+  """A setting given in Python (``fastpbrl.train``) of the wrong type; the
+  message names it and the type its field declares."""
+
+
+def check_types(config: RunConfig) -> None:
+  """Raises ``SettingTypeError`` naming the first setting whose value is
+  not of its field's declared type (``fits``): what ``fastpbrl.train``'s
+  keyword arguments and ``config`` get checked by, as the flags are by
+  their parser. A ``Literal`` is left to the rules' checks, which name the
+  choices."""
+  if not isinstance(config.env, str):
+    raise SettingTypeError(
+        f'env must be an env id string such as \'Pendulum-v1\', got a '
+        f'{type(config.env).__name__} object: each actor process makes the '
+        'env from its id; register an env of your own with '
+        'gymnasium.register in a module and pass \'module:EnvId\' '
+        '(docs/guides/own-env.md)')
+  for field in dataclasses.fields(config):
+    annotation, value = str(field.type), getattr(config, field.name)
+    if 'Literal[' not in annotation and not fits(annotation, value):
+      raise SettingTypeError(f'{field.name} must be {annotation}, got '
+                             f'{value!r} (a {type(value).__name__})')
 
 
 def steps_per_call_of(config: RunConfig) -> int:
@@ -257,10 +322,34 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
   if config.resume is not None:
     check(os.path.isdir(os.path.join(config.resume, 'checkpoints')),
           f'--resume {config.resume!r}: no checkpoints/ folder there')
-  elif config.run_dir is not None and os.path.isdir(config.run_dir):
-    check(not os.listdir(config.run_dir),
-          f'--run-dir {config.run_dir!r} is not empty: pass --resume '
-          f'{config.run_dir} to continue that run, or choose a new directory')
+    check_writable(config.resume, '--resume')
+  elif config.run_dir is not None:
+    check(not os.path.exists(config.run_dir) or os.path.isdir(config.run_dir),
+          f'--run-dir {config.run_dir!r} is a file, not a folder: choose a '
+          'new directory')
+    if os.path.isdir(config.run_dir):
+      check(not os.listdir(config.run_dir),
+            f'--run-dir {config.run_dir!r} is not empty: pass --resume '
+            f'{config.run_dir} to continue that run, or choose a new directory')
+    check_writable(config.run_dir, '--run-dir')
+  else:
+    check_writable('runs', '--run-dir (default runs/...)')
+
+
+def check_writable(path: str, flag: str) -> None:
+  """Raises ``ConfigError`` unless the folder ``path`` is, or can be made,
+  writable: its nearest existing ancestor must be a folder this user may
+  write to (``os.access``; root passes it, so ``run`` also turns an
+  ``OSError`` of the folder's creation into a ``ConfigError``)."""
+  ancestor = os.path.abspath(path)
+  while not os.path.exists(ancestor):
+    ancestor = os.path.dirname(ancestor)
+  check(os.path.isdir(ancestor),
+        f'{flag} {path!r}: {ancestor} is a file, not a folder; choose '
+        'another directory')
+  check(os.access(ancestor, os.W_OK | os.X_OK),
+        f'{flag} {path!r}: {ancestor} is not writable; choose a directory '
+        'you can write to')
 
 
 def parse_hparams(items) -> dict[str, float]:

@@ -186,6 +186,8 @@ class DevicePipeline:
              seed: int, resume_env_steps=None, replay_state=None,
              processes=None, carried_env_steps=0.0, saved_state=None):
     """The pipeline of a run's settings (``fastpbrl.config.RunConfig``)."""
+    from fastpbrl.config import resolved  # noqa: PLC0415
+    run_config = resolved(run_config)  # unset intervals follow the budget
     n = int(run_config.population_size)
     if learner.batch_size is None:
       learner.batch_size = agent.config.batch_size

@@ -201,16 +201,13 @@ class RunLogger:
     os.makedirs(os.path.join(run_dir, 'members'), exist_ok=True)
     self._trackers = open_trackers(track, run_dir, config or {},
                                    purge_step=purge_step)
-    self._files, self._writers = [], []
-    for i in range(population_size):
-      path = os.path.join(run_dir, 'members', f'member_{i:03d}.csv')
-      f = open(path, 'a', newline='')  # noqa: SIM115 (closed in close())
-      writer = csv.DictWriter(f, fieldnames=EPISODE_FIELDS)
-      if f.tell() == 0:  # new, or cut back to before its header by a resume
-        writer.writeheader()
-        f.flush()  # a checkpoint's log sizes must count the header
-      self._files.append(f)
-      self._writers.append(writer)
+    # A member's CSV is opened only to append a call's rows and closed
+    # again: a population of any size holds no file open between calls.
+    self._paths = [os.path.join(run_dir, 'members', f'member_{i:03d}.csv')
+                   for i in range(population_size)]
+    self._rows: dict[int, list[dict]] = {}  # member -> rows to append
+    for member in range(population_size):
+      self._append(member, [])  # the header, if the file is empty
     self._start = time.monotonic() - wall_time_offset
     self._bar = tqdm(total=total_env_steps, initial=initial_env_steps,
                      unit='step', dynamic_ncols=True, disable=not progress)
@@ -266,8 +263,7 @@ class RunLogger:
         self._log({f'member_{member:03d}/eval_mean_return': mean},
                   group[-1][0]['env_steps'])
         group.clear()
-    for f in self._files:
-      f.flush()
+    self._flush()
 
   def drop_partial_evaluations(self) -> None:
     """Forgets evaluations under way (before the final evaluation)."""
@@ -276,10 +272,23 @@ class RunLogger:
 
   def _write(self, row: dict) -> None:
     member = row['member']
-    self._writers[member].writerow(row)
+    self._rows.setdefault(member, []).append(row)
     tag = 'eval_return' if row['evaluation'] else 'train_return'
     self._log({f'member_{member:03d}/{tag}': row['episode_return']},
               row['env_steps'])
+
+  def _flush(self) -> None:
+    """Appends the rows ``_write`` kept to their members' CSVs."""
+    rows, self._rows = self._rows, {}
+    for member, member_rows in rows.items():
+      self._append(member, member_rows)
+
+  def _append(self, member: int, rows: list[dict]) -> None:
+    with open(self._paths[member], 'a', newline='') as f:
+      writer = csv.DictWriter(f, fieldnames=EPISODE_FIELDS)
+      if f.tell() == 0:  # new, or cut back to before its header by a resume
+        writer.writeheader()  # (a checkpoint's log sizes count it)
+      writer.writerows(rows)
 
   def _log(self, values: Mapping[str, float], env_steps: int) -> None:
     for tracker in self._trackers:
@@ -316,8 +325,7 @@ class RunLogger:
     (a full disk): the first error is raised once everything is closed."""
     self._bar.close()
     error = None
-    for close in [t.close for t in self._trackers] + [f.close
-                                                      for f in self._files]:
+    for close in [self._flush] + [t.close for t in self._trackers]:
       try:
         close()
       except OSError as e:

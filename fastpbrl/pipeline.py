@@ -366,6 +366,8 @@ class Pipeline:
 
     Nothing is published yet: call :meth:`publish` before the warm-up ends.
     """
+    from fastpbrl.config import resolved  # noqa: PLC0415
+    run_config = resolved(run_config)  # unset intervals follow the budget
     from fastpbrl import agents as agents_lib  # local: agents import haiku
     from fastpbrl.learner import population_hparams
 

@@ -30,12 +30,12 @@ import numpy as np
 
 from fastpbrl import build, finish, resume
 from fastpbrl import loop as loop_lib
-from fastpbrl.actors.pool import exit_if_spawned_import
+from fastpbrl.actors.pool import exit_if_spawned_import, missing_main_guard
 from fastpbrl.callbacks import Callback, Loop
 from fastpbrl.checkpoint import CheckpointError, Checkpointer
 from fastpbrl.config import (INTERVAL_UNIT, ConfigError, RunConfig,
-                             StorageError, check_resume, resume_command,
-                             validate)
+                             StorageError, check_resume, resolved,
+                             resume_command, validate)
 from fastpbrl.logging import HParamsLog, RuleLog, RunLogger, write_json_atomic
 from fastpbrl.device_pipeline import DevicePipeline
 from fastpbrl.jax_envs import is_jax_env
@@ -82,7 +82,10 @@ def run(config: RunConfig, rule: Rule,
   shared-memory segment released.
   """
   exit_if_spawned_import('fastpbrl.run was called')
+  if missing_main_guard() is not None:
+    raise ConfigError(missing_main_guard())
   ref = registry.ref_of(type(rule))
+  config = resolved(config)
   if config.resume:
     check_resume(config, ref)
   validate(config, rule.min_population)
@@ -91,12 +94,17 @@ def run(config: RunConfig, rule: Rule,
   rule.prepare(agent)
   mesh = build.population_mesh(config)
   processes = build.check_processes(config, rule, mesh)
+  build.check_population_memory(config, agent, mesh)
   # Process 0 names the folder (claiming a new default one); the others
   # wait here, so they have all validated --run-dir before it is written.
-  run_dir = processes.broadcast_text(
-      (config.resume or config.run_dir or build.default_run_dir(
-          rule.name, config.agent, config.env)) if processes.main else '')
-  os.makedirs(run_dir, exist_ok=True)
+  try:
+    run_dir = processes.broadcast_text(
+        (config.resume or config.run_dir or build.default_run_dir(
+            rule.name, config.agent, config.env)) if processes.main else '')
+    os.makedirs(run_dir, exist_ok=True)
+  except OSError as e:  # what validate's os.access cannot see (root, races)
+    raise ConfigError(f'--run-dir {e.filename!r}: cannot make the folder '
+                      f'({e.strerror}); choose another directory') from None
   learner = rule.make_learner(agent, agent.config.steps_per_call,
                               **({} if mesh is None else {'mesh': mesh}))
   state, hparams, rule_state = build.initial_population(config, rule, agent,

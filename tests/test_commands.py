@@ -332,9 +332,10 @@ def test_config_file_then_flags_then_print(tmp_path, capsys):
 def test_a_runs_config_json_is_a_config_file(tmp_path, capsys):
   """What a run saves (its settings, its rule's ref, its folder) starts a
   new run with the same settings, in a folder of its own."""
-  settings = dataclasses.asdict(dataclasses.replace(
+  from fastpbrl.config import resolved  # a run saves resolved settings
+  settings = dataclasses.asdict(resolved(dataclasses.replace(
       PBT_PRESETS['small'], seed=7, fraction=0.5, hidden_sizes=(32, 32),
-      run_dir='runs/old', progress=False))
+      run_dir='runs/old', progress=False)))
   (tmp_path / 'config.json').write_text(json.dumps(
       {**settings, 'rule': 'pbt', 'not_resumable': '',
        'interval_unit': 'env steps per member'}))

@@ -1,8 +1,9 @@
 """Run logs: evaluation points, summary table and plot from member CSVs."""
 
 import os
+import resource
 
-
+from fastpbrl.actors import EpisodeRecord
 from fastpbrl.logging import (RuleLog, RunLogger, evaluation_points,
                               plot_returns, read_member_csvs, read_rule_csv,
                               summary_table)
@@ -96,3 +97,23 @@ def test_progress_bar_reaches_its_total_at_the_end(tmp_path):
   logger.finish_progress(2 * 104)
   assert logger._bar.n == logger._bar.total == 200
   logger.close()
+
+
+def test_logger_holds_no_file_per_member_open(tmp_path):
+  """A population larger than the open-file limit logs every member: a
+  member's CSV is opened only to append and closed again."""
+  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  n = 300
+  resource.setrlimit(resource.RLIMIT_NOFILE, (min(128, hard), hard))
+  try:
+    logger = RunLogger(str(tmp_path), n, total_env_steps=100, progress=False,
+                       track='none')
+    logger.episodes([EpisodeRecord(m, -1.0 * m, 10, False, 10, 1)
+                     for m in range(n)], env_steps=10, update_steps=10)
+    logger.close()
+  finally:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+  members = read_member_csvs(str(tmp_path))
+  assert len(members) == n
+  assert [float(m[0]['episode_return']) for m in members] == [
+      -1.0 * m for m in range(n)]

@@ -28,6 +28,7 @@ module in every actor process.
 
 from __future__ import annotations
 
+import ast
 import atexit
 import contextlib
 import logging
@@ -35,6 +36,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -73,6 +75,54 @@ def exit_if_spawned_import(what: str) -> None:
     os.write(2, f'fastpbrl: {what} in a spawned actor process: '
                 f'{MISSING_MAIN_GUARD}\n'.encode())
     os._exit(MISSING_MAIN_GUARD_EXIT)
+
+
+def missing_main_guard() -> str | None:
+  """In the parent, before anything starts: the problem (one line) when the
+  main script calls this run from its top level outside an ``if __name__
+  == '__main__':`` block, which every spawned actor process would re-run;
+  else None. Only a main script that spawn re-imports counts (a file run
+  as ``python script.py`` or a module run as ``python -m mod``); ``python
+  -c``, a package's ``__main__`` (``python -m fastpbrl.commands``,
+  ``python -m pytest``), the console scripts (guarded) and notebooks pass."""
+  main = sys.modules.get('__main__')
+  spec_name = getattr(getattr(main, '__spec__', None), 'name', None)
+  path = getattr(main, '__file__', None)
+  # multiprocessing.spawn's rules for what the child re-runs.
+  if (path is None or spec_name == '__main__'
+      or (spec_name or '').endswith('.__main__')):
+    return None
+  frame = sys._getframe(1)  # noqa: SLF001
+  while frame is not None and not (frame.f_globals is vars(main)
+                                   and frame.f_code.co_name == '<module>'):
+    frame = frame.f_back
+  if frame is None:
+    return None  # not called while the main script's top level runs
+  try:
+    with open(path, encoding='utf-8') as f:
+      tree = ast.parse(f.read())
+  except (OSError, SyntaxError, ValueError):
+    return None
+  line = frame.f_lineno
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.If) and _is_main_test(node.test)
+        and node.lineno <= line <= (node.end_lineno or node.lineno)):
+      return None
+  return (f'{os.path.basename(path)} starts the run at its top level (line '
+          f'{line}) without `if __name__ == \'__main__\':`: each actor '
+          'process re-imports the script and would start a run of its own; '
+          "put the code that starts the run under "
+          "`if __name__ == '__main__':`")
+
+
+def _is_main_test(test: ast.expr) -> bool:
+  """Whether ``test`` is ``__name__ == '__main__'`` (either way round)."""
+  if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+          and isinstance(test.ops[0], ast.Eq)):
+    return False
+  sides = {ast.dump(test.left), ast.dump(test.comparators[0])}
+  return sides == {ast.dump(ast.Name('__name__', ast.Load())),
+                   ast.dump(ast.Constant('__main__'))}
 
 
 class ActorFailure(NamedTuple):

@@ -54,8 +54,8 @@ from typing import Any, ClassVar, Mapping, NamedTuple, Optional
 import jax
 import numpy as np
 
-from fastpbrl.actors.pool import exit_if_spawned_import
-from fastpbrl.config import ConfigError, RunConfig, validate
+from fastpbrl.actors.pool import exit_if_spawned_import, missing_main_guard
+from fastpbrl.config import ConfigError, RunConfig, check, resolved, validate
 from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
                               population_hparams)
 from fastpbrl.sharding import whole_value
@@ -191,6 +191,8 @@ class Rule:
     """Checks ``config`` (``ConfigError`` naming the flag) and keeps it;
     a rule keeps nothing else, and never changes it."""
     exit_if_spawned_import(f'a {self.name} rule was created')
+    check(missing_main_guard() is None, missing_main_guard() or '')
+    config = resolved(config)
     validate(config, self.min_population)
     self.config = config
 

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.config import RunConfig, check
+from fastpbrl.config import RunConfig, check, resolved
 from fastpbrl.evaluation import evaluate_policy
 from fastpbrl.learner import population_hparams
 from fastpbrl.population import cem as cem_lib
@@ -84,6 +84,15 @@ class CEMRLRunConfig(RunConfig):
   """Episodes of the distribution's mean policy after each generation,
   played at once (CEM-RL's paper scores the mean on 10; one swings by
   more than a thousand on Pendulum-v1 from one generation to the next)."""
+
+  def member_budget(self) -> Optional[int]:
+    """Per member: --env-steps once derived, ceil(--total-env-steps /
+    --population-size) before."""
+    n, total = self.population_size, self.total_env_steps
+    if self.env_steps is not None or not (isinstance(total, int)
+                                          and isinstance(n, int) and n > 0):
+      return self.env_steps
+    return -(-total // n)
 
 
 PRESETS = {
@@ -218,6 +227,7 @@ class CEMRL(Rule):
     """The config ``run`` gets (``rule.config``): the per-member budget
     from ``--total-env-steps`` and the default update-to-data ratio filled in.
     Idempotent, so a resumed run resolves its saved config alike."""
+    config = resolved(config)
     check(config.total_env_steps > 0,
           f'--total-env-steps must be > 0, got {config.total_env_steps}')
     n = config.population_size

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.config import (RunConfig, as_learner_calls,
+from fastpbrl.config import (Derived, RunConfig, as_learner_calls, resolved,
                              as_update_steps, check, steps_per_call_of)
 from fastpbrl.population import dvd as dvd_lib
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
@@ -74,10 +74,10 @@ class DvDRunConfig(RunConfig):
   lambda_decay_steps: int = 100_000
   """Schedule: env steps per member over which lambda goes from start to
   end (counted in update steps, x --update-to-data-ratio)."""
-  bandit_every: int = 5_000
+  bandit_every: Optional[int] = None
   """Bandit: env steps per member per round (one lambda per round), rounded
   to whole learner calls; a round must hold an evaluation (see
-  --eval-every)."""
+  --eval-every). Default: 5,000, or half of --env-steps below 10,000."""
   bandit_score: Literal['mean', 'best'] = 'mean'
   """Bandit: a round's return, which its reward compares: mean (the
   population mean: each member's mean evaluation return in the round,
@@ -112,6 +112,8 @@ class DvDRunConfig(RunConfig):
       **RunConfig.legacy_intervals,
       'lambda_decay_steps': ('lambda_decay_steps', 'update_steps'),
       'bandit_every': ('bandit_every', 'calls')}
+  follows_budget: ClassVar[Mapping[str, Derived]] = {
+      **RunConfig.follows_budget, 'bandit_every': Derived(5_000, 2)}
 
 
 PRESETS = {
@@ -181,6 +183,7 @@ class DvD(Rule):
   min_population = 2
 
   def __init__(self, config: DvDRunConfig):
+    config = resolved(config)
     super().__init__(config)
     check_shared_critic('DvD', config)
     check(config.lambda_mode in ('bandit', 'schedule'),

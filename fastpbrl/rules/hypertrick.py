@@ -24,7 +24,8 @@ import jax
 import numpy as np
 
 from fastpbrl import search_space as ss
-from fastpbrl.config import RunConfig, as_flag_error, as_update_steps, check
+from fastpbrl.config import (Derived, RunConfig, as_flag_error,
+                             as_update_steps, check, resolved)
 from fastpbrl.population import hypertrick as hypertrick_lib
 from fastpbrl.rng import Pcg64State, pcg64_generator, pcg64_state
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
@@ -46,12 +47,14 @@ class HyperTrickRunConfig(RunConfig):
   """Configurations to try in total (each runs in a population slot)."""
   num_phases: int = 4
   """Phases per configuration; a configuration reports at each phase's end."""
-  phase_env_steps: int = 2_500
+  phase_env_steps: Optional[int] = None
   """Env steps per member per phase (counted in the slot's own update
   steps, x --update-to-data-ratio); a phase must hold an evaluation
-  (--eval-every)."""
-  eval_every: int = 1_000
-  """Env steps per member between evaluations (no-noise episodes)."""
+  (--eval-every). Default: 2,500, or a quarter of --env-steps below
+  10,000."""
+  eval_every: Optional[int] = None
+  """Env steps per member between evaluations (no-noise episodes).
+  Default: 1,000, or a tenth of --env-steps below 10,000."""
   eviction_rate: float = 0.25
   """Target fraction of the configurations in a phase terminated at its end."""
   quantile: float = 0.5
@@ -66,6 +69,9 @@ class HyperTrickRunConfig(RunConfig):
   legacy_intervals: ClassVar[Mapping[str, tuple[str, str]]] = {
       **RunConfig.legacy_intervals,
       'phase_env_steps': ('phase_update_steps', 'update_steps')}
+  follows_budget: ClassVar[Mapping[str, Derived]] = {
+      **RunConfig.follows_budget,
+      'phase_env_steps': Derived(2_500, 4), 'eval_every': Derived(1_000, 10)}
 
 
 PRESETS = {
@@ -103,6 +109,7 @@ class HyperTrick(Rule):
 
   def __init__(self, config: HyperTrickRunConfig,
                space: Optional[ss.SearchSpace] = None):
+    config = resolved(config)
     super().__init__(config)
     check(not config.shared_replay,
           '--shared-replay: HyperTrick restarts a slot as a new experiment, '

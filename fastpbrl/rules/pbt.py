@@ -28,8 +28,8 @@ import numpy as np
 
 from fastpbrl import search_space as ss
 from fastpbrl.agents import dqn
-from fastpbrl.config import (ConfigError, RunConfig, as_flag_error,
-                             as_update_steps, check)
+from fastpbrl.config import (ConfigError, Derived, RunConfig, as_flag_error,
+                             as_update_steps, check, resolved)
 from fastpbrl.jax_envs import is_jax_env
 from fastpbrl.population import pb2
 from fastpbrl.population import pbt as pbt_lib
@@ -47,16 +47,18 @@ LINEAGE = 'lineage.jsonl'
 class PBTRunConfig(RunConfig):
   """PBT (Jaderberg et al. 2017) on top of the shared run settings."""
 
-  ready_after: int = 2_500
+  ready_after: Optional[int] = None
   """Env steps per member between two exploit/explore decisions, each taken
   for the whole population at once (the 2022 paper: 100,000 update steps on
   HalfCheetah, at one update per env step); each span must hold the start
   of an evaluation (see --eval-every). Counted in update steps, x
   --update-to-data-ratio, so that decisions fall on the same learner calls
-  in every run of a seed."""
-  eval_every: int = 2_500
+  in every run of a seed. Default: 2,500, or a quarter of --env-steps
+  below 10,000."""
+  eval_every: Optional[int] = None
   """Env steps per member between evaluations (noise-free episodes of one
-  frozen policy version); PBT's fitness is their mean."""
+  frozen policy version); PBT's fitness is their mean. Default: 2,500, or a
+  quarter of --env-steps below 10,000."""
   exploit: Literal['truncation', 'tournament', 'ttest'] = 'truncation'
   """Exploit strategy: truncation, tournament (binary tournament) or ttest
   (each member draws another and copies it where that one's evaluation
@@ -118,6 +120,9 @@ class PBTRunConfig(RunConfig):
       **RunConfig.legacy_intervals,
       'ready_after': ('ready_after', 'update_steps'),
       'no_mutation_before': ('no_mutation_before', 'update_steps')}
+  follows_budget: ClassVar[Mapping[str, Derived]] = {
+      **RunConfig.follows_budget,
+      'ready_after': Derived(2_500, 4), 'eval_every': Derived(2_500, 4)}
 
 
 PRESETS = {
@@ -227,6 +232,7 @@ class PBT(Rule):
 
   def __init__(self, config: PBTRunConfig,
                space: Optional[ss.SearchSpace] = None):
+    config = resolved(config)
     super().__init__(config)
     check(config.init_hparams in ('near-defaults', 'prior', 'defaults'),
           f'--init-hparams must be near-defaults, prior or defaults, got '
