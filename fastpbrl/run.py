@@ -74,7 +74,10 @@ def run(config: RunConfig, rule: Rule,
   among it) and, if it was checkpointed (``--checkpoint-replay``), the replay.
   The actors act with the restored policies from the first step; without a
   restored replay the learner waits until ``warmup_steps`` new steps per
-  member refilled it.
+  member refilled it, then takes the update steps the run had earned
+  (``resume.carried_env_steps``), so that a resumed run ends with the update
+  steps of a run never stopped. On the device, with the replay, the envs
+  continue too: the resumed run is the run never stopped, bit for bit.
 
   SIGINT and SIGTERM (``fastpbrl.signals``) finish the call under way,
   write a checkpoint and raise ``RunInterrupted``; a second one raises
@@ -82,8 +85,9 @@ def run(config: RunConfig, rule: Rule,
   shared-memory segment released.
   """
   exit_if_spawned_import('fastpbrl.run was called')
-  if missing_main_guard() is not None:
-    raise ConfigError(missing_main_guard())
+  problem = missing_main_guard()
+  if problem is not None:
+    raise ConfigError(problem)
   ref = registry.ref_of(type(rule))
   config = resolved(config)
   if config.resume:

@@ -191,7 +191,8 @@ class Rule:
     """Checks ``config`` (``ConfigError`` naming the flag) and keeps it;
     a rule keeps nothing else, and never changes it."""
     exit_if_spawned_import(f'a {self.name} rule was created')
-    check(missing_main_guard() is None, missing_main_guard() or '')
+    problem = missing_main_guard()
+    check(problem is None, problem or '')
     config = resolved(config)
     validate(config, self.min_population)
     self.config = config
