@@ -3,19 +3,26 @@
 Host-side script. Trains ``--population-size`` independent TD3 members
 (``fastpbrl seeds``) twice with the same seed: once straight through, once
 killed with SIGKILL (no chance to save anything) once it has passed half of
-its budget and then resumed from its last checkpoint with
-``--checkpoint-replay``. Asynchronous actors make two runs of one seed
-drift apart anyway (docs/guides/preemption.md, "What is reproducible"), so the test is whether
-the resumed run's returns lie within the members' own spread, the seed
-noise. Prints both final evaluations and writes a plot of the two mean
-return curves.
+its budget and then resumed from its last checkpoint: with
+``--checkpoint-replay``, or with ``--refill`` without it (the default of
+``fastpbrl``: the restored policies refill the replay). Asynchronous
+actors make two runs of one seed drift apart anyway
+(docs/guides/preemption.md, "What is reproducible"), so the test is
+whether the resumed run's returns lie within the members' own spread, the
+seed noise, and whether it ends with the update steps of the run never
+stopped. Prints both final evaluations and writes the figures with their
+command, machine, date and commit, and a plot of the two mean return
+curves.
 
     python -m benchmarks.resume_curve --out benchmarks/results/resume
+    python -m benchmarks.resume_curve --refill --out benchmarks/results/resume
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import datetime
 import json
 import os
 import signal
@@ -24,6 +31,7 @@ import time
 
 import numpy as np
 
+from benchmarks import provenance
 from benchmarks.faults import Run, checkpoints, csv_progress, wait_until
 from fastpbrl.logging import evaluation_points, read_member_csvs
 
@@ -36,7 +44,15 @@ def flags(args, run_dir: str) -> list[str]:
           '--eval-every', str(args.eval_every), '--eval-episodes',
           str(EVAL_EPISODES),
           '--checkpoint-every', str(args.checkpoint_every),
-          '--checkpoint-replay', '--no-progress', '--run-dir', run_dir]
+          '--no-checkpoint-replay' if args.refill else '--checkpoint-replay',
+          '--no-progress', '--run-dir', run_dir]
+
+
+def update_steps(run_dir: str) -> int:
+  """The run's update steps per member at its end (its last
+  hyperparameter row)."""
+  with open(os.path.join(run_dir, 'hparams.csv'), newline='') as f:
+    return int(list(csv.DictReader(f))[-1]['update_steps'])
 
 
 def final_returns(run_dir: str) -> list[float]:
@@ -66,9 +82,15 @@ def main(argv=None) -> int:
   parser.add_argument('--checkpoint-every', type=int, default=2500,
                       help='env steps per member between checkpoints')
   parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--refill', action='store_true',
+                      help='resume without the replay in the checkpoints '
+                      '(fastpbrl\'s default): the restored policies refill '
+                      'it; the figures go to resume_curve_refill.*')
   args = parser.parse_args(argv)
+  name = 'resume_curve_refill' if args.refill else 'resume_curve'
+
   out = os.path.abspath(args.out)
-  runs = os.path.join(out, 'runs')
+  runs = os.path.join(out, 'runs', name)
   os.makedirs(runs, exist_ok=True)
   straight, killed = (os.path.join(runs, name) for name in
                       ('uninterrupted', 'killed-and-resumed'))
@@ -100,6 +122,11 @@ def main(argv=None) -> int:
 
   a, b = final_returns(straight), final_returns(killed)
   result = {
+      'command': 'python -m benchmarks.resume_curve ' + ' '.join(
+          argv if argv is not None else sys.argv[1:]),
+      'machine': provenance.cpu_machine(), 'commit': provenance.git_commit(),
+      'date': datetime.date.today().isoformat(),
+      'checkpoint_replay': not args.refill,
       'env': args.env, 'population_size': args.population_size,
       'env_steps': args.env_steps, 'seed': args.seed,
       'killed_at_env_steps': before[0], 'resumed_at_call': call,
@@ -107,8 +134,10 @@ def main(argv=None) -> int:
       'uninterrupted_final_returns': a, 'resumed_final_returns': b,
       'uninterrupted_mean': float(np.mean(a)), 'uninterrupted_std':
           float(np.std(a)), 'resumed_mean': float(np.mean(b)),
-      'resumed_std': float(np.std(b)), 'uninterrupted_seconds': straight_s}
-  with open(os.path.join(out, 'resume_curve.json'), 'w') as f:
+      'resumed_std': float(np.std(b)), 'uninterrupted_seconds': straight_s,
+      'uninterrupted_update_steps': update_steps(straight),
+      'resumed_update_steps': update_steps(killed)}
+  with open(os.path.join(out, f'{name}.json'), 'w') as f:
     json.dump(result, f, indent=2)
 
   import matplotlib  # noqa: PLC0415
@@ -122,10 +151,11 @@ def main(argv=None) -> int:
   ax.axvline(before[0], color='grey', linestyle=':')
   ax.set_xlabel('env steps per member')
   ax.set_ylabel(f'mean evaluation return ({args.population_size} members)')
-  ax.set_title(f'{args.env}, seed {args.seed}: kill -9 and resume')
+  ax.set_title(f'{args.env}, seed {args.seed}: kill -9 and resume'
+               + (' (replay refilled)' if args.refill else ''))
   ax.legend()
   fig.tight_layout()
-  fig.savefig(os.path.join(out, 'resume_curve.png'), dpi=120)
+  fig.savefig(os.path.join(out, f'{name}.png'), dpi=120)
 
   print(f'uninterrupted: final returns {np.round(a, 1).tolist()} '
         f'(mean {np.mean(a):.1f} +- {np.std(a):.1f})')
@@ -133,7 +163,9 @@ def main(argv=None) -> int:
         f'{call} ({lost_calls} learner calls redone): final returns '
         f'{np.round(b, 1).tolist()} (mean {np.mean(b):.1f} +- '
         f'{np.std(b):.1f})')
-  print(f'results and resume_curve.png in {out}')
+  print(f'update steps per member: {result["uninterrupted_update_steps"]} '
+        f'uninterrupted, {result["resumed_update_steps"]} killed and resumed')
+  print(f'results and {name}.png in {out}')
   return 0
 
 

@@ -23,6 +23,7 @@ command runs, and the rules' help lines are read from their source
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -106,4 +107,10 @@ def _rule(name: str):
 
 def console_script() -> None:
   """The ``[project.scripts]`` entry point."""
-  sys.exit(main())
+  try:
+    sys.exit(main())
+  except BrokenPipeError:  # output piped into a reader that left: head
+    # Python's own advice: point stdout at devnull so its flush at exit
+    # does not fail again.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(1)
