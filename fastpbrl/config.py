@@ -261,7 +261,9 @@ def as_flag_error(error: ValueError, config) -> ConfigError:
 
 
 def validate(config: RunConfig, min_population: int = 1) -> None:
-  """Raises ``ConfigError`` naming the flag and the allowed range."""
+  """Raises ``ConfigError`` naming the flag and the allowed range (of
+  ``config`` as ``resolved`` completes it)."""
+  config = resolved(config)
   try:  # each value in the agent's declared domain (or a renamed field)
     agent_spec(config.agent).check_hparams(parse_hparams(config.hparams))
   except ConfigError:

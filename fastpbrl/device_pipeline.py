@@ -37,11 +37,11 @@ checkpoints do not know which path runs. What differs, by design:
 * **Determinism.** Everything is a function of ``--seed``: two runs with the
   same settings on the same device take the same decisions.
 * **Resume.** Each checkpoint holds the envs' states, keys and counters
-  (``checkpoint_state``; one process). With ``--checkpoint-replay`` a
-  resumed run continues them with the replay: it is the run never
-  stopped, bit for bit. Without the replay (or over several processes) a
-  resumed run starts new episodes and refills the replay with the
-  restored policies (episodes cut by the stop are not logged).
+  (``checkpoint_state``). With ``--checkpoint-replay`` a resumed run
+  continues them with the replay: it is the run never stopped, bit for
+  bit, over one process or several. Without the replay a resumed run
+  starts new episodes and refills the replay with the restored policies
+  (episodes cut by the stop are not logged).
 * **Several processes** (``fastpbrl.launch``, ``fastpbrl.distributed``).
   The envs and rings are global arrays over every process's devices, split
   by member with the learner's mesh: each device steps its own members'
@@ -172,8 +172,7 @@ class DevicePipeline:
     self.replay = _ReplayView(self)
     self.envs = _unaliased(self._initial_envs(replay_state))
     self.restored_exactly = (saved_state is not None
-                             and replay_state is not None
-                             and not self._processes.several)
+                             and replay_state is not None)
     if self.restored_exactly:
       self._restore(saved_state)
     self._compile_host_calls()
@@ -245,15 +244,14 @@ class DevicePipeline:
   _SAVED_COUNTERS = ('_steps', '_learn_after', '_random_left', '_active',
                      '_start_version')
 
-  def checkpoint_state(self) -> dict | None:
+  def checkpoint_state(self) -> dict:
     """What a resume needs, beside the replay, to continue this data
-    path exactly: the envs' states and keys, and the counters (numpy).
-    None over several processes, whose envs are split between them (a
-    resume there starts new episodes)."""
-    if self._processes.several:
-      return None
+    path exactly: the envs' states and keys, and the counters, as whole
+    numpy arrays (gathered over several processes: every process must
+    call it)."""
     leaves = jax.tree.leaves(self.envs._replace(replay=None))
-    return {'envs': {f'{i:04d}': np.asarray(x) for i, x in enumerate(leaves)},
+    return {'envs': {f'{i:04d}': sharding.whole_value(x)
+                     for i, x in enumerate(leaves)},
             **{name.lstrip('_'): np.asarray(getattr(self, name)).copy()
                for name in self._SAVED_COUNTERS},
             'data_from': np.asarray(self._data_from, np.float64),
@@ -272,8 +270,10 @@ class DevicePipeline:
       raise ValueError('--resume: the checkpoint\'s env states do not fit '
                        'this env and population; resume with the settings '
                        'of the saving run')
+    # Each leaf placed as the fresh one is (over several processes each
+    # places its own members' rows).
     restored = jax.tree.unflatten(treedef, [
-        jnp.asarray(x, np.asarray(like).dtype)
+        sharding.placed_like(np.asarray(x, like.dtype), like)
         for x, like in zip(saved_leaves, leaves)])
     self.envs = _unaliased(restored._replace(replay=self.envs.replay))
     for name in self._SAVED_COUNTERS:

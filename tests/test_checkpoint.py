@@ -201,8 +201,7 @@ def test_a_checkpoint_from_before_td3s_rename_is_one_clear_line(tmp_path,
   rule = types.SimpleNamespace(name='seeds', state_version=1)
   fresh = resume.Restored(state, hparams, (), resume.FRESH_COUNTERS, None)
   with pytest.raises(ConfigError) as info:
-    resume.restore(ckpt, config, rule, None, learner, fresh, None,
-                   str(tmp_path))
+    resume.restore(ckpt, config, rule, None, learner, fresh, None)
   message = str(info.value)
   assert '\n' not in message
   assert message.startswith(f'--resume {str(tmp_path)!r}: its checkpoint was '

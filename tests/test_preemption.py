@@ -159,7 +159,7 @@ def test_a_script_without_main_guard_gets_an_error_naming_the_fix(tmp_path):
                           text=True, start_new_session=True)
   _, err = finish(proc)
   assert proc.returncode != 0
-  assert ("no `if __name__ == '__main__':` guard" in last_line(err)), err
+  assert ("without `if __name__ == '__main__':`" in last_line(err)), err
   assert err.count('Traceback') <= 1
   assert our_segments(proc.pid) == []
 
