@@ -464,26 +464,35 @@ def main_command(folder: str) -> str:
 
 
 def resume_curve() -> str:
-  """Final returns of a run straight through and of the same run killed
-  with ``kill -9`` and resumed."""
-  r = _json('resume', 'resume_curve.json')
-  rows = []
-  for label, key in (('uninterrupted', 'uninterrupted'),
-                     ((f'killed at {r["killed_at_env_steps"]:,} env steps '
-                       f'per member, resumed at learner call '
-                       f'{r["resumed_at_call"]} ({r["learner_calls_lost"]} '
-                       'calls redone)'), 'resumed')):
-    rows.append([label, ', '.join(f'{v:.1f}'
-                                  for v in r[f'{key}_final_returns']),
-                 f'{r[f"{key}_mean"]:.1f}', f'{r[f"{key}_std"]:.1f}'])
+  """Final returns and update steps of a run straight through and of the
+  same run killed with ``kill -9`` and resumed: with the replay in its
+  checkpoints, and refilled by the restored policies (fastpbrl's
+  default)."""
+  rows, sources, facts = [], [], []
+  for name, how in (('resume_curve', 'replay checkpointed'),
+                    ('resume_curve_refill', 'replay refilled')):
+    r = _json('resume', f'{name}.json')
+    resumed = (f'{how}: killed at {r["killed_at_env_steps"]:,} env steps '
+               f'per member, resumed at learner call {r["resumed_at_call"]} '
+               f'({r["learner_calls_lost"]} calls redone)')
+    for label, key in ((f'{how}: uninterrupted', 'uninterrupted'),
+                       (resumed, 'resumed')):
+      rows.append([label, ', '.join(f'{v:.1f}'
+                                    for v in r[f'{key}_final_returns']),
+                   f'{r[f"{key}_mean"]:.1f}', f'{r[f"{key}_std"]:.1f}',
+                   f'{r[f"{key}_update_steps"]:,}'])
+    sources += [_link('resume', f'{name}.json'), _link('resume', f'{name}.png')]
+    machine = r['machine']
+    facts.append(f'{how}: {_command(r["command"])}, machine '
+                 f'{machine["cpu_model"]} ({machine["cpus"]} CPUs), date '
+                 f'{r["date"]}, commit {r["commit"][:7]}; the uninterrupted '
+                 f'run took {r["uninterrupted_seconds"]:.0f} s')
   header = [(f'{r["env"]}, {r["population_size"]} members, '
              f'seed {r["seed"]}, {r["env_steps"]:,} env steps each'),
-            'final returns (5 episodes each)', 'mean', 'std']
-  facts = [f'the uninterrupted run took {r["uninterrupted_seconds"]:.0f} s',
-           'the file records no machine, date, command or commit']
-  return '\n\n'.join([_table(header, 'llrr', rows),
-                      _source([_link('resume', 'resume_curve.json'),
-                               _link('resume', 'resume_curve.png')], *facts)])
+            'final returns (5 episodes each)', 'mean', 'std',
+            'update steps per member']
+  return '\n\n'.join([_table(header, 'llrrr', rows),
+                      _source(sources, *facts)])
 
 
 # --------------------------------------------------------------------------

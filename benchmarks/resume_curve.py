@@ -144,10 +144,10 @@ def main(argv=None) -> int:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # noqa: PLC0415
   fig, ax = plt.subplots(figsize=(6, 3.5))
-  for name, path in (('uninterrupted', straight),
-                     ('killed at %d steps, resumed' % before[0], killed)):
+  for label, path in (('uninterrupted', straight),
+                      ('killed at %d steps, resumed' % before[0], killed)):
     x, y = curve(path, args.eval_every)
-    ax.plot(x, y, marker='o', label=name)
+    ax.plot(x, y, marker='o', label=label)
   ax.axvline(before[0], color='grey', linestyle=':')
   ax.set_xlabel('env steps per member')
   ax.set_ylabel(f'mean evaluation return ({args.population_size} members)')
