@@ -4,9 +4,12 @@ per rule (host-side; the array work inside a rule may be jitted).
 * ``base``: ``Rule``, ``Observation``, ``Decision``, ``Population``: what a
   rule is and may do (read it first);
 * ``registry``: ``register`` (a class decorator), ``get(ref)``;
-* ``seeds``, ``pbt``, ``cemrl``, ``dvd``, ``hypertrick``: the built-in
-  rules, each all in its module (settings, presets, bookkeeping, decisions),
-  the pure array functions it calls in ``fastpbrl.population``;
+* ``pbt/``, ``cemrl/``, ``dvd/``, ``hypertrick/``: the built-in rules, one
+  folder each: the rule (``rule.py``: settings, presets, bookkeeping,
+  decisions) beside the pure math it calls (``pbt/exploit.py``,
+  ``pbt/pb2.py``, ``cemrl/cem.py``, ``dvd/diversity.py``,
+  ``hypertrick/scheduler.py``); ``seeds``, a rule without math of its own,
+  is one module;
 * ``common``: what several rules share (search spaces, config checks).
 
 The rules sit below the run loop: they import the settings

@@ -15,7 +15,7 @@ This is the rule's host-side half (not jittable): ``DvDRunConfig`` (the
 flags) and ``DvD`` (lambda between calls, the bandit's rounds, the logged
 diversity figure). The pure half, the diversity loss plugged into the
 shared-critic update and the lambda bandit and schedule over array state,
-is ``fastpbrl.population.dvd``, whose docstring has the paper and the
+is ``fastpbrl.rules.dvd.diversity``, whose docstring has the paper and the
 departures.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from fastpbrl.config import (Derived, RunConfig, as_learner_calls, resolved,
                              as_update_steps, check, steps_per_call_of)
-from fastpbrl.population import dvd as dvd_lib
+from fastpbrl.rules.dvd import diversity as dvd_lib
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows)
 from fastpbrl.rules.common import check_evaluations_per, check_shared_critic

@@ -14,10 +14,10 @@ from acme import specs
 from fastpbrl.agents import td3
 from fastpbrl.learner import SharedCriticLearner, population_hparams
 from fastpbrl import rng as rng_lib
-from fastpbrl.population import dvd
+from fastpbrl.rules.dvd import diversity as dvd
 from fastpbrl.rules.dvd import DvDRunConfig
 from tests import numerics
-from tests.population.conftest import pendulum_spec, random_batch, tiny_td3
+from tests.rules.conftest import pendulum_spec, random_batch, tiny_td3
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
 pytestmark = pytest.mark.numeric

@@ -1,0 +1,25 @@
+"""HyperTrick (Heinrich & Frosio): the rule and its scheduler.
+
+* ``rule``: ``HyperTrickRunConfig`` (the flags), ``PRESETS``,
+  ``HyperTrick`` (reports, evictions, restarts); host-side;
+* ``scheduler``: the asynchronous early-stopping scheduler (host-side,
+  numpy) and the pure slot reset.
+
+The rule's names are imported on first use (PEP 562).
+"""
+
+import importlib
+
+# name -> the module of this package that defines it.
+_NAMES = {'HyperTrickRunConfig': 'rule', 'PRESETS': 'rule',
+          'HyperTrickState': 'rule', 'HyperTrick': 'rule',
+          'RETURNS_WINDOW': 'rule'}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+  if name in _NAMES:
+    return getattr(importlib.import_module(f'{__name__}.{_NAMES[name]}'),
+                   name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
