@@ -22,7 +22,7 @@ Its names are imported on first use (PEP 562): importing
 ``fastpbrl --help`` lists, then does not import JAX through ``base``.
 """
 
-import importlib
+from fastpbrl.imports import lazy_names
 
 # name -> the module of this package that defines it.
 _NAMES = {'Decision': 'base', 'Observation': 'base', 'Population': 'base',
@@ -32,9 +32,4 @@ _NAMES = {'Decision': 'base', 'Observation': 'base', 'Population': 'base',
 
 __all__ = sorted(_NAMES)
 
-
-def __getattr__(name):
-  if name in _NAMES:
-    return getattr(importlib.import_module(f'fastpbrl.rules.{_NAMES[name]}'),
-                   name)
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+__getattr__ = lazy_names(__name__, _NAMES)

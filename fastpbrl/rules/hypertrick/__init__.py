@@ -8,7 +8,7 @@
 The rule's names are imported on first use (PEP 562).
 """
 
-import importlib
+from fastpbrl.imports import lazy_names
 
 # name -> the module of this package that defines it.
 _NAMES = {'HyperTrickRunConfig': 'rule', 'PRESETS': 'rule',
@@ -17,9 +17,4 @@ _NAMES = {'HyperTrickRunConfig': 'rule', 'PRESETS': 'rule',
 
 __all__ = sorted(_NAMES)
 
-
-def __getattr__(name):
-  if name in _NAMES:
-    return getattr(importlib.import_module(f'{__name__}.{_NAMES[name]}'),
-                   name)
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+__getattr__ = lazy_names(__name__, _NAMES)

@@ -15,7 +15,7 @@ The names below are imported from their module on first use (PEP 562), so
 that reading a lineage file does not import the rule.
 """
 
-import importlib
+from fastpbrl.imports import lazy_names
 
 # name -> the module of this package that defines it.
 _NAMES = {'PBTRunConfig': 'rule', 'PRESETS': 'rule', 'PBTState': 'rule',
@@ -32,9 +32,4 @@ _NAMES = {'PBTRunConfig': 'rule', 'PRESETS': 'rule', 'PBTState': 'rule',
 
 __all__ = sorted(_NAMES)
 
-
-def __getattr__(name):
-  if name in _NAMES:
-    return getattr(importlib.import_module(f'{__name__}.{_NAMES[name]}'),
-                   name)
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+__getattr__ = lazy_names(__name__, _NAMES)
