@@ -387,7 +387,7 @@ def test_bandit_state_copy_continues_identically_and_inputs_stay():
   for _ in range(4):
     a, arm, _ = bandit.select(a)
     a = bandit.update(a, arm, 1.0 if arm else 0.0)
-  # What a checkpoint keeps: the arrays (tests/rules/test_dvd.py writes
+  # What a checkpoint keeps: the arrays (tests/rules/dvd/test_rule.py writes
   # them through orbax).
   b = jax.tree.map(np.array, a)
   before = jax.tree.map(np.array, a)
