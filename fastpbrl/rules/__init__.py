@@ -7,7 +7,7 @@ per rule (host-side; the array work inside a rule may be jitted).
 * ``pbt/``, ``cemrl/``, ``dvd/``, ``hypertrick/``: the built-in rules, one
   folder each: the rule (``rule.py``: settings, presets, bookkeeping,
   decisions) beside the pure math it calls (``pbt/exploit.py``,
-  ``pbt/pb2.py``, ``cemrl/cem.py``, ``dvd/diversity.py``,
+  ``pbt/pb2.py``, ``cemrl/cem.py``, ``dvd/diversity.py``, ``dvd/bandit.py``,
   ``hypertrick/scheduler.py``); ``seeds``, a rule without math of its own,
   is one module;
 * ``common``: what several rules share (search spaces, config checks).

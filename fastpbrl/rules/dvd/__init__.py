@@ -3,7 +3,8 @@
 * ``rule``: ``DvDRunConfig`` (the flags), ``PRESETS``, ``DvD`` (the probe
   states, lambda's schedule or bandit per round); host-side;
 * ``diversity``: the diversity loss and its plug-in for the shared-critic
-  learner (jittable), and the host-side lambda schedule and bandit.
+  learner (jittable);
+* ``bandit``: lambda's Thompson bandit and schedule (host-side, numpy).
 
 The rule's names are imported on first use (PEP 562).
 """
