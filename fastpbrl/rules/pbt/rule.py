@@ -477,8 +477,9 @@ class PBT(Rule):
     result = self.exploit.replace_diverged(key, obs.state, obs.hparams,
                                            fitness, diverged)
     parent = whole_value(result.parent)
-    events = tuple({**e, 'reason': 'diverged'} for e in lineage_lib.exploit_events(
-        obs.update_steps, result, obs.hparams, fitness, obs.env_steps))
+    events = tuple(
+        {**e, 'reason': 'diverged'} for e in lineage_lib.exploit_events(
+            obs.update_steps, result, obs.hparams, fitness, obs.env_steps))
     logs = self._lineage_start(rule_state, obs)
     rule_state = _cut_intervals(rule_state._replace(
         history=inherit(rule_state.history, parent, diverged),
