@@ -97,8 +97,8 @@ import numpy as np
 
 from benchmarks import stats
 from fastpbrl.config import agent_spec
-from fastpbrl.population import pb2, pbt
-from fastpbrl.rules.pbt import LINEAGE
+from fastpbrl.rules.pbt import pb2
+from fastpbrl.rules.pbt.lineage import LINEAGE, founders
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,7 +343,7 @@ def lineages_at_end(run_dir: str) -> Optional[int]:
   if not os.path.exists(path):
     return None
   try:
-    return len(set(pbt.founders(path).values()))
+    return len(set(founders(path).values()))
   except ValueError as e:
     print(f'{path}: lineages not counted: {e}', file=sys.stderr)
     return None
@@ -733,7 +733,7 @@ def edge_share(result: dict) -> Optional[float]:
   member, every continuous field of the agent's default search space)
   that lie at an edge of their range, each range scaled as the space
   draws from it (log for learning rates, log(1 - gamma) for the
-  discount: ``fastpbrl.population.pb2.encode``). None for a method that
+  discount: ``fastpbrl.rules.pbt.pb2.encode``). None for a method that
   chooses no hyperparameters, or a run with a search space of its own.
 
   Uniform draws put ``2 x EDGE`` (20%) of their values there."""

@@ -30,7 +30,7 @@ import numpy as np
 
 from benchmarks.learning import code_version, machine
 from fastpbrl.logging import read_final_returns, write_json_atomic
-from fastpbrl.population.pbt import read_lineage
+from fastpbrl.rules.pbt import read_lineage
 
 COMMAND = ('pbt', '--no-progress')  # the README's command, without the bar
 

@@ -1,5 +1,5 @@
 """Alias of ``fastpbrl cemrl``, kept so that ``python -m experiments.cemrl``
-works from a checkout; the rule is ``fastpbrl/rules/cemrl.py``."""
+works from a checkout; the rule is ``fastpbrl/rules/cemrl/rule.py``."""
 
 import sys
 

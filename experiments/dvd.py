@@ -1,5 +1,5 @@
 """Alias of ``fastpbrl dvd``, kept so that ``python -m experiments.dvd``
-works from a checkout; the rule is ``fastpbrl/rules/dvd.py``."""
+works from a checkout; the rule is ``fastpbrl/rules/dvd/rule.py``."""
 
 import sys
 

@@ -1,5 +1,5 @@
 """Alias of ``fastpbrl hypertrick``, kept so that ``python -m experiments.hypertrick``
-works from a checkout; the rule is ``fastpbrl/rules/hypertrick.py``."""
+works from a checkout; the rule is ``fastpbrl/rules/hypertrick/rule.py``."""
 
 import sys
 

@@ -1,5 +1,5 @@
 """Alias of ``fastpbrl pbt``, kept so that ``python -m experiments.pbt``
-works from a checkout; the rule is ``fastpbrl/rules/pbt.py``."""
+works from a checkout; the rule is ``fastpbrl/rules/pbt/rule.py``."""
 
 import sys
 

@@ -33,10 +33,10 @@ _API = {
     'Evaluation': 'fastpbrl.api', 'Callback': 'fastpbrl.callbacks',
     'StopAtReturn': 'fastpbrl.callbacks', 'TimeLimit': 'fastpbrl.callbacks',
     'ConfigError': 'fastpbrl.config', 'RunConfig': 'fastpbrl.config',
-    'PBTRunConfig': 'fastpbrl.rules.pbt',
-    'CEMRLRunConfig': 'fastpbrl.rules.cemrl',
-    'DvDRunConfig': 'fastpbrl.rules.dvd',
-    'HyperTrickRunConfig': 'fastpbrl.rules.hypertrick',
+    'PBTRunConfig': 'fastpbrl.rules.pbt.rule',
+    'CEMRLRunConfig': 'fastpbrl.rules.cemrl.rule',
+    'DvDRunConfig': 'fastpbrl.rules.dvd.rule',
+    'HyperTrickRunConfig': 'fastpbrl.rules.hypertrick.rule',
     'load_run': 'fastpbrl.run_data', 'RunData': 'fastpbrl.run_data',
 }
 

@@ -39,7 +39,7 @@ from fastpbrl.evaluation import evaluation_seeds
 from fastpbrl.finish import RunResult
 from fastpbrl.logging import FINAL_RETURNS, read_final_returns
 from fastpbrl.policy import Policy
-from fastpbrl.population.pbt import read_lineage
+from fastpbrl.rules.pbt.lineage import read_lineage
 from fastpbrl.resume import RULE_FORMAT, state_version
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Rule

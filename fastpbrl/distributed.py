@@ -6,7 +6,7 @@ program on the devices of all processes. The population mesh
 population-sharded ``jax.Array`` holds, in each process, only the rows of
 the members whose devices that process owns (``local_members``). The
 learner (``fastpbrl.learner``) and the population rules
-(``fastpbrl.population``) are the same jitted functions as on one process:
+(``fastpbrl.rules``) are the same jitted functions as on one process:
 XLA inserts the cross-process collectives (gloo on CPU, NCCL on GPU) that a
 PBT copy of member ``j`` into member ``i`` on another process needs. There
 is no RPC of ours: a process builds its own members' rows (its actors,

@@ -6,6 +6,9 @@ from its folder. A module is looked for on ``sys.path`` and, as
 ``python -m`` would, in the current folder (the ``fastpbrl`` command's own
 path holds only its install folder). Both registries (``fastpbrl.agents``,
 ``fastpbrl.rules``) import through ``import_ref_module``.
+
+``lazy_names`` gives a package the ``__getattr__`` (PEP 562) that imports
+a name's module on first use (``fastpbrl.rules`` and each rule's folder).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import importlib
 import os
 import sys
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 
 def add_cwd_to_path() -> None:
@@ -78,3 +81,18 @@ def find(ref: str, registered: Mapping[str, Any], builtin: Mapping[str, str],
                      f'module:attribute of {what} registered with {register}')
   module_name, attr = ref.rsplit(':', 1)
   return None, (import_ref_module(ref, module_name), attr)
+
+
+def lazy_names(package: str,
+               names: Mapping[str, str]) -> Callable[[str], Any]:
+  """A module ``__getattr__`` for ``package`` that imports
+  ``package.<names[name]>`` on first use of ``name`` and returns its
+  attribute ``name``: ``__getattr__ = lazy_names(__name__, _NAMES)``."""
+
+  def __getattr__(name: str) -> Any:
+    if name in names:
+      return getattr(importlib.import_module(f'{package}.{names[name]}'),
+                     name)
+    raise AttributeError(f'module {package!r} has no attribute {name!r}')
+
+  return __getattr__

@@ -61,7 +61,7 @@ def lineage_lines(events: Sequence[dict], end: Optional[float] = None
   """What ``lineage.png`` draws, from a lineage's events (in file order).
 
   Args:
-    events: ``fastpbrl.population.pbt.read_lineage``'s list: ``init`` /
+    events: ``fastpbrl.rules.pbt.read_lineage``'s list: ``init`` /
       ``reset`` and ``exploit`` events.
     end: where the lines stop (default: the last event's position).
   """

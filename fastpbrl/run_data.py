@@ -7,7 +7,7 @@ jittable).
     run.hparam_schedule()    # the best member's hyperparameters over time
 
 ``load_run`` reads what a run writes under its folder (``fastpbrl.logging``
-and ``fastpbrl.population.pbt`` write and read each file; their readers are
+and ``fastpbrl.rules.pbt.lineage`` write and read each file; their readers are
 reused here, so that a table says what the run's own summary, plot and
 ``--rerun-lineage`` say): ``members/member_XXX.csv`` (every episode),
 ``hparams.csv``, ``lineage.jsonl`` (PBT), ``rule.csv``,
@@ -38,8 +38,8 @@ from fastpbrl.config import ConfigError, saved_settings
 from fastpbrl.logging import (EPISODE_FIELDS, FINAL_RETURNS, HPARAMS_CSV,
                               evaluation_points, read_final_returns,
                               read_member_csvs, read_rule_csv)
-from fastpbrl.population import pbt as pbt_lib
-from fastpbrl.rules.pbt import LINEAGE
+from fastpbrl.rules.pbt import lineage as pbt_lib
+from fastpbrl.rules.pbt.lineage import LINEAGE
 
 # Columns of ``RunData.episodes``: the member CSVs' (``EPISODE_FIELDS``:
 # wall_time, env_steps, update_steps, member, episode_return,
@@ -129,7 +129,7 @@ class RunData:
 
     PBT: when ``member`` copied member ``s`` at env step ``t``, its weights
     were trained with ``s``'s hyperparameters before ``t``, and so on back
-    through ``s``'s own copies (``fastpbrl.population.pbt.schedule``, which
+    through ``s``'s own copies (``fastpbrl.rules.pbt.schedule``, which
     ``fastpbrl pbt --rerun-lineage`` re-runs). Other rules (no lineage):
     the member's own rows of ``hparams.csv`` where they change.
 

@@ -50,7 +50,7 @@ from fastpbrl import sharding
 from fastpbrl.agents import td3
 from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
                               population_hparams)
-from fastpbrl.population import dvd
+from fastpbrl.rules.dvd import diversity as dvd
 from tests import numerics
 from tests.agents.helpers import env_spec, random_batch
 

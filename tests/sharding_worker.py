@@ -25,9 +25,9 @@ from fastpbrl import search_space as ss
 from fastpbrl.agents import td3
 from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
                               population_hparams)
-from fastpbrl.population import cem as cem_lib
-from fastpbrl.population import dvd as dvd_lib
-from fastpbrl.population import pbt as pbt_lib
+from fastpbrl.rules.cemrl import cem as cem_lib
+from fastpbrl.rules.dvd import diversity as dvd_lib
+from fastpbrl.rules import pbt as pbt_lib
 from tests import numerics
 from tests.agents.helpers import env_spec, random_batch
 

@@ -19,7 +19,7 @@ from fastpbrl import commands
 from fastpbrl.evaluation import evaluation_seeds
 from fastpbrl.logging import read_final_returns
 from fastpbrl.plots import hparam_lines, read_hparams_csv
-from fastpbrl.population import pbt as pbt_lib
+from fastpbrl.rules import pbt as pbt_lib
 from tests import numerics
 from tests.test_preemption import stopped_by_sigterm
 

@@ -10,10 +10,11 @@ import pytest
 from fastpbrl import cli, cli_help, commands, config as config_lib, tracking
 from fastpbrl.agents.networks import NETWORK_INITS
 from fastpbrl.config import RunConfig
-from fastpbrl.population import dvd as dvd_lib
-from fastpbrl.population import pbt as pbt_lib
+from fastpbrl.rules.dvd import bandit as bandit_lib
+from fastpbrl.rules.pbt import exploit as pbt_lib
 from fastpbrl.replay.device import LOCATIONS
-from fastpbrl.rules import dvd, hypertrick, pbt, registry
+from fastpbrl.rules import hypertrick, pbt, registry
+from fastpbrl.rules.dvd import rule as dvd
 
 
 def help_of(name, capsys, *flags):
@@ -70,7 +71,7 @@ def test_choices_are_the_values_the_checks_accept():
   assert shared['track'] == tracking.TRACKS
   assert cli_help.choices(pbt.PBTRunConfig)['exploit'] == pbt_lib._EXPLOITS
   own = cli_help.choices(dvd.DvDRunConfig)
-  assert own['bandit_reward'] == dvd_lib.BANDIT_REWARDS
+  assert own['bandit_reward'] == bandit_lib.BANDIT_REWARDS
   assert own['bandit_score'] == dvd._SCORES
 
 

@@ -494,7 +494,7 @@ def test_single_process_round_trip_and_pbt_step():
   """One process, one device: the same functions are the identity on
   rows, and ``pbt_step`` equals the rule called directly."""
   import jax
-  from fastpbrl.population import pbt as pbt_lib
+  from fastpbrl.rules import pbt as pbt_lib
   mesh = distributed.global_population_mesh(jax.devices()[:1])
   assert distributed.local_members(4, mesh) == slice(0, 4)
   tree = {'w': np.arange(8.0).reshape(4, 2), 'step': np.int32(3)}

@@ -11,7 +11,7 @@ import pytest
 from fastpbrl import agents
 from fastpbrl.agents import td3
 from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.population import pbt
+from fastpbrl.rules import pbt
 from fastpbrl.rules.pbt import PBT, PBTRunConfig
 from fastpbrl.run import run
 from tests import numerics

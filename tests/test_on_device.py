@@ -477,7 +477,7 @@ def test_pb2_is_reproducible_and_resumes_with_its_history(tmp_path):
   """PBT with --explore pb2 on the device: two runs of a seed choose the
   same hyperparameters; a run stopped after its first decisions resumes
   and decides again (its GP data round-trips through a checkpoint in
-  tests/rules/test_pbt.py)."""
+  tests/rules/pbt/test_rule.py)."""
   kw = dict(TINY, population_size=4, env_steps=1_000, explore='pb2',
             ready_after=200, fraction=0.25)
   for name in ('a', 'b'):

@@ -7,6 +7,7 @@ import pytest
 
 from fastpbrl import plots
 from fastpbrl.logging import HParamsLog
+from tests.rules.pbt.reference import write_lineage
 
 
 def _lineage(n, copies):
@@ -81,8 +82,7 @@ def test_plot_run_writes_both_pictures(tmp_path, n):
             for k in range(1, 30)]
   events = [e for e in _lineage(n, copies)
             if e['event'] != 'exploit' or e['member'] != e['parent']]
-  from fastpbrl.population.pbt import Lineage
-  Lineage(str(tmp_path / 'lineage.jsonl')).write(events)
+  write_lineage(tmp_path / 'lineage.jsonl', events)
   log = HParamsLog(str(tmp_path))
   for c in range(6):
     log.write(500 * c, 50 * c, [{'lr': float(rng.uniform(1e-5, 1e-3)),
@@ -142,7 +142,6 @@ def test_hparams_figure_skips_fixed_fields_and_logs_log_uniform_ones():
 def test_plot_run_reads_the_log_uniform_fields_and_exploits_of_the_folder(
     tmp_path, monkeypatch):
   import json
-  from fastpbrl.population.pbt import Lineage
   rows = _panel_rows()
   log = HParamsLog(str(tmp_path))
   for env_steps in (0, 100, 200):
@@ -151,8 +150,7 @@ def test_plot_run_reads_the_log_uniform_fields_and_exploits_of_the_folder(
                                            'member')}
                              for r in rows if r['env_steps'] == env_steps])
   log.close()
-  Lineage(str(tmp_path / 'lineage.jsonl')).write(
-      _lineage(2, [(20, 200, 1, 0)]))
+  write_lineage(tmp_path / 'lineage.jsonl', _lineage(2, [(20, 200, 1, 0)]))
   # No --search-space: the agent's default space (TD3: log-uniform lrs).
   with open(tmp_path / 'config.json', 'w') as f:
     json.dump({'rule': 'pbt', 'agent': 'td3', 'search_space': None}, f)

@@ -4,9 +4,12 @@ per rule (host-side; the array work inside a rule may be jitted).
 * ``base``: ``Rule``, ``Observation``, ``Decision``, ``Population``: what a
   rule is and may do (read it first);
 * ``registry``: ``register`` (a class decorator), ``get(ref)``;
-* ``seeds``, ``pbt``, ``cemrl``, ``dvd``, ``hypertrick``: the built-in
-  rules, each all in its module (settings, presets, bookkeeping, decisions),
-  the pure array functions it calls in ``fastpbrl.population``;
+* ``pbt/``, ``cemrl/``, ``dvd/``, ``hypertrick/``: the built-in rules, one
+  folder each: the rule (``rule.py``: settings, presets, bookkeeping,
+  decisions) beside the pure math it calls (``pbt/exploit.py``,
+  ``pbt/pb2.py``, ``cemrl/cem.py``, ``dvd/diversity.py``, ``dvd/bandit.py``,
+  ``hypertrick/scheduler.py``); ``seeds``, a rule without math of its own,
+  is one module;
 * ``common``: what several rules share (search spaces, config checks).
 
 The rules sit below the run loop: they import the settings
@@ -19,7 +22,7 @@ Its names are imported on first use (PEP 562): importing
 ``fastpbrl --help`` lists, then does not import JAX through ``base``.
 """
 
-import importlib
+from fastpbrl.imports import lazy_names
 
 # name -> the module of this package that defines it.
 _NAMES = {'Decision': 'base', 'Observation': 'base', 'Population': 'base',
@@ -29,9 +32,4 @@ _NAMES = {'Decision': 'base', 'Observation': 'base', 'Population': 'base',
 
 __all__ = sorted(_NAMES)
 
-
-def __getattr__(name):
-  if name in _NAMES:
-    return getattr(importlib.import_module(f'fastpbrl.rules.{_NAMES[name]}'),
-                   name)
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+__getattr__ = lazy_names(__name__, _NAMES)

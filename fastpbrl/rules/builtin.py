@@ -14,9 +14,10 @@ import ast
 import importlib.util
 
 # Built-in rules: name -> the module whose import registers it.
-BUILTIN = {'pbt': 'fastpbrl.rules.pbt', 'cemrl': 'fastpbrl.rules.cemrl',
-           'dvd': 'fastpbrl.rules.dvd',
-           'hypertrick': 'fastpbrl.rules.hypertrick',
+BUILTIN = {'pbt': 'fastpbrl.rules.pbt.rule',
+           'cemrl': 'fastpbrl.rules.cemrl.rule',
+           'dvd': 'fastpbrl.rules.dvd.rule',
+           'hypertrick': 'fastpbrl.rules.hypertrick.rule',
            'seeds': 'fastpbrl.rules.seeds'}
 
 

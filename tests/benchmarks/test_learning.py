@@ -82,7 +82,7 @@ def test_tiny_pbt_benchmark_records_the_lineages_left(tmp_path):
 def test_tiny_no_copy_benchmark_decides_nothing(tmp_path):
   # The diagnostic row differs from the baseline only in the path: every
   # member starts at the defaults (pbt-td3's start would differ here; that
-  # no copy passes --min-gap-absolute is tests/population/test_pbt.py's).
+  # no copy passes --min-gap-absolute is tests/rules/pbt/test_exploit.py's).
   _, events = _tiny_pbt_run(tmp_path, 'pbt-no-copy-td3')
   inits = [e for e in events if e['event'] == 'init']
   assert [e['member'] for e in inits] == [0, 1]

@@ -10,7 +10,7 @@ import pytest
 
 from experiments import cemrl, dvd, hypertrick, pbt, seeds
 from fastpbrl.logging import read_member_csvs, read_rule_csv
-from fastpbrl.population import pbt as pbt_lib
+from fastpbrl.rules import pbt as pbt_lib
 
 TINY = ['--env', 'Pendulum-v1', '--env-steps', '1200', '--warmup-steps', '200',
         '--hidden-sizes', '16', '16', '--batch-size', '16',

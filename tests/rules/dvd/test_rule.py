@@ -17,7 +17,7 @@ from fastpbrl.build import initial_population, make_agent, make_env_spec
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.config import ConfigError
 from fastpbrl.rules.base import Observation
-from fastpbrl.rules.dvd import DvD, DvDRunConfig, _probe_states
+from fastpbrl.rules.dvd.rule import DvD, DvDRunConfig, _probe_states
 from tests import numerics
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.

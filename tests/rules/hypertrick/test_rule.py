@@ -15,13 +15,13 @@ from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.config import ConfigError
 from fastpbrl.learner import PopulationLearner
-from fastpbrl.population import hypertrick as ht
+from fastpbrl.rules.hypertrick import scheduler as ht
 from fastpbrl.resume import like
 from fastpbrl.rng import pcg64_generator, pcg64_state
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Observation, Population
 from fastpbrl.rules.hypertrick import PRESETS, HyperTrick, HyperTrickRunConfig
-from tests.population.conftest import tiny_td3
+from tests.rules.conftest import tiny_td3
 
 N = 2
 

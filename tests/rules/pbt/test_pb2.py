@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fastpbrl import search_space as ss
-from fastpbrl.population import pb2
+from fastpbrl.rules.pbt import pb2
 
 PARAMS = pb2.KernelParams(variance=1.3, lengthscale=0.5, epsilon=0.2,
                           noise=0.1)

@@ -9,7 +9,7 @@ import pytest
 
 from fastpbrl import agents
 from fastpbrl import search_space as ss
-from fastpbrl.population import hypertrick as ht
+from fastpbrl.rules.hypertrick import scheduler as ht
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
 pytestmark = pytest.mark.numeric

@@ -23,12 +23,12 @@ from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.config import ConfigError
 from fastpbrl.logging import append_rows
-from fastpbrl.population import cem as cem_lib
+from fastpbrl.rules.cemrl import cem as cem_lib
 from fastpbrl.resume import like
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Observation
 from fastpbrl.rules.cemrl import CEMRL, CEMRLRunConfig, CEMRLState
-from tests.population.conftest import pendulum_spec, random_batch, tiny_td3
+from tests.rules.conftest import pendulum_spec, random_batch, tiny_td3
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
 pytestmark = pytest.mark.numeric
@@ -73,7 +73,7 @@ class Run:
 def make_run(monkeypatch, seed: int = 0) -> Run:
   # The mean policy's evaluation plays gym episodes: not needed here.
   monkeypatch.setattr(
-      'fastpbrl.rules.cemrl.evaluate_policy',
+      'fastpbrl.rules.cemrl.rule.evaluate_policy',
       lambda agent, env, params, episodes, seed: [mean_policy_return(seed)])
   config = CEMRLRunConfig(population_size=N, rl_fraction=0.5,
                           hidden_sizes=(8, 8), batch_size=B,

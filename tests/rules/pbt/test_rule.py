@@ -16,12 +16,12 @@ from fastpbrl.agents import td3
 from fastpbrl.build import initial_population, make_agent, make_env_spec
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.config import ConfigError
-from fastpbrl.population import pb2
-from fastpbrl.population import pbt as pbt_lib
+from fastpbrl.rules.pbt import pb2
+from fastpbrl.rules import pbt as pbt_lib
 from fastpbrl import resume
 from fastpbrl.resume import like
 from fastpbrl.rules.base import Observation
-from fastpbrl.rules.pbt import (LINEAGE, PRESETS, PBT, PBTRunConfig,
+from fastpbrl.rules.pbt.rule import (LINEAGE, PRESETS, PBT, PBTRunConfig,
                                 fitness_of, record)
 
 N = 4

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from fastpbrl.agents import td3
-from fastpbrl.population import cem
+from fastpbrl.rules.cemrl import cem
 from tests import numerics
-from tests.population.conftest import pendulum_spec
+from tests.rules.conftest import pendulum_spec
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
 pytestmark = pytest.mark.numeric
@@ -194,7 +194,7 @@ def test_flatten_roundtrip_and_load_policies():
 
 def _rl_population(n=4, num_rl=2, steps=5, train_until=0):
   from fastpbrl.learner import SharedCriticLearner, population_hparams
-  from tests.population.conftest import tiny_td3
+  from tests.rules.conftest import tiny_td3
   agent = tiny_td3(batch_size=4, steps_per_call=steps)
   learner = SharedCriticLearner(
       cem.with_rl_schedule(agent.shared_critic, num_rl), steps)
@@ -204,7 +204,7 @@ def _rl_population(n=4, num_rl=2, steps=5, train_until=0):
 
 
 def test_rl_schedule_steps_exactly_up_to_its_bound():
-  from tests.population.conftest import random_batch
+  from tests.rules.conftest import random_batch
   _, learner, hparams, state = _rl_population(train_until=7)
   copy = lambda t: jax.tree.map(jnp.copy, t)
   batch = lambda seed: random_batch(pendulum_spec(), (4, 5, 4), seed)
@@ -230,7 +230,7 @@ def test_rl_schedule_steps_exactly_up_to_its_bound():
 
 
 def test_rl_schedule_is_the_shared_update_of_the_rl_half_alone():
-  from tests.population.conftest import random_batch
+  from tests.rules.conftest import random_batch
   head = lambda t: jax.tree.map(lambda x: x[:2], t)
   tail = lambda t: jax.tree.map(lambda x: x[2:], t)
   # An Adam step along two programs: in float32 a rounding-level gradient

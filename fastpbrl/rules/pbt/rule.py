@@ -9,7 +9,7 @@ decision, lineage events (host-side; the exploit/explore itself is jitted).
     fastpbrl pbt --rerun-lineage runs/pbt-td3-.../lineage.jsonl --rerun-member 3
 
 The pure half, exploit-and-explore over the stacked state, is
-``fastpbrl.population.pbt`` (the paper, its equations and every departure
+``fastpbrl.rules.pbt.exploit`` (the paper, its equations and every departure
 are in that module's docstring). Here: ``PBTRunConfig`` (the flags),
 ``PBT`` (when members are ready, which episodes score them, what goes to
 the lineage) and ``Schedule`` (re-runs one member's schedule from a
@@ -31,16 +31,16 @@ from fastpbrl.agents import dqn
 from fastpbrl.config import (ConfigError, Derived, RunConfig, as_flag_error,
                              as_update_steps, check, resolved)
 from fastpbrl.jax_envs import is_jax_env
-from fastpbrl.population import pb2
-from fastpbrl.population import pbt as pbt_lib
+from fastpbrl.rules.pbt import exploit as pbt_lib
+from fastpbrl.rules.pbt import lineage as lineage_lib
+from fastpbrl.rules.pbt import pb2
+from fastpbrl.rules.pbt.lineage import LINEAGE
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  split_key)
 from fastpbrl.rules.common import (check_evaluations_per, search_space_of,
                                    validate_space)
 from fastpbrl.rules.registry import register
 from fastpbrl.sharding import placed_like, process_zero_value, whole_value
-
-LINEAGE = 'lineage.jsonl'
 
 
 @dataclasses.dataclass
@@ -190,7 +190,8 @@ def record(history: np.ndarray, member: int, value: float) -> np.ndarray:
 
 def fitness_of(history: np.ndarray) -> np.ndarray:
   """``[N]`` float32: the mean of each member's recorded values (NaN for a
-  member with none), oldest first, as ``pbt.FitnessTracker`` computes it."""
+  member with none), oldest first, as ``tests/rules/pbt/reference.py``'s
+  ``FitnessTracker`` computes it."""
   out = np.full((history.shape[0],), np.nan, np.float64)
   for i, row in enumerate(history):
     values = row[~np.isnan(row)]
@@ -284,7 +285,7 @@ class PBT(Rule):
       return cls(config)
     # Re-run one member's schedule: a population of one with the run settings.
     try:
-      steps = pbt_lib.schedule(config.rerun_lineage, config.rerun_member)
+      steps = lineage_lib.schedule(config.rerun_lineage, config.rerun_member)
     except (OSError, ValueError, KeyError) as e:
       raise ConfigError(f'--rerun-lineage {config.rerun_lineage} '
                         f'--rerun-member {config.rerun_member}: {e}') from None
@@ -366,7 +367,7 @@ class PBT(Rule):
         decisions=np.asarray(rule_state.decisions + 1, np.int64),
         last_fitness=_fitness_after(rule_state.last_fitness, fitness, ready,
                                     parent, replaced))
-    events = tuple(pbt_lib.exploit_events(obs.update_steps, result,
+    events = tuple(lineage_lib.exploit_events(obs.update_steps, result,
                                           obs.hparams, fitness,
                                           env_steps=obs.env_steps))
     evaluated = rule_state.evaluated.copy()
@@ -384,7 +385,7 @@ class PBT(Rule):
   def _pb2(self, rule_state: PBTState, hparams, result: pbt_lib.PBTResult,
            fitness: np.ndarray, ready: np.ndarray, replaced: np.ndarray,
            parent: np.ndarray):
-    """PB2's explore (``fastpbrl.population.pb2``): the intervals that
+    """PB2's explore (``fastpbrl.rules.pbt.pb2``): the intervals that
     just ended join the data; the ``replaced`` members (``[N]`` bool) take
     the GP-UCB choice for the continuous fields at their ``parent``'s
     context, the others keep theirs."""
@@ -450,7 +451,7 @@ class PBT(Rule):
     """The lineage's init events, once per run (not again on a resume)."""
     if rule_state.lineage_started:
       return ()
-    return tuple((LINEAGE, e) for e in pbt_lib.init_events(
+    return tuple((LINEAGE, e) for e in lineage_lib.init_events(
         obs.update_steps, obs.hparams, env_steps=obs.env_steps))
 
   def replace_diverged(self, rule_state: PBTState, observation: Observation,
@@ -465,7 +466,7 @@ class PBT(Rule):
       rule_state, decision = super().replace_diverged(rule_state, obs,
                                                       diverged)
       logs = self._lineage_start(rule_state, obs) + tuple(
-          (LINEAGE, e) for e in pbt_lib.init_events(
+          (LINEAGE, e) for e in lineage_lib.init_events(
               obs.update_steps, obs.hparams, event='reset',
               env_steps=obs.env_steps))
       rule_state = rule_state._replace(lineage_started=np.asarray(True))
@@ -476,8 +477,9 @@ class PBT(Rule):
     result = self.exploit.replace_diverged(key, obs.state, obs.hparams,
                                            fitness, diverged)
     parent = whole_value(result.parent)
-    events = tuple({**e, 'reason': 'diverged'} for e in pbt_lib.exploit_events(
-        obs.update_steps, result, obs.hparams, fitness, obs.env_steps))
+    events = tuple(
+        {**e, 'reason': 'diverged'} for e in lineage_lib.exploit_events(
+            obs.update_steps, result, obs.hparams, fitness, obs.env_steps))
     logs = self._lineage_start(rule_state, obs)
     rule_state = _cut_intervals(rule_state._replace(
         history=inherit(rule_state.history, parent, diverged),
@@ -544,7 +546,7 @@ class Schedule(Rule):
   ``fastpbrl pbt --rerun-lineage FILE --rerun-member K``.
 
   ``schedule`` is ``[(update_step, hparams dict), ...]`` as rebuilt by
-  ``fastpbrl.population.pbt.schedule`` from a PBT lineage file.
+  ``fastpbrl.rules.pbt.lineage.schedule`` from a PBT lineage file.
   """
 
   name = 'pbt-rerun'

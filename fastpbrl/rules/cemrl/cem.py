@@ -64,7 +64,7 @@ multiple of the learner's steps per call; inactive steps change nothing
 starts with fresh policy optimizer states (``load_policies(..., reset=...)``),
 as the authors' code builds a new Adam optimizer for each RL actor.
 
-Departures of the schedule as ``fastpbrl.rules.cemrl.CEMRL`` runs it on
+Departures of the schedule as ``fastpbrl.rules.cemrl.rule.CEMRL`` runs it on
 the asynchronous pipeline (its docstring has the details): besides the
 vectorized critic above (with ``policy_update_fraction = 1`` for every
 member), the actors never pause, so the env steps collected while the RL half trains,

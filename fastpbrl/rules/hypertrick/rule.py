@@ -11,7 +11,7 @@ This is the rule's host-side half (not jittable): ``HyperTrickRunConfig``
 (the flags) and ``HyperTrick`` (which slots finished a phase, their reports
 in a random order, evicted slots restarted as new experiments). The
 scheduler (phases, quantile eviction) over array state and the pure slot
-reset are ``fastpbrl.population.hypertrick``, whose docstring has the paper
+reset are ``fastpbrl.rules.hypertrick.scheduler``, whose docstring has the paper
 and the departures.
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 from fastpbrl import search_space as ss
 from fastpbrl.config import (Derived, RunConfig, as_flag_error,
                              as_update_steps, check, resolved)
-from fastpbrl.population import hypertrick as hypertrick_lib
+from fastpbrl.rules.hypertrick import scheduler as hypertrick_lib
 from fastpbrl.rng import Pcg64State, pcg64_generator, pcg64_state
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows, split_key)

@@ -11,7 +11,7 @@ together, as CEM-RL states budgets (the paper: 1M on HalfCheetah, i.e.
 100,000 per member with 10 members). --warmup-steps stays per member.
 
 The pure half, the diagonal cross-entropy method and the RL half's schedule
-in the shared-critic update, is ``fastpbrl.population.cem``. Here:
+in the shared-critic update, is ``fastpbrl.rules.cemrl.cem``. Here:
 ``CEMRLRunConfig`` (the flags, with the budget of the whole population) and
 ``CEMRL`` (Algorithm 1's generations; its docstring lists the departures
 the asynchronous pipeline forces).
@@ -29,7 +29,7 @@ import numpy as np
 from fastpbrl.config import RunConfig, check, resolved
 from fastpbrl.evaluation import evaluate_policy
 from fastpbrl.learner import population_hparams
-from fastpbrl.population import cem as cem_lib
+from fastpbrl.rules.cemrl import cem as cem_lib
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows, split_key)
 from fastpbrl.rules.common import check_shared_critic

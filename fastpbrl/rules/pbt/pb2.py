@@ -90,7 +90,7 @@ Why no GP library: scikit-learn's ``GaussianProcessRegressor`` has no
 kernel over a subset of the inputs, so the product of a time kernel and a
 hyperparameter kernel needs a custom ``Kernel`` subclass there anyway, and
 GPy is unmaintained; the Cholesky algebra below is a few dozen lines and
-``tests/population/test_pb2.py`` checks it against worked posteriors.
+``tests/rules/pbt/test_pb2.py`` checks it against worked posteriors.
 """
 
 from __future__ import annotations

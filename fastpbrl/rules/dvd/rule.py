@@ -15,7 +15,7 @@ This is the rule's host-side half (not jittable): ``DvDRunConfig`` (the
 flags) and ``DvD`` (lambda between calls, the bandit's rounds, the logged
 diversity figure). The pure half, the diversity loss plugged into the
 shared-critic update and the lambda bandit and schedule over array state,
-is ``fastpbrl.population.dvd``, whose docstring has the paper and the
+is ``fastpbrl.rules.dvd.diversity``, whose docstring has the paper and the
 departures.
 """
 
@@ -31,7 +31,8 @@ import numpy as np
 
 from fastpbrl.config import (Derived, RunConfig, as_learner_calls, resolved,
                              as_update_steps, check, steps_per_call_of)
-from fastpbrl.population import dvd as dvd_lib
+from fastpbrl.rules.dvd import bandit as bandit_lib
+from fastpbrl.rules.dvd import diversity as dvd_lib
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows)
 from fastpbrl.rules.common import check_evaluations_per, check_shared_critic
@@ -43,7 +44,7 @@ from fastpbrl.sharding import whole_value
 _DIVERSITY_EVERY = 10
 # Evaluation returns kept per member in a bandit round: its mean is
 # numpy's mean of them, bit for bit, up to this many (the defaults give 5
-# or 10); beyond, of their sum (``dvd_lib.round_score``).
+# or 10); beyond, of their sum (``bandit_lib.round_score``).
 _ROUND_CAPACITY = 64
 _SCORES = ('mean', 'best')  # --bandit-score
 
@@ -154,8 +155,8 @@ class DvDState(NamedTuple):
   lam: np.ndarray  # () float64: the lambda in force
   arm: np.ndarray  # () int64: the bandit's arm in force (-1: schedule)
   calls_in_round: np.ndarray  # () int64: learner calls of the round so far
-  bandit: dvd_lib.BanditState  # posteriors' window and generator
-  round: dvd_lib.RoundReturns  # the round's evaluation returns, by member
+  bandit: bandit_lib.BanditState  # posteriors' window and generator
+  round: bandit_lib.RoundReturns  # the round's evaluation returns, by member
   # [--bandit-lookback + 1] float64: the returns (--bandit-score) of the
   # last rounds that had evaluations, oldest first, NaN where fewer
   # (relative-gain compares with the last --bandit-lookback gains).
@@ -164,7 +165,7 @@ class DvDState(NamedTuple):
   # this run or resume).
   diversity: np.ndarray
   # () int64: --bandit-score and --bandit-reward as indices into
-  # ``_SCORES`` and ``dvd_lib.BANDIT_REWARDS`` (a resume keeps them).
+  # ``_SCORES`` and ``bandit_lib.BANDIT_REWARDS`` (a resume keeps them).
   bandit_score: np.ndarray
   bandit_reward: np.ndarray
 
@@ -197,7 +198,7 @@ class DvD(Rule):
     check(config.bandit_every >= 1, '--bandit-every must be >= 1')
     check(config.bandit_score in _SCORES,
           f'--bandit-score must be mean or best, got {config.bandit_score!r}')
-    check(config.bandit_reward in dvd_lib.BANDIT_REWARDS,
+    check(config.bandit_reward in bandit_lib.BANDIT_REWARDS,
           f'--bandit-reward must be improvement or relative-gain, got '
           f'{config.bandit_reward!r}')
     check(config.bandit_lookback >= 1,
@@ -219,11 +220,11 @@ class DvD(Rule):
           f'--embedding-states must be >= 2, got {config.embedding_states}')
     check(config.diversity_states >= 1,
           f'--diversity-states must be >= 1, got {config.diversity_states}')
-    self.schedule = dvd_lib.PiecewiseLinear(
+    self.schedule = bandit_lib.PiecewiseLinear(
         ((0, config.lambda_start),
          (as_update_steps(config.lambda_decay_steps, config),
           config.lambda_end)))
-    self.bandit = dvd_lib.ThompsonBandit(
+    self.bandit = bandit_lib.ThompsonBandit(
         config.lambda_arms, window=config.bandit_window or None,
         burn_in=config.bandit_burn_in)
 
@@ -245,7 +246,7 @@ class DvD(Rule):
         self.config.kernel_sigma,
         num_states=self.config.embedding_states)
 
-  def _start(self) -> tuple[dvd_lib.BanditState, int, float]:
+  def _start(self) -> tuple[bandit_lib.BanditState, int, float]:
     """``(bandit state, arm, lambda)`` of the first round: the bandit's
     first choice, from ``--seed``'s generator (``--lambda-mode bandit``),
     or ``--lambda-start`` and arm -1."""
@@ -266,12 +267,12 @@ class DvD(Rule):
         key=key, lam=np.asarray(lam, np.float64),
         arm=np.asarray(arm, np.int64),
         calls_in_round=np.asarray(0, np.int64), bandit=bandit,
-        round=dvd_lib.round_returns(n, _ROUND_CAPACITY),
+        round=bandit_lib.round_returns(n, _ROUND_CAPACITY),
         recent_scores=np.full((self.config.bandit_lookback + 1,), np.nan),
         diversity=np.asarray(np.nan, np.float64),
         bandit_score=np.asarray(_SCORES.index(self.config.bandit_score),
                                 np.int64),
-        bandit_reward=np.asarray(dvd_lib.BANDIT_REWARDS.index(
+        bandit_reward=np.asarray(bandit_lib.BANDIT_REWARDS.index(
             self.config.bandit_reward), np.int64)), population.state
 
   def actor_hparams(self, hparams):
@@ -308,7 +309,7 @@ class DvD(Rule):
     round_ = rule_state.round
     for r in obs.episodes:
       if r['evaluation']:
-        round_ = dvd_lib.record_return(round_, int(r['member']),
+        round_ = bandit_lib.record_return(round_, int(r['member']),
                                        float(r['episode_return']))
     return rule_state._replace(round=round_)
 
@@ -321,16 +322,16 @@ class DvD(Rule):
       return rule_state._replace(calls_in_round=np.asarray(calls,
                                                            np.int64)), None
     rule_state = rule_state._replace(calls_in_round=np.asarray(0, np.int64))
-    score = dvd_lib.round_score(rule_state.round, self.config.bandit_score)
+    score = bandit_lib.round_score(rule_state.round, self.config.bandit_score)
     if score is None:
       return rule_state, None  # no evaluation ended in this round: keep the
                                # arm, no reward
     lookback, recent = self.config.bandit_lookback, rule_state.recent_scores
     # NaN (no round yet) is skipped as the rewards skip any non-finite return.
     if self.config.bandit_reward == 'relative-gain':
-      reward = dvd_lib.relative_gain_reward(recent, score)
+      reward = bandit_lib.relative_gain_reward(recent, score)
     else:
-      reward = dvd_lib.improvement_reward(recent[-lookback:], score)
+      reward = bandit_lib.improvement_reward(recent[-lookback:], score)
     bandit = rule_state.bandit
     if reward is not None:  # None: too few rounds yet to compare with
       bandit = self.bandit.update(bandit, int(rule_state.arm), reward)
@@ -338,7 +339,7 @@ class DvD(Rule):
     return rule_state._replace(
         bandit=bandit, arm=np.asarray(arm, np.int64),
         recent_scores=np.append(recent[1:], score),
-        round=dvd_lib.round_returns(self.config.population_size,
+        round=bandit_lib.round_returns(self.config.population_size,
                                     _ROUND_CAPACITY)), lam
 
   def resumed(self, rule_state: DvDState) -> DvDState:
@@ -349,7 +350,7 @@ class DvD(Rule):
     check(saved_score == self.config.bandit_score,
           f'this DvD checkpoint scored bandit rounds with --bandit-score '
           f'{saved_score}; resume it with --bandit-score {saved_score}')
-    saved_reward = dvd_lib.BANDIT_REWARDS[int(rule_state.bandit_reward)]
+    saved_reward = bandit_lib.BANDIT_REWARDS[int(rule_state.bandit_reward)]
     check(saved_reward == self.config.bandit_reward,
           f'this DvD checkpoint rewarded bandit rounds with --bandit-reward '
           f'{saved_reward}; resume it with --bandit-reward {saved_reward}')
