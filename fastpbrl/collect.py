@@ -234,6 +234,35 @@ def evaluate(env: JaxEnv, agent, policy_params, hparams, key: jax.Array,
   return returns, lengths
 
 
+def random_states(env: JaxEnv, key: jax.Array,
+                  num_states: int) -> jax.Array:
+  """``[num_states, *obs]`` float32 observations of one env, visited by
+  uniformly random actions (``_random_actions``, in the env's units) from
+  a reset, each episode reset again at its end or its time limit; keys
+  split from ``key``."""
+  reset_key, key = jax.random.split(key)
+  env_state, obs = env.reset(reset_key)
+  spec = env.env_spec.actions
+
+  def one_step(carry, step_key):
+    env_state, obs, length = carry
+    act_key, env_key, new_key = jax.random.split(step_key, 3)
+    action = scale_actions(_random_actions(act_key, spec, 1)[0], spec)
+    next_state, next_obs, _, terminated = env.step(env_state, action,
+                                                   env_key)
+    length = length + 1
+    done = terminated | (length >= env.max_episode_steps)
+    fresh_state, fresh_obs = env.reset(new_key)
+    pick = lambda fresh, old: jnp.where(done, fresh, old)
+    carry = (jax.tree.map(pick, fresh_state, next_state),
+             pick(fresh_obs, next_obs), jnp.where(done, 0, length))
+    return carry, obs.astype(jnp.float32)
+
+  _, states = jax.lax.scan(one_step, (env_state, obs, jnp.int32(0)),
+                           jax.random.split(key, num_states))
+  return states
+
+
 class Plan(NamedTuple):
   """How one learner call splits into groups (see the module docstring)."""
 

@@ -22,8 +22,8 @@ or parameter crosses to the host inside a call; after it, only the
 ``[G * K, N, E]`` episode flags and returns do, to log episodes and feed
 the rule.
 
-:class:`DevicePipeline` has the interface of ``fastpbrl.pipeline.Pipeline``
-that the run loop uses, so the loop, the rules, the logs and the
+:class:`DevicePipeline` implements ``fastpbrl.datapath.DataPath``, as
+``fastpbrl.pipeline.Pipeline`` does, so the loop, the rules, the logs and the
 checkpoints do not know which path runs. What differs, by design:
 
 * **Warm-up.** Before the first learner call every member takes
@@ -74,7 +74,7 @@ from fastpbrl.replay import device as device_replay
 from fastpbrl.replay.buffers import (CLEAR_NEEDS_PER_MEMBER, Replay,
                                      bytes_per_transition, format_bytes,
                                      transition_fields)
-from fastpbrl.types import ReplaySample
+from fastpbrl.types import LearnerCall, ReplaySample
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,8 @@ class _ReplayView:
 
 class DevicePipeline:
   """Envs, replay and acting of a population on the device (host-side
-  driver, not jittable). Built by :meth:`create` from the run's settings."""
+  driver, not jittable): a ``fastpbrl.datapath.DataPath``, built by
+  ``fastpbrl.datapath.create`` from the run's settings."""
 
   replay_on_device = True
 
@@ -179,33 +180,6 @@ class DevicePipeline:
     log.info('on-device data path: %s, %d members x %d envs; a learner call '
              'is %d groups of %d env steps and %d update steps',
              env.env_id, num_members, envs_per_member, *self.plan)
-
-  @classmethod
-  def create(cls, run_config, agent, learner, *, shared_replay: bool,
-             seed: int, resume_env_steps=None, replay_state=None,
-             processes=None, carried_env_steps=0.0, saved_state=None):
-    """The pipeline of a run's settings (``fastpbrl.config.RunConfig``)."""
-    from fastpbrl.config import resolved  # noqa: PLC0415
-    run_config = resolved(run_config)  # unset intervals follow the budget
-    n = int(run_config.population_size)
-    if learner.batch_size is None:
-      learner.batch_size = agent.config.batch_size
-    config = PipelineConfig(
-        num_steps=learner.num_steps, batch_size=learner.batch_size,
-        layout='shared' if shared_replay else 'per_member',
-        replay_capacity=run_config.replay_capacity,
-        update_to_data_ratio=run_config.update_to_data_ratio,
-        warmup_steps=run_config.warmup_steps,
-        warmup_counts_as_data=run_config.warmup_counts_as_data,
-        eval_interval=run_config.eval_every,
-        eval_episodes=run_config.eval_episodes,
-        replay_location='device')
-    return cls(jax_envs.make(run_config.env), agent, learner, n, config,
-               envs_per_member=run_config.envs_per_member,
-               interleave=run_config.interleave, seed=seed,
-               resume_env_steps=resume_env_steps, replay_state=replay_state,
-               processes=processes, carried_env_steps=carried_env_steps,
-               saved_state=saved_state)
 
   # ----------------------------------------------------------- building
 
@@ -352,6 +326,8 @@ class DevicePipeline:
             replay=device_replay.copy_members(envs.replay, dst, src))),
         donate_argnums=0)
     self._split_key = jax.jit(_split_key)
+    self._random_states = jax.jit(
+        functools.partial(collect.random_states, env), static_argnums=1)
 
   def _placed_first(self, pair):
     envs, rest = pair
@@ -432,6 +408,29 @@ class DevicePipeline:
     self._mark_idle()
     return state, metrics
 
+  def learn(self, learner, state, hparams, actor_hparams, *,
+            shared_critic: bool, should_stop=None):
+    """``fastpbrl.datapath.DataPath.learn``: the warm-up's collect-only
+    calls, then the fused call (``run_call``, acting with
+    ``actor_hparams``) or an update-only call on the device replay, as
+    :meth:`next_batch` decides. Members warming up after a restart keep
+    their state."""
+    work = self.next_batch(should_stop=should_stop)
+    processes = self._processes
+    if processes.any(work is None):
+      return None  # a signal arrived during the warm-up
+    no_member = np.zeros(self.num_members, np.int64)
+    if isinstance(work, EnvCall):  # the call steps the envs and collects
+      state, metrics = self.run_call(learner, state, hparams, actor_hparams)
+      return LearnerCall(state, metrics, no_member if shared_critic else
+                         learner.num_steps * self.population_active)
+    if shared_critic:
+      state, metrics = learner.update(state, hparams, work)
+      return LearnerCall(state, metrics, no_member)
+    active = processes.members(self.last_active)
+    state, metrics = learner.update(state, hparams, work, active)
+    return LearnerCall(state, metrics, learner.num_steps * active)
+
   def _collect_only(self) -> None:
     rows = self._processes.global_rows
     envs, episodes = self._collect(self.envs, rows(self._params),
@@ -501,6 +500,13 @@ class DevicePipeline:
     rows = self._processes.global_rows
     return self._processes.host(self._evaluate(
         rows(policy_params), rows(actor_hparams), key, episodes))
+
+  def random_states(self, num_states: int, seed: int) -> np.ndarray:
+    """``[num_states, *obs]`` float32 observations of one env visited by
+    uniformly random actions from resets, on the device, every key derived
+    from ``PRNGKey(seed)`` (``collect.random_states``): the same states for
+    the same env and seed."""
+    return np.asarray(self._random_states(_host_key(seed), num_states))
 
   def drain_episodes(self) -> list[EpisodeRecord]:
     records, self._episodes = self._episodes, []

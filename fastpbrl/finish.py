@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import json
 import logging
 import math
@@ -15,8 +14,6 @@ from typing import Optional
 from fastpbrl import plots
 from fastpbrl.actors import EpisodeRecord
 from fastpbrl.distributed import Processes
-from fastpbrl.envs import make_env
-from fastpbrl.evaluation import evaluate_population
 from fastpbrl.logging import (FINAL_RETURNS, evaluation_points,
                               plot_returns, read_final_returns,
                               read_member_csvs, summary_table,
@@ -49,34 +46,28 @@ class RunResult:
   env_steps_per_second: float = 0.0
 
 
-def final_evaluation(loop: Loop, rule: Rule, logger, processes=None,
-                     on_device=None) -> list[float]:
+def final_evaluation(loop: Loop, rule: Rule, logger, data,
+                     processes=None) -> list[float]:
   """Evaluates every member's final policy (``--eval-episodes`` noise-free
   episodes each, seeded from the run seed), logs the episodes as one whole
   evaluation per member at the budget's env steps, and returns the means.
 
   The periodic evaluations run in the actors alongside training and end
   wherever the budget cuts them; this one always exists, so a run whose
-  budget holds no ``--eval-every`` boundary still reports a result.
-  ``on_device`` (``DevicePipeline.evaluate``) plays them on the device
-  for a JAX env.
+  budget holds no ``--eval-every`` boundary still reports a result. The
+  data path plays them (``DataPath.evaluate``: on the host for gymnasium
+  envs, every episode at once on the device for a JAX env); it may be
+  closed already.
   """
   config = loop.config
   if processes is None:
     processes = Processes(None, config.population_size)
   # Each process plays its own members (seeded by their population index);
   # every process then has everyone's returns.
-  local = processes.local
   params = processes.local_view(loop.learner.policy_params(loop.state))
   hparams = processes.local_view(rule.actor_hparams(loop.hparams))
-  if on_device is not None:  # a JAX env: every episode at once, on device
-    returns, lengths = on_device(params, hparams, config.eval_episodes,
-                                 config.seed)
-  else:
-    returns, lengths = processes.members(evaluate_population(
-        loop.agent, functools.partial(make_env, config.env), params, hparams,
-        config.eval_episodes, config.seed,
-        members=list(range(local.start, local.stop))))
+  returns, lengths = data.evaluate(params, hparams, config.eval_episodes,
+                                   config.seed)
   logger.drop_partial_evaluations()
   logger.episodes(
       [EpisodeRecord(member=m, episode_return=float(returns[m, k]),

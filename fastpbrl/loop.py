@@ -3,8 +3,8 @@ checkpoints (host-side; not jittable).
 
 One iteration, top to bottom (``train``):
 
-    batch   = pipeline.next_batch()            replay -> device (or sampled inside)
-    state   = learner.update(state, batch)     one compiled call, S update steps
+    state   = data.learn(learner, state, ...)  the data path's next data and
+                                               one compiled call, S update steps
     read back the previous call's results      divergence, learner scalars
     episodes, env steps                        this call's, from every process
     rule.decide(rule_state, observation)       the population rule
@@ -29,10 +29,9 @@ import numpy as np
 
 from fastpbrl.callbacks import Callback, Loop
 from fastpbrl.config import as_learner_calls
-from fastpbrl.device_pipeline import EnvCall
+from fastpbrl.datapath import DataPath
 from fastpbrl.logging import append_rows
 from fastpbrl.rules.base import Decision, Observation, Rule
-from fastpbrl.types import ReplaySample
 
 log = logging.getLogger('fastpbrl')
 
@@ -87,8 +86,8 @@ class RuleRun:
 
 
 def apply(parts: 'Parts', loop: Loop, decision: Decision) -> None:
-  """Carries out a rule's ``decision`` on the loop and the pipeline."""
-  rule_run, pipeline = parts.rule_run, parts.pipeline
+  """Carries out a rule's ``decision`` on the loop and the data path."""
+  rule_run, data = parts.rule_run, parts.data
   if decision.state is not None:
     loop.state = decision.state
   if decision.hparams is not None:
@@ -99,17 +98,17 @@ def apply(parts: 'Parts', loop: Loop, decision: Decision) -> None:
                                               members)
   if decision.copy_data is not None:
     members, sources = decision.copy_data
-    pipeline.copy_member_data(*parts.processes.local_pairs(members, sources))
+    data.copy_member_data(*parts.processes.local_pairs(members, sources))
   if decision.restart is not None and decision.restart.any():
     # A new experiment from phase one: an empty replay, its own warm-up.
-    pipeline.restart_members(parts.processes.local_indices(decision.restart))
+    data.restart_members(parts.processes.local_indices(decision.restart))
   if decision.renewed is not None or decision.mark is not None:
     # Parameters are published by a thread: the store's version counts only
     # what it has written. Once everything submitted is written, the next
     # version is the first with the new weights (a rule decision, so this
     # short wait is off the per-call path).
-    pipeline.wait_published()
-    version = loop.policy_version = pipeline.policy_version
+    data.wait_published()
+    version = loop.policy_version = data.policy_version
     if decision.renewed is not None:
       rule_run.first_version[decision.renewed] = version + 1
     if decision.mark is not None:
@@ -124,7 +123,7 @@ class Parts:
 
   rule_run: RuleRun
   learner: Any
-  pipeline: Any  # fastpbrl.pipeline.Pipeline
+  data: DataPath  # actors + replay, or JAX envs on the device
   processes: Any  # fastpbrl.distributed.Processes
   stop: Any  # fastpbrl.signals.StopRequest
   logger: Any  # fastpbrl.logging.RunLogger
@@ -198,43 +197,35 @@ def learner_scalars(metrics: dict, population_size: int) -> dict:
   return scalars
 
 
-def learner_call(parts: Parts, loop: Loop, batch) -> Any:
-  """One learner call on ``batch``; returns its metrics (device arrays)."""
+def learner_call(parts: Parts, loop: Loop) -> Any:
+  """One learner call on the data path's next data; returns its metrics
+  (device arrays), or None when a stop was requested while it waited."""
   rule = parts.rule_run.rule
-  if not isinstance(batch, (EnvCall, ReplaySample)):
-    # This process's rows; a device replay's rings are global already.
-    batch = parts.processes.global_rows(batch)
-  if isinstance(batch, EnvCall):  # the call steps JAX envs and collects
-    loop.state, metrics = parts.pipeline.run_call(
-        parts.learner, loop.state, loop.hparams,
-        rule.actor_hparams(loop.hparams))
-    if not rule.shared_critic:
-      loop.member_update_steps += (parts.learner.num_steps
-                                   * parts.pipeline.population_active)
-  elif rule.shared_critic:
-    loop.state, metrics = parts.learner.update(loop.state, loop.hparams, batch)
-  else:  # members restarted and still warming up keep their state
-    active = parts.processes.members(parts.pipeline.last_active)
-    loop.state, metrics = parts.learner.update(loop.state, loop.hparams,
-                                               batch, active)
-    loop.member_update_steps += parts.learner.num_steps * active
+  call = parts.data.learn(parts.learner, loop.state, loop.hparams,
+                          rule.actor_hparams(loop.hparams),
+                          shared_critic=rule.shared_critic,
+                          should_stop=parts.stop)
+  if call is None:
+    return None
+  loop.state = call.state
+  loop.member_update_steps += call.member_update_steps
   loop.calls += 1
   loop.update_steps += parts.learner.num_steps
-  return metrics
+  return call.metrics
 
 
 def observe(parts: Parts, loop: Loop, steps_before: int) -> bool:
   """This call's finished episodes and env steps into ``loop`` (gathered
   from every process); returns whether a stop was requested in any."""
-  # A resumed run's pipeline counts from zero: steps before the checkpoint
+  # A resumed run's data path counts from zero: steps before the checkpoint
   # are added back, so budgets and logs continue (episode records already
   # carry the members' own, continued, counts).
-  loop.episodes = parts.processes.episodes(parts.pipeline.drain_episodes())
+  loop.episodes = parts.processes.episodes(parts.data.drain_episodes())
   loop.policy_version = None
   # The least over members (of every process); and whether a signal came
   # (to any process), so that all stop after the same call.
   stopping, least = parts.processes.agree(
-      parts.stop.requested, parts.pipeline.env_steps_per_member())
+      parts.stop.requested, parts.data.env_steps_per_member())
   loop.env_steps = steps_before + least
   parts.logger.episodes(loop.episodes, loop.env_steps, loop.update_steps)
   return stopping
@@ -256,7 +247,7 @@ def publish(parts: Parts, loop: Loop) -> None:
   """Sends the newest policies and acting hyperparameters to the actors
   (written by the publisher thread once the call is done)."""
   processes, rule = parts.processes, parts.rule_run.rule
-  parts.pipeline.publish_async(
+  parts.data.publish_async(
       processes.local_view(parts.learner.policy_params(loop.state)),
       processes.local_view(rule.actor_hparams(loop.hparams)))
 
@@ -264,10 +255,10 @@ def publish(parts: Parts, loop: Loop) -> None:
 def log_call(parts: Parts, loop: Loop, events: list) -> Optional[dict]:
   """Progress; hyperparameter and rule rows; every ``SCALARS_EVERY`` calls
   also the host scalars to log with this call's metrics (returned)."""
-  rule, pipeline = parts.rule_run.rule, parts.pipeline
+  rule, data = parts.rule_run.rule, parts.data
   n = loop.config.population_size
   parts.logger.progress(loop.env_steps * n, calls=loop.calls,
-                        wait=f'{pipeline.wait_fraction():.0%}')
+                        wait=f'{data.wait_fraction():.0%}')
   if loop.calls % SCALARS_EVERY == 0 or events or loop.calls == 1:
     parts.hparams_log.write(loop.env_steps, loop.update_steps,
                             rule.hparam_rows(loop.hparams))
@@ -276,7 +267,7 @@ def log_call(parts: Parts, loop: Loop, events: list) -> Optional[dict]:
   rule_scalars = rule.scalars(parts.rule_run.state)
   parts.rule_log.write(loop.env_steps, loop.update_steps, rule_scalars)
   scalars = {f'rule/{k}': v for k, v in rule_scalars.items()}
-  scalars['pipeline/learner_wait_fraction'] = pipeline.wait_fraction()
+  scalars['pipeline/learner_wait_fraction'] = data.wait_fraction()
   scalars['pipeline/population_env_steps'] = loop.env_steps * n
   for i, row in enumerate(rule.hparam_rows(loop.hparams)):
     scalars.update({f'member_{i:03d}/hparams/{k}': v for k, v in row.items()})
@@ -294,10 +285,9 @@ def train(parts: Parts, loop: Loop) -> None:
   steps_before = loop.env_steps
   pending: Finished | None = None
   while not finished(rule_run, loop):
-    batch = parts.pipeline.next_batch(should_stop=parts.stop)
-    if parts.processes.any(batch is None):
+    metrics = learner_call(parts, loop)
+    if metrics is None:
       break  # a signal arrived while waiting for data (in any process)
-    metrics = learner_call(parts, loop, batch)
     if pending is not None:
       read_back(parts, loop, divergence, pending)
     stopping = observe(parts, loop, steps_before)

@@ -53,13 +53,16 @@ from fastpbrl.actors import shm
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.actors.param_store import ParamStore
 from fastpbrl.actors.pool import ActorFailure, ActorPool
+from fastpbrl.distributed import Processes
+from fastpbrl.evaluation import evaluate_population
 from fastpbrl.replay import device as device_replay
 from fastpbrl.replay.buffers import (CLEAR_NEEDS_PER_MEMBER, LAYOUTS, Replay,
                                      bytes_per_transition, format_bytes,
                                      make_replay, transition_fields)
 from fastpbrl.replay.prefetch import Prefetcher, WaitStats
 from fastpbrl.replay.rate_limiter import RateLimiter
-from fastpbrl.types import ReplaySample, Transition, make_env_spec
+from fastpbrl.types import (LearnerCall, ReplaySample, Transition,
+                            make_env_spec)
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +193,8 @@ class Pipeline:
                config: PipelineConfig = PipelineConfig(), seed: int = 0,
                device=None, resume_env_steps: Sequence[int] | None = None,
                replay_state: dict | None = None, mesh=None,
-               carried_env_steps: float | Sequence[float] = 0.0):
+               carried_env_steps: float | Sequence[float] = 0.0,
+               processes=None, agent=None):
     """Starts the actors, reader threads and prefetch thread.
 
     Args:
@@ -225,6 +229,10 @@ class Pipeline:
       replay_state: a ``Replay.state_dict()`` restored into the replay
         before any actor starts (a resume with ``--checkpoint-replay``); the
         learner then continues at once, at the target ratio of new data.
+      processes: the run's ``fastpbrl.distributed.Processes`` (None: one
+        process); over several this pipeline holds the members
+        ``processes.local`` and ``learn`` makes its batches global.
+      agent: the agent ``evaluate`` plays (None: ``agent_fn(env_spec)``).
     """
     self._closed = False
     self._pool = self._prefetcher = self._store = self._limiter = None
@@ -238,8 +246,11 @@ class Pipeline:
     self._env_fn = (functools.partial(_make_gym_env, env)
                     if isinstance(env, str) else env)
     self.env_spec = _probe_env_spec(self._env_fn)
+    self._agent_fn, self._agent = agent_fn, agent
     tree, has_values, n = _population_layout(policy_params, actor_hparams)
     self.num_members = n
+    # One process: Processes hands every value back as it is.
+    self._processes = processes or Processes(None, n)
     config.validate(n)
     tree = self._init_host_state(tree, has_values)
     resumed = resume_env_steps is not None
@@ -338,75 +349,6 @@ class Pipeline:
                 config.update_to_data_ratio, config.warmup_steps)
     self._pool.start()
     self._prefetcher.start()
-
-  @classmethod
-  def create(cls, run_config: Any, agent: Any, *, shared_replay: bool = False,
-             seed: int = 0, device=None,
-             resume_env_steps: Sequence[int] | None = None,
-             replay_state: dict | None = None, mesh=None,
-             carried_env_steps: float | Sequence[float] = 0.0) -> 'Pipeline':
-    """A pipeline from the run loop's settings and an agent of the registry.
-
-    Args:
-      run_config: an object with the fields of ``fastpbrl.run.RunConfig``:
-        ``env``, ``population_size``, ``warmup_steps``,
-        ``update_to_data_ratio``, ``num_actors``, ``batch_size`` and
-        ``steps_per_call`` (``None``: the agent's), ``replay_capacity``,
-        ``eval_every``.
-      agent: the agent ``run_config.agent`` names, made by
-        ``fastpbrl.agents.make_agent``; actors rebuild it from that name
-        (``module:attribute`` for an agent of user code, re-imported in each
-        actor process) and ``agent.config``.
-      shared_replay: one replay for all members (CEM-RL, DvD) instead of one
-        per member.
-      seed: the run seed.
-      device: where batches are placed.
-      resume_env_steps, replay_state, mesh, carried_env_steps: see
-        ``Pipeline``.
-
-    Nothing is published yet: call :meth:`publish` before the warm-up ends.
-    """
-    from fastpbrl.config import resolved  # noqa: PLC0415
-    run_config = resolved(run_config)  # unset intervals follow the budget
-    from fastpbrl import agents as agents_lib  # local: agents import haiku
-    from fastpbrl.learner import population_hparams
-
-    ref = getattr(run_config, 'agent', agent.name)
-    if agents_lib.get(ref).name != agent.name:
-      raise ValueError(f'Pipeline.create rebuilds agents from the registry, '
-                       f'and {ref!r} names agent {agents_lib.get(ref).name!r}, '
-                       f'not {agent.name!r}; pass an agent_fn to '
-                       f'Pipeline(...)')
-    n = int(run_config.population_size)
-    agent_fn = functools.partial(agents_lib.make_agent, ref,
-                                 config=agent.config)
-    hparams = population_hparams(agent, n)
-
-    def policy_layout(hp):
-      keys = jax.random.split(jax.random.PRNGKey(0), n)
-      return jax.vmap(agent.policy_params)(jax.vmap(agent.init)(keys, hp))
-
-    params_layout = jax.eval_shape(policy_layout, hparams)
-    hparams_layout = jax.eval_shape(lambda hp: hp, hparams)
-    config = PipelineConfig(
-        num_steps=run_config.steps_per_call or agent.config.steps_per_call,
-        batch_size=run_config.batch_size or agent.config.batch_size,
-        layout='shared' if shared_replay else 'per_member',
-        replay_capacity=run_config.replay_capacity,
-        update_to_data_ratio=run_config.update_to_data_ratio,
-        warmup_steps=run_config.warmup_steps,
-        warmup_counts_as_data=getattr(run_config, 'warmup_counts_as_data', True),
-        num_actor_processes=(None if run_config.num_actors is None else
-                             min(run_config.num_actors, n)),
-        eval_interval=run_config.eval_every,
-        eval_episodes=run_config.eval_episodes,
-        vectorized_envs=getattr(run_config, 'vector_envs', True),
-        actor_hang_timeout_s=getattr(run_config, 'actor_timeout', 120.0),
-        replay_location=getattr(run_config, 'replay_location', 'auto'))
-    return cls(run_config.env, agent_fn, params_layout, hparams_layout,
-               config, seed=seed, device=device,
-               resume_env_steps=resume_env_steps, replay_state=replay_state,
-               mesh=mesh, carried_env_steps=carried_env_steps)
 
   # ------------------------------------------------------ background work
 
@@ -633,6 +575,64 @@ class Pipeline:
     if self._publisher is None:
       return True
     return self._publisher.wait(timeout)
+
+  def learn(self, learner, state, hparams, actor_hparams, *,
+            shared_critic: bool,
+            should_stop: Callable[[], bool] | None = None):
+    """``fastpbrl.datapath.DataPath.learn``: the learner's call on the next
+    batch (:meth:`next_batch`; the actors act with the published
+    hyperparameters, not ``actor_hparams``). Members restarted and still
+    warming up keep their state (``last_active``)."""
+    del actor_hparams
+    batch = self.next_batch(should_stop=should_stop)
+    processes = self._processes
+    if processes.any(batch is None):
+      return None  # a signal arrived while waiting (in any process)
+    if not self.replay_on_device:
+      # This process's rows; a device replay's rings are global already.
+      batch = processes.global_rows(batch)
+    if shared_critic:  # the population's update: no member's own
+      state, metrics = learner.update(state, hparams, batch)
+      return LearnerCall(state, metrics,
+                         np.zeros(processes.population_size, np.int64))
+    active = processes.members(self.last_active)
+    state, metrics = learner.update(state, hparams, batch, active)
+    return LearnerCall(state, metrics, learner.num_steps * active)
+
+  def evaluate(self, policy_params: Any, actor_hparams: Any, episodes: int,
+               seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[N, episodes]`` returns and lengths (every member's, in every
+    process) of noise-free episodes of ``policy_params`` (this process's
+    rows), played here on the host by ``evaluation.evaluate_population``,
+    each member seeded by its population index. Needs no actor: works
+    after :meth:`close`."""
+    if self._agent is None:
+      self._agent = self._agent_fn(self.env_spec)
+    local = self._processes.local
+    return self._processes.members(evaluate_population(
+        self._agent, self._env_fn, policy_params, actor_hparams, episodes,
+        seed, members=list(range(local.start, local.stop))))
+
+  def random_states(self, num_states: int, seed: int) -> np.ndarray:
+    """``[num_states, *obs]`` float32 observations of one env visited by
+    uniformly random actions (``numpy`` generator of ``seed``) from a reset
+    seeded by ``seed``, each later reset by a seed that generator draws:
+    the same states for the same env and seed. Played here on the host."""
+    rng = np.random.default_rng(seed)
+    env = self._env_fn()
+    states = []
+    try:
+      obs, _ = env.reset(seed=seed)
+      space = env.action_space
+      while len(states) < num_states:
+        states.append(np.asarray(obs, np.float32))
+        obs, _, terminated, truncated, _ = env.step(
+            rng.uniform(space.low, space.high).astype(space.dtype))
+        if terminated or truncated:
+          obs, _ = env.reset(seed=int(rng.integers(2**31)))
+    finally:
+      env.close()
+    return np.stack(states)
 
   def restart_members(self, members: Sequence[int] | np.ndarray) -> None:
     """Starts ``members`` over as new experiments (HyperTrick's restarted

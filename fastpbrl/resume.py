@@ -27,6 +27,8 @@ from fastpbrl.build import shard_state
 from fastpbrl.callbacks import Loop
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.config import ConfigError, RunConfig, agent_spec
+from fastpbrl.datapath import DataPath
+from fastpbrl.datapath import pipeline_seed  # noqa: F401 (its old home)
 from fastpbrl.logging import HPARAMS_CSV, RULE_CSV
 from fastpbrl.replay.buffers import (format_bytes, state_template,
                                      transition_fields)
@@ -49,18 +51,6 @@ def state_version(meta: dict) -> int:
 # The counters of a run that has not taken a learner call yet.
 FRESH_COUNTERS = {'calls': 0, 'update_steps': 0, 'env_steps': 0,
                   'wall_time': 0.0}
-
-
-def pipeline_seed(seed: int, calls: int, process: int = 0) -> int:
-  """The pipeline's seed: the run's own, or for a run resumed after
-  ``calls`` learner calls, fresh streams derived from both (never another
-  run seed's streams, as ``seed + calls`` would be); process ``p > 0`` of
-  a multi-process run (whose pipeline numbers its members from 0 too)
-  gets streams of its own the same way."""
-  if calls == 0 and process == 0:
-    return seed
-  entropy = [seed, calls] + ([process] if process else [])
-  return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 def carried_env_steps(config: RunConfig, counters: dict) -> np.ndarray:
@@ -240,13 +230,14 @@ class Saver:
   """Writes the run's checkpoints from the loop.
 
   ``resumed_env_steps`` is each member's env steps at the start of this
-  process's pipeline (zero for a new run): the pipeline counts from zero.
+  process's data path (zero for a new run): the data path counts from
+  zero.
   """
 
   checkpointer: Checkpointer
   config: RunConfig
   rule_run: Any  # fastpbrl.loop.RuleRun
-  pipeline: Any
+  data: DataPath  # the replay view, env steps and checkpoint_state
   logger: Any  # fastpbrl.logging.RunLogger (its wall time)
   processes: Any  # fastpbrl.distributed.Processes
   run_dir: str  # the run's folder, where the checkpoints go
@@ -259,13 +250,13 @@ class Saver:
       return  # already saved at this call (e.g. the last call, or resumed
               # from a finished run): orbax refuses a step twice
     self.checkpointer.check_space()
-    replay = (self.pipeline.replay.state_dict()
+    replay = (self.data.replay.state_dict()
               if self.config.checkpoint_replay else None)
-    if replay is not None and not self.pipeline.replay.state_rows(replay):
+    if replay is not None and not self.data.replay.state_rows(replay):
       replay = None  # empty (checkpoint 0): orbax saves no empty array
     start = time.monotonic()
     member_steps = (self.resumed_env_steps
-                    + self.processes.members(self.pipeline.env_steps))
+                    + self.processes.members(self.data.env_steps))
     # Each process's own logs (process p's copies in processes/<p>).
     sizes = [json.loads(text) for text in self.processes.gather_text(
         json.dumps(log_sizes(self.own_dir, self.rule_run.rule.log_files)))]
@@ -286,11 +277,11 @@ class Saver:
          'rule_state_version': self.rule_run.rule.state_version,
          'log_sizes': sizes[0], 'process_log_sizes': sizes,
          'replay_rows': (None if replay is None else
-                         self.pipeline.replay.state_rows(replay))},
+                         self.data.replay.state_rows(replay))},
         replay=replay,
         replay_members=(self.processes.local if self.processes.several
                         else None),
-        data_path=self.pipeline.checkpoint_state())
+        data_path=self.data.checkpoint_state())
     # Named by learner call; the env steps are in its meta's counters.
     log.info('checkpoint %d (learner call) at %d env steps per member%s '
              'written in %.1f s', loop.calls, loop.env_steps,

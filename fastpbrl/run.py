@@ -6,7 +6,7 @@
                                                             HyperTrick, yours)
 
 ``run`` builds the run (``fastpbrl.build``), restores it on a resume
-(``fastpbrl.resume``), opens the logs and the pipeline, hands them to the
+(``fastpbrl.resume``), opens the logs and the data path, hands them to the
 loop (``fastpbrl.loop``), and ends with each member's final evaluation and
 the summary (``fastpbrl.finish``). Whatever it opened is closed on the way
 out, whatever fails: every actor process stopped, every shared-memory
@@ -25,10 +25,9 @@ import os
 import signal
 from typing import Any, NamedTuple, Sequence
 
-import jax
 import numpy as np
 
-from fastpbrl import build, finish, resume
+from fastpbrl import build, datapath, finish, resume
 from fastpbrl import loop as loop_lib
 from fastpbrl.actors.pool import exit_if_spawned_import, missing_main_guard
 from fastpbrl.callbacks import Callback, Loop
@@ -37,9 +36,7 @@ from fastpbrl.config import (INTERVAL_UNIT, ConfigError, RunConfig,
                              StorageError, check_resume, resolved,
                              resume_command, validate)
 from fastpbrl.logging import HParamsLog, RuleLog, RunLogger, write_json_atomic
-from fastpbrl.device_pipeline import DevicePipeline
-from fastpbrl.jax_envs import is_jax_env
-from fastpbrl.pipeline import Pipeline
+from fastpbrl.datapath import DataPath
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Rule
 from fastpbrl.signals import ForcedExit, RunInterrupted, StopRequest
@@ -170,24 +167,24 @@ def _train(built: Built, start: resume.Restored,
     write_config(built, own_dir)
     logger, hparams_log, rule_log = open_logs(stack, built, own_dir,
                                               start.counters)
-    pipeline = open_pipeline(stack, built, start)
-    start = start._replace(replay_state=None)  # the pipeline holds it now
+    data = open_data_path(stack, built, start)
+    start = start._replace(replay_state=None)  # the data path holds it now
     loop = make_loop(built, own_dir, start)
     rule_run = loop_lib.RuleRun(rule, start.rule_state,
                                 config.population_size, own_dir)
-    if pipeline.restored_exactly:  # its policy versions continue
+    if data.restored_exactly:  # its policy versions continue
       rule_run.first_version[:] = start.counters['first_version']
       rule_run.marked_at[:] = start.counters['marked_at']
-    saver = resume.Saver(checkpointer, config, rule_run, pipeline, logger,
+    saver = resume.Saver(checkpointer, config, rule_run, data, logger,
                          processes, run_dir, own_dir,
                          resumed_env_steps(built, start))
-    pipeline.publish(
+    data.publish(
         processes.local_view(built.learner.policy_params(loop.state)),
         processes.local_view(rule.actor_hparams(loop.hparams)))
     # Checkpoint 0 (a new run's): a run killed in its first learner call,
     # compiling, can be resumed too.
     saver.save(loop)
-    parts = loop_lib.Parts(rule_run, built.learner, pipeline, processes,
+    parts = loop_lib.Parts(rule_run, built.learner, data, processes,
                            stop, logger, hparams_log, rule_log, saver,
                            callbacks)
     loop_lib.train(parts, loop)
@@ -200,10 +197,9 @@ def _train(built: Built, start: resume.Restored,
           stop.signum or signal.SIGTERM, run_dir, loop.calls, loop.env_steps,
           resume_command(registry.ref_of(type(rule)), run_dir))
     stack.callback(stop.disarm)
-    pipeline.close()  # frees the cores for the final evaluation
-    final_returns = finish.final_evaluation(
-        loop, rule, logger, processes,
-        on_device=getattr(pipeline, 'evaluate', None))
+    data.close()  # frees the cores for the final evaluation
+    final_returns = finish.final_evaluation(loop, rule, logger, data,
+                                            processes)
     finish.write_final_returns(loop, own_dir, checkpointer.latest_step(),
                                final_returns)
   outcome = finish.result(loop, rule, rule_run.state, logger, run_dir,
@@ -259,51 +255,29 @@ def resumed_env_steps(built: Built, start: resume.Restored) -> np.ndarray:
       [counters['env_steps']] * built.config.population_size))
 
 
-def open_pipeline(stack: contextlib.ExitStack, built: Built,
-                  start: resume.Restored) -> Pipeline | DevicePipeline:
-  """This process's actors, replay and prefetch (``Pipeline``), or for a
-  JAX env the envs on the device (``DevicePipeline``), closed by
-  ``stack``; a restored replay goes into it."""
-  config, processes = built.config, built.processes
+def open_data_path(stack: contextlib.ExitStack, built: Built,
+                   start: resume.Restored) -> DataPath:
+  """This process's data path (``datapath.create``: actors and replay, or
+  JAX envs on the device), closed by ``stack``; a restored replay goes
+  into it."""
+  config = built.config
   # A run resumed before its first learner call starts as a new one would.
   resumed = bool(config.resume) and start.counters['calls'] > 0
-  steps = resumed_env_steps(built, start) if resumed else None
-  carried = (resume.carried_env_steps(config, start.counters) if resumed
-             else 0.0)
   try:
-    if is_jax_env(config.env):  # stepped inside the learner call
-      pipeline = DevicePipeline.create(
-          config, built.agent, built.learner,
-          shared_replay=built.rule.shares_replay(),
-          seed=resume.pipeline_seed(config.seed, start.counters['calls'], 0),
-          resume_env_steps=steps, carried_env_steps=carried,
-          replay_state=start.replay_state, processes=processes,
-          saved_state=start.data_path_state)
-      stack.callback(pipeline.close)
-      return pipeline
-    pipeline = Pipeline.create(
-        dataclasses.replace(config, population_size=processes.local_count,
-                            replay_location='host')
-        if processes.several else config,
-        built.agent, shared_replay=built.rule.shares_replay(),
-        seed=resume.pipeline_seed(config.seed, start.counters['calls'],
-                                  processes.index),
-        resume_env_steps=None if steps is None else steps[processes.local],
-        carried_env_steps=(carried if np.ndim(carried) == 0
-                           else carried[processes.local]),
-        replay_state=start.replay_state,
-        # Several processes: host batches, made global by to_global.
-        device=(jax.local_devices(backend='cpu')[0] if processes.several
-                else None),
-        mesh=None if processes.several else getattr(built.learner, 'mesh',
-                                                    None))
+    data = datapath.create(
+        config, built.agent, built.learner,
+        shared_replay=built.rule.shares_replay(),
+        calls=start.counters['calls'], processes=built.processes,
+        resume_env_steps=resumed_env_steps(built, start) if resumed else None,
+        carried_env_steps=(resume.carried_env_steps(config, start.counters)
+                           if resumed else 0.0),
+        replay_state=start.replay_state, saved_state=start.data_path_state)
   except ValueError as e:
     if str(e).startswith('--'):  # a setting refused once sizes are known
       raise ConfigError(str(e)) from None
     raise
-  stack.callback(pipeline.close)
-  pipeline.publish_every_version = processes.several
-  return pipeline
+  stack.callback(data.close)
+  return data
 
 
 def make_loop(built: Built, own_dir: str, start: resume.Restored) -> Loop:

@@ -55,6 +55,18 @@ class ReplaySample(NamedTuple):
   key: Any  # PRNGKey of this call's sampling
 
 
+class LearnerCall(NamedTuple):
+  """One learner call a data path ran
+  (``fastpbrl.datapath.DataPath.learn``)."""
+
+  state: Any  # the population's training state after the call
+  metrics: Any  # the call's metrics (device arrays, read back later)
+  # [N] int: update steps each member of the whole population kept (0 for
+  # a member still warming up after a restart, and under a shared critic,
+  # whose update is the population's, not a member's)
+  member_update_steps: np.ndarray
+
+
 def make_env_spec(env) -> specs.EnvironmentSpec:
   """Builds an acme ``EnvironmentSpec`` from a gymnasium environment.
 

@@ -72,7 +72,7 @@ def test_restarts_logs_and_events(tmp_path):
       restart=np.array([True, False, True]), events=(event,),
       logs=(('a.jsonl', {'b': 1, 'a': 2}), ('c.csv', {'x': 1, 'y': 0.5}),
             ('c.csv', {'x': 2, 'y': 1.5}))))
-  assert parts.pipeline.restarted == [0, 2]
+  assert parts.data.restarted == [0, 2]
   assert parts.rule_run.take_events() == [event]
   assert parts.rule_run.take_events() == []
   with open(tmp_path / 'a.jsonl') as f:

@@ -402,13 +402,13 @@ def test_shared_replay_runs_on_device_and_resumes(tmp_path, monkeypatch):
   """--shared-replay: the pipeline keeps one ring for all members, in the
   run and in its resume from a checkpoint that holds that ring."""
   layouts = []
-  create = DevicePipeline.create.__func__
+  init = DevicePipeline.__init__
 
-  def recording_create(cls, *args, **kwargs):
-    layouts.append(kwargs['shared_replay'])
-    return create(cls, *args, **kwargs)
+  def recording_init(self, *args, **kwargs):
+    layouts.append(args[4].layout == 'shared')  # its PipelineConfig
+    init(self, *args, **kwargs)
 
-  monkeypatch.setattr(DevicePipeline, 'create', classmethod(recording_create))
+  monkeypatch.setattr(DevicePipeline, '__init__', recording_init)
   kw = dict(TINY, shared_replay=True, checkpoint_replay=True,
             ready_after=200)
   fastpbrl.train('pbt', run_dir=str(tmp_path / 'run'),

@@ -1,8 +1,9 @@
 """The pipeline end to end: a MuJoCo population run with TD3, the shared
-layout through ``Pipeline.create``, and the lifecycle: a killed actor, a
+layout through ``datapath.create``, and the lifecycle: a killed actor, a
 stalled actor, an exception in the training loop, Ctrl-C, and the learner
 process dying."""
 
+import contextlib
 import functools
 import os
 import signal
@@ -11,17 +12,17 @@ import sys
 import textwrap
 import threading
 import time
-import types
 
 import gymnasium as gym
 import jax
 import numpy as np
 import pytest
 
-from fastpbrl import agents
+from fastpbrl import agents, datapath
 from fastpbrl.actors import ActorDiedError, EpisodeRecord
 from fastpbrl.agents.sac import SACConfig
 from fastpbrl.agents.td3 import TD3Config
+from fastpbrl.config import RunConfig
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.pipeline import Pipeline, PipelineConfig, PipelineStalledError
 from fastpbrl.types import ReplaySample, make_env_spec
@@ -234,13 +235,12 @@ def test_shared_layout_through_create_with_sac():
   hparams = population_hparams(agent, n)
   learner = PopulationLearner(agent)
   state = learner.init(jax.random.PRNGKey(0), hparams)
-  run_config = types.SimpleNamespace(
-      env=env_id, population_size=n, warmup_steps=50,
-      update_to_data_ratio=1.0, num_actors=1, batch_size=None,
-      steps_per_call=None, replay_capacity=5000, eval_every=10**6,
-      eval_episodes=1)
-  with Pipeline.create(run_config, agent, shared_replay=True,
-                       seed=0) as pipeline:
+  run_config = RunConfig(
+      env=env_id, agent='sac', population_size=n, warmup_steps=50,
+      update_to_data_ratio=1.0, num_actors=1, replay_capacity=5000,
+      eval_every=10**6, eval_episodes=1, replay_location='host')
+  with contextlib.closing(datapath.create(run_config, agent, learner,
+                                          shared_replay=True)) as pipeline:
     assert pipeline.replay.layout == 'shared'
     pipeline.publish(learner.policy_params(state), hparams)
     for _ in range(30):
@@ -348,8 +348,9 @@ def test_exception_in_the_training_loop_releases_everything():
 
 SCRIPT = textwrap.dedent('''
     import functools, signal, sys, jax
-    from fastpbrl import agents
+    from fastpbrl import agents, datapath
     from fastpbrl.agents.td3 import TD3Config
+from fastpbrl.config import RunConfig
     from fastpbrl.learner import PopulationLearner, population_hparams
     from fastpbrl.pipeline import Pipeline, PipelineConfig
     from fastpbrl.types import make_env_spec

@@ -16,7 +16,7 @@ hparam_domains=..., shared_critic=...)`` records an ``AgentSpec``; ``get(ref)`` 
   folder on ``sys.path``.
 
 Actor processes are spawned: they rebuild the agent from the same *ref*
-string (``Pipeline.create`` passes it, never a closure), so a user module is
+string (``datapath.create`` passes it, never a closure), so a user module is
 imported again there by its import path and registers itself again.
 """
 

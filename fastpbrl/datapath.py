@@ -1,0 +1,316 @@
+"""The data path: what the run loop may ask of a source of data, and the
+one factory from a run's settings to a source (host-side; not jittable).
+
+A data path turns the members' policies into what the learner learns
+from, and tells the loop what happened on the way: finished episodes and
+env steps. The loop (``fastpbrl.loop``), the rules, the logs and the
+checkpoints talk to it only through :class:`DataPath`, so they never know
+which path runs. Two implement it today:
+
+==========================================  ==============================
+``fastpbrl.pipeline.Pipeline``              off-policy, gymnasium envs:
+                                            actor processes -> replay ->
+                                            prefetch -> learner call
+``fastpbrl.device_pipeline.DevicePipeline`` off-policy, JAX envs: envs,
+                                            rings and acting inside the
+                                            learner's compiled call
+==========================================  ==============================
+
+:func:`create` picks one from the env kind (and, once an agent can learn
+from its own rollouts, from what the agent learns from): the one place
+that branches on the path, and the one mapping from a ``RunConfig`` to a
+``PipelineConfig``.
+
+**Adding a third path** (on-policy rollouts for PPO: actors or on-device
+envs collect ``T`` steps x ``E`` envs per member with the newest policy,
+the learner runs GAE and epochs of minibatches) is a class with the
+methods below and one branch in :func:`create`, nothing else. What it
+implements, member for member:
+
+* ``learn``: collect a rollout (or take one the actors sent), run the
+  learner's call on it, say which members' updates count; ``None`` when a
+  stop came while it waited.
+* ``drain_episodes`` / ``env_steps`` / ``env_steps_per_member``: the
+  episodes its rollouts finished and the env steps they took.
+* ``publish`` / ``publish_async`` / ``wait_published`` /
+  ``policy_version``: the policies its next rollouts act with (how stale
+  a rollout may be is its decision, documented and measured).
+* ``copy_member_data`` / ``restart_members``: what PBT's exploit and
+  HyperTrick's restarts ask (a rollout path has no replay to copy: it may
+  do nothing, or raise the ``ValueError`` of a layout without per-member
+  data).
+* ``evaluate`` / ``random_states``: episodes of given policies, and states
+  visited by random actions (CEM-RL's mean policy, DvD's probe states).
+* ``wait_fraction``, ``checkpoint_state`` / ``restored_exactly`` /
+  ``replay``, ``close``: statistics, checkpoints and shutdown.
+
+Over several processes (``fastpbrl.distributed``) a data path holds this
+process's members: counters, episodes and rule actions are its rows
+(numbered from 0); ``learn`` and ``evaluate`` take and give the whole
+population's arrays, and every process must call them at the same point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import (Any, Callable, Optional, Protocol, Sequence,
+                    runtime_checkable)
+
+import jax
+import numpy as np
+
+from fastpbrl import jax_envs
+from fastpbrl.actors.actor import EpisodeRecord
+from fastpbrl.device_pipeline import DevicePipeline
+from fastpbrl.pipeline import Pipeline, PipelineConfig
+from fastpbrl.types import LearnerCall
+
+
+class ReplayView(Protocol):
+  """The replay as ``resume.Saver`` checkpoints it."""
+
+  def state_dict(self) -> dict:
+    """This process's rings, cut to the rows written."""
+
+  @staticmethod
+  def state_rows(state: dict) -> int:
+    """Transitions a ``state_dict`` holds (0: nothing worth saving)."""
+
+
+@runtime_checkable
+class DataPath(Protocol):
+  """What the run loop may ask of a source of data (see the module).
+
+  Members are this process's rows, numbered from 0, unless a method says
+  the whole population. A data path is built by :func:`create`, used by
+  one thread (the loop's) and closed once with :meth:`close`.
+  """
+
+  replay: ReplayView
+  """The replay as ``resume.Saver`` saves it (``state_dict``,
+  ``state_rows``); a path without a replay gives an empty one."""
+
+  restored_exactly: bool
+  """True when a resume continued this path exactly (its envs, keys and
+  policy versions: the rule's version marks stay valid)."""
+
+  policy_version: int
+  """The version of the newest policies written (read only)."""
+
+  # --------------------------------------------------------- learning
+
+  def learn(self, learner, state, hparams, actor_hparams, *,
+            shared_critic: bool,
+            should_stop: Optional[Callable[[], bool]] = None
+            ) -> Optional[LearnerCall]:
+    """Gets the next learner call's data, however this path gets it
+    (waits for the replay, or steps the envs inside the call), and runs
+    ``learner``'s call on ``state``; returns None, in every process, when
+    ``should_stop()`` turned True in any while it waited.
+
+    Args:
+      learner: the run's learner (``fastpbrl.learner``).
+      state, hparams: the population's training state and hyperparameters.
+      actor_hparams: the hyperparameters ``agent.act`` reads (a path that
+        acts inside the call acts with them).
+      shared_critic: the rule's learner updates the population as a whole
+        (CEM-RL, DvD): no member keeps or loses its own updates.
+      should_stop: polled while waiting.
+    """
+
+  # --------------------------------------------------- what happened
+
+  def drain_episodes(self) -> list[EpisodeRecord]:
+    """Every episode finished since the last drain, oldest first."""
+
+  @property
+  def env_steps(self) -> np.ndarray:
+    """``[local members]`` env steps collected per member since this path
+    started (a resumed run's count from zero)."""
+
+  def env_steps_per_member(self) -> int:
+    """The fewest env steps any of this process's members collected."""
+
+  # -------------------------------------------------------- policies
+
+  def publish(self, policy_params: Any, actor_hparams: Any) -> int:
+    """The members' newest policies (this process's rows) for acting;
+    waits until they are written, returns their version."""
+
+  def publish_async(self, policy_params: Any, actor_hparams: Any) -> None:
+    """:meth:`publish` off the caller's critical path."""
+
+  def wait_published(self, timeout: Optional[float] = None) -> bool:
+    """Waits until the newest ``publish_async`` is written (True), or
+    ``timeout`` seconds passed (False)."""
+
+  # ---------------------------------------------------- rule actions
+
+  def copy_member_data(self, dst_indices: Sequence[int],
+                       src_indices: Sequence[int]) -> None:
+    """Member ``dst[k]`` gets member ``src[k]``'s data (PBT's exploit)."""
+
+  def restart_members(self, members: Sequence[int]) -> None:
+    """``members`` start over as new experiments: new episodes, no data,
+    a warm-up; their updates are not kept until it is over."""
+
+  # ------------------------------------------------- asked by rules
+
+  def evaluate(self, policy_params: Any, actor_hparams: Any, episodes: int,
+               seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(returns, lengths)``, ``[N, episodes]`` each over the whole
+    population: noise-free episodes of ``policy_params`` (this process's
+    rows), seeded from ``seed``. Works after :meth:`close` (the final
+    evaluation)."""
+
+  def random_states(self, num_states: int, seed: int) -> np.ndarray:
+    """``[num_states, *obs]`` float32 observations visited by uniformly
+    random actions from resets seeded by ``seed``: the same states for
+    the same env and seed."""
+
+  # --------------------------------------------- stats, checkpoints
+
+  def wait_fraction(self) -> float:
+    """Fraction of wall time the learner waited for data."""
+
+  def checkpoint_state(self) -> Optional[dict]:
+    """What a resume needs beside the replay to continue exactly (None:
+    nothing)."""
+
+  def close(self) -> None:
+    """Stops everything the path started (idempotent)."""
+
+
+def pipeline_seed(seed: int, calls: int, process: int = 0) -> int:
+  """The pipeline's seed: the run's own, or for a run resumed after
+  ``calls`` learner calls, fresh streams derived from both (never another
+  run seed's streams, as ``seed + calls`` would be); process ``p > 0`` of
+  a multi-process run (whose pipeline numbers its members from 0 too)
+  gets streams of its own the same way."""
+  if calls == 0 and process == 0:
+    return seed
+  entropy = [seed, calls] + ([process] if process else [])
+  return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
+def pipeline_config(run_config, agent, learner, *, shared_replay: bool,
+                    replay_location: str) -> PipelineConfig:
+  """The data path's settings of a run's (``fastpbrl.config.RunConfig``,
+  resolved): the one mapping, for every path."""
+  n = int(run_config.population_size)
+  return PipelineConfig(
+      num_steps=learner.num_steps,
+      batch_size=learner.batch_size or agent.config.batch_size,
+      layout='shared' if shared_replay else 'per_member',
+      replay_capacity=run_config.replay_capacity,
+      update_to_data_ratio=run_config.update_to_data_ratio,
+      warmup_steps=run_config.warmup_steps,
+      warmup_counts_as_data=run_config.warmup_counts_as_data,
+      num_actor_processes=(None if run_config.num_actors is None else
+                           min(run_config.num_actors, n)),
+      eval_interval=run_config.eval_every,
+      eval_episodes=run_config.eval_episodes,
+      vectorized_envs=run_config.vector_envs,
+      actor_hang_timeout_s=run_config.actor_timeout,
+      replay_location=replay_location)
+
+
+def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
+           processes=None, resume_env_steps=None, carried_env_steps=0.0,
+           replay_state: dict | None = None,
+           saved_state: dict | None = None) -> DataPath:
+  """The data path of a run's settings; nothing is published yet.
+
+  Args:
+    run_config: the run's ``fastpbrl.config.RunConfig``.
+    agent: the population's agent (``fastpbrl.agents.make_agent`` of
+      ``run_config.agent``; actors rebuild it from that name).
+    learner: the run's learner (steps and batch size per call; the
+      on-device path compiles its fused call).
+    shared_replay: one replay for all members (CEM-RL, DvD).
+    calls: the learner calls of the checkpoint a resume starts from (0:
+      a new run): its streams are new ones (``pipeline_seed``).
+    processes: the run's ``fastpbrl.distributed.Processes`` (None: one).
+    resume_env_steps: ``[N]`` env steps of every member at the checkpoint
+      a resume starts from (None: a new run).
+    carried_env_steps: a resume's data that earned update steps not taken
+      yet (``resume.carried_env_steps``), scalar or ``[N]``.
+    replay_state: this process's restored replay (``--checkpoint-replay``).
+    saved_state: the checkpoint's ``checkpoint_state()``.
+
+  Raises:
+    ValueError: a setting refused once sizes are known (its message starts
+      with the flag).
+  """
+  from fastpbrl.config import resolved  # noqa: PLC0415 (config is above)
+  from fastpbrl.distributed import Processes  # noqa: PLC0415
+  run_config = resolved(run_config)  # unset intervals follow the budget
+  n = int(run_config.population_size)
+  processes = processes or Processes(None, n)
+  if jax_envs.is_jax_env(run_config.env):  # stepped inside the learner call
+    if learner.batch_size is None:  # its fused call samples the rings
+      learner.batch_size = agent.config.batch_size
+    config = pipeline_config(run_config, agent, learner,
+                             shared_replay=shared_replay,
+                             replay_location='device')
+    return DevicePipeline(
+        jax_envs.make(run_config.env), agent, learner, n, config,
+        envs_per_member=run_config.envs_per_member,
+        interleave=run_config.interleave,
+        # One program over every process: one seed.
+        seed=pipeline_seed(run_config.seed, calls),
+        resume_env_steps=resume_env_steps, replay_state=replay_state,
+        processes=processes, carried_env_steps=carried_env_steps,
+        saved_state=saved_state)
+  return _actors(run_config, agent, learner, processes,
+                 shared_replay=shared_replay,
+                 seed=pipeline_seed(run_config.seed, calls, processes.index),
+                 resume_env_steps=resume_env_steps,
+                 carried_env_steps=carried_env_steps,
+                 replay_state=replay_state)
+
+
+def _actors(run_config, agent, learner, processes, *, shared_replay: bool,
+            seed: int, resume_env_steps, carried_env_steps,
+            replay_state) -> Pipeline:
+  """This process's actors, replay and prefetch: its members' rows of the
+  counters; over several processes host batches (made global in
+  ``learn``) and a host replay."""
+  from fastpbrl import agents as agents_lib  # noqa: PLC0415 (haiku)
+  from fastpbrl.learner import population_hparams  # noqa: PLC0415
+  local, several = processes.local, processes.several
+  if several:
+    run_config = dataclasses.replace(run_config, replay_location='host')
+  ref = run_config.agent
+  if agents_lib.get(ref).name != agent.name:
+    raise ValueError(f'the actors rebuild agents from the registry, and '
+                     f'{ref!r} names agent {agents_lib.get(ref).name!r}, '
+                     f'not {agent.name!r}')
+  n = processes.local_count
+  hparams = population_hparams(agent, n)
+
+  def policy_layout(hp):
+    keys = jax.random.split(jax.random.PRNGKey(0), n)
+    return jax.vmap(agent.policy_params)(jax.vmap(agent.init)(keys, hp))
+
+  config = pipeline_config(
+      dataclasses.replace(run_config, population_size=n), agent, learner,
+      shared_replay=shared_replay,
+      replay_location=run_config.replay_location)
+  pipeline = Pipeline(
+      run_config.env,
+      functools.partial(agents_lib.make_agent, ref, config=agent.config),
+      jax.eval_shape(policy_layout, hparams),
+      jax.eval_shape(lambda hp: hp, hparams), config, seed=seed,
+      # Several processes: host batches, made global by learn.
+      device=jax.local_devices(backend='cpu')[0] if several else None,
+      resume_env_steps=(None if resume_env_steps is None
+                        else np.asarray(resume_env_steps)[local]),
+      replay_state=replay_state,
+      mesh=None if several else getattr(learner, 'mesh', None),
+      carried_env_steps=(carried_env_steps if np.ndim(carried_env_steps) == 0
+                         else np.asarray(carried_env_steps)[local]),
+      processes=processes, agent=agent)
+  pipeline.publish_every_version = several
+  return pipeline
