@@ -80,12 +80,25 @@ def _event_text(event: dict) -> str:
                     sort_keys=True, default=float)
 
 
+# Modules whose classes recordings name, and where those classes live now
+# (the rules' math moved from fastpbrl.population into the rules' folders).
+MOVED_MODULES = {'fastpbrl.population.dvd': 'fastpbrl.rules.dvd.diversity',
+                 'fastpbrl.population.cem': 'fastpbrl.rules.cemrl.cem'}
+
+
+class _Unpickler(pickle.Unpickler):
+  """Reads a recording made before a class it names moved."""
+
+  def find_class(self, module: str, name: str):
+    return super().find_class(MOVED_MODULES.get(module, module), name)
+
+
 def replay(name: str, recording: str) -> dict:
   """Replays ``recording`` through rule ``name``; returns the comparison."""
   with open(recording, 'rb') as f:
     # Hyperparameters are pickled NamedTuples, restored by position: TD3's
     # policy_delay of older recordings reads as policy_update_fraction.
-    recorded = pickle.load(f)
+    recorded = _Unpickler(f).load()
   rule, learner, state, hparams, rule_state = _rule(name)
   n = rule.config.population_size
   first_version = np.zeros((n,), np.int64)
