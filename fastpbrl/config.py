@@ -96,6 +96,8 @@ def declared_bounds(config_class: type) -> dict[str, Bounds]:
   """``{field: Bounds}`` of a config class, in field order: a subclass that
   redeclares a field without bounds (a new default or docstring) keeps its
   base class's; one that declares bounds replaces them."""
+  if not dataclasses.is_dataclass(config_class):
+    return {}  # an object with RunConfig's fields: nothing declared
   found = {}
   for cls in reversed(config_class.__mro__):
     for field in getattr(cls, '__dataclass_fields__', {}).values():
