@@ -39,6 +39,96 @@ class Derived(NamedTuple):
   least: int = 1
 
 
+BOUNDS = 'fastpbrl.bounds'  # the key of a field's ``Bounds`` in its metadata
+
+
+class Bounds(NamedTuple):
+  """A setting's allowed range, declared once on its field (``bounded``)
+  and checked by ``check_bounds``, as ``search_space.HParamDomain`` declares
+  a hyperparameter's. ``None`` (a setting ``resolved`` derives, or one left
+  to a rule) is always allowed; a number must be finite."""
+
+  low: Optional[float] = None
+  high: Optional[float] = None
+  low_open: bool = False  # True: > low; False: >= low
+  high_open: bool = False  # True: < high; False: <= high
+  unit: str = ''  # after the range in the message: ' env steps', ' seconds'
+  note: str = ''  # after that: ' (0: all rounds)'
+
+  def allows(self, value: float) -> bool:
+    return math.isfinite(value) and not (
+        self.low is not None and (value <= self.low if self.low_open
+                                  else value < self.low)) and not (
+        self.high is not None and (value >= self.high if self.high_open
+                                   else value > self.high))
+
+  def describe(self) -> str:
+    """The range as the messages state it: '>= 1', '> 0', 'in (0, 64]'."""
+    if self.low is not None and self.high is not None:
+      return (f'in {"(" if self.low_open else "["}{self.low!r}, '
+              f'{self.high!r}{")" if self.high_open else "]"}')
+    if self.low is not None:
+      return f'{">" if self.low_open else ">="} {self.low!r}'
+    return f'{"<" if self.high_open else "<="} {self.high!r}'
+
+  def message(self, name: str, value) -> str:
+    """``ConfigError``'s line for ``value`` of the setting ``name``."""
+    return (f'--{name.replace("_", "-")} must be {self.describe()}'
+            f'{self.unit}{self.note}, got {value}')
+
+
+def bounded(default, *, ge=None, gt=None, le=None, lt=None, unit: str = '',
+            note: str = ''):
+  """A config field whose values must be ``>= ge`` (or ``> gt``) and ``<=
+  le`` (or ``< lt``): ``eval_episodes: int = bounded(5, ge=1)``. Its
+  docstring stays the field's help."""
+  if ge is not None and gt is not None or le is not None and lt is not None:
+    raise ValueError('bounded: give ge or gt, and le or lt, not both')
+  if ge is None and gt is None and le is None and lt is None:
+    raise ValueError('bounded: give at least one bound')
+  bounds = Bounds(low=gt if ge is None else ge, high=lt if le is None else le,
+                  low_open=gt is not None, high_open=lt is not None,
+                  unit=unit, note=note)
+  return dataclasses.field(default=default, metadata={BOUNDS: bounds})
+
+
+def declared_bounds(config_class: type) -> dict[str, Bounds]:
+  """``{field: Bounds}`` of a config class, in field order: a subclass that
+  redeclares a field without bounds (a new default or docstring) keeps its
+  base class's; one that declares bounds replaces them."""
+  if not dataclasses.is_dataclass(config_class):
+    return {}  # an object with RunConfig's fields: nothing declared
+  found = {}
+  for cls in reversed(config_class.__mro__):
+    for field in getattr(cls, '__dataclass_fields__', {}).values():
+      if BOUNDS in field.metadata:
+        found[field.name] = field.metadata[BOUNDS]
+  order = [f.name for f in dataclasses.fields(config_class)]
+  return {name: found[name] for name in order if name in found}
+
+
+def rule_fields(config) -> tuple[str, ...]:
+  """The fields a rule's config adds to ``RunConfig``'s (those its rule
+  checks; ``validate`` checks the rest)."""
+  shared = {f.name for f in dataclasses.fields(RunConfig)}
+  return tuple(f.name for f in dataclasses.fields(config)
+               if f.name not in shared)
+
+
+def check_bounds(config, names: Optional[tuple[str, ...]] = None) -> None:
+  """Raises ``ConfigError`` (one line: the flag, its range, the value) for
+  the first setting outside its declared ``Bounds`` (of ``names``: every
+  declared one by default). A value that is not a number is left to
+  ``check_types``."""
+  for name, bounds in declared_bounds(type(config)).items():
+    value = getattr(config, name)
+    if names is not None and name not in names or value is None:
+      continue
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      continue
+    check(bounds.allows(value), bounds.message(name, value))
+
+
 @dataclasses.dataclass
 class RunConfig:
   """Settings shared by every experiment."""
@@ -57,12 +147,12 @@ class RunConfig:
   seed: int = 0
   """Fixes initial parameters, hyperparameters, env resets, action noise,
   replay sampling and every rule decision."""
-  env_steps: int = 30_000
+  env_steps: int = bounded(30_000, gt=0)
   """Budget: environment steps per member (training episodes only)."""
-  warmup_steps: Optional[int] = None
+  warmup_steps: Optional[int] = bounded(None, ge=0)
   """Random-action steps per member before learning starts (default:
   1,000, or half of --env-steps below 2,000)."""
-  update_to_data_ratio: float = 1.0
+  update_to_data_ratio: float = bounded(1.0, gt=0, le=64)
   """Target update steps per env step (per member); the learner waits above it."""
   warmup_counts_as_data: bool = True
   """True: the warm-up's env steps count toward the ratio, so right after the
@@ -70,18 +160,18 @@ class RunConfig:
   random-action data. False: only env steps after the warm-up count, as in
   TD3's and Stable-Baselines3's reference loops (one update per env step
   from the warm-up's end: ratio x (env steps - warm-up) in all)."""
-  num_actors: Optional[int] = None
+  num_actors: Optional[int] = bounded(None, ge=1)
   """Actor processes (default: CPU cores minus one, at least 1)."""
   vector_envs: bool = True
   """Each actor steps its members' envs as one numpy batch where fastpbrl
   has one for the env (MuJoCo HalfCheetah, Hopper, Walker2d v5;
   Pendulum-v1); gymnasium's own step gives the same results, one env
   after another (--no-vector-envs, and every other env)."""
-  envs_per_member: int = 1
+  envs_per_member: int = bounded(1, ge=1)
   """JAX envs (gymnax:, brax:) only: envs each member acts in at once, on
   the device; a learner call's env steps per member are rounded up to a
   multiple of it."""
-  interleave: int = 1
+  interleave: int = bounded(1, ge=1)
   """JAX envs only: times per learner call the members alternate between
   acting and updating (1: act for the call's env steps, then update; up to
   --steps-per-call: an update after each env step). It must divide the
@@ -99,11 +189,11 @@ class RunConfig:
   Acme: truncated normal of scale 1/sqrt(fan-in), zero biases) or 'torch'
   (PyTorch's, as in Stable-Baselines3 and the TD3/SAC reference code:
   weights and biases uniform in +-1/sqrt(fan-in))."""
-  batch_size: Optional[int] = None
+  batch_size: Optional[int] = bounded(None, ge=1)
   """Transitions per member per update step (default: the agent's, 256 / 32)."""
-  steps_per_call: Optional[int] = None
+  steps_per_call: Optional[int] = bounded(None, ge=1)
   """Update steps compiled into one learner call (default 50, DQN 10)."""
-  replay_capacity: int = 1_000_000
+  replay_capacity: int = bounded(1_000_000, ge=1)
   """Transitions per replay buffer."""
   shared_replay: bool = False
   """One replay for all members: each member's batches are drawn from every
@@ -112,22 +202,22 @@ class RunConfig:
   (the 2022 paper keeps one replay per agent when tuning hyperparameters).
   CEM-RL and DvD always share one; HyperTrick cannot (it restarts a slot
   with an empty replay of its own). One process only."""
-  eval_every: Optional[int] = None
+  eval_every: Optional[int] = bounded(None, ge=1)
   """Env steps per member between evaluations (noise-free episodes of one
   frozen policy version); every run also evaluates each member's final
   policy at the end of its budget (default: 5,000, or half of --env-steps
   below 10,000)."""
-  eval_episodes: int = 5
+  eval_episodes: int = bounded(5, ge=1)
   """Episodes per evaluation, played at once (one evaluation env each per
   member); their mean is one point of the return curve."""
-  checkpoint_every: int = 5_000
+  checkpoint_every: int = bounded(5_000, ge=0)
   """Env steps per member between checkpoints, rounded to whole learner
   calls (0: only at the end and on SIGINT/SIGTERM)."""
   checkpoint_replay: bool = False
   """Also store the replay in each checkpoint, so a resume continues with
   the data the run had (off by default: up to GBs per checkpoint; its size
   is logged at each save)."""
-  actor_timeout: float = 120.0
+  actor_timeout: float = bounded(120.0, gt=0, unit=' seconds')
   """Seconds without a heartbeat after which an actor process counts as
   hung and is killed and restarted."""
   replay_location: Literal['auto', 'host', 'device'] = 'auto'
@@ -273,21 +363,10 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
   check(config.population_size >= min_population,
         f'--population-size must be >= {min_population} for this rule, got '
         f'{config.population_size}')
-  check(config.env_steps > 0, f'--env-steps must be > 0, got {config.env_steps}')
-  check(config.warmup_steps >= 0,
-        f'--warmup-steps must be >= 0, got {config.warmup_steps}')
+  check_bounds(config)  # each setting in its declared range (``bounded``)
   check(config.warmup_steps < config.env_steps,
         f'--warmup-steps ({config.warmup_steps}) must be below --env-steps '
         f'({config.env_steps}), or nothing is ever learned')
-  check(0 < config.update_to_data_ratio <= 64,
-        f'--update-to-data-ratio must be in (0, 64], got '
-        f'{config.update_to_data_ratio}')
-  check(config.num_actors is None or config.num_actors >= 1,
-        f'--num-actors must be >= 1, got {config.num_actors}')
-  check(config.envs_per_member >= 1,
-        f'--envs-per-member must be >= 1, got {config.envs_per_member}')
-  check(config.interleave >= 1,
-        f'--interleave must be >= 1, got {config.interleave}')
   if is_jax_env(config.env):
     try:
       Plan.of(steps_per_call_of(config), config.update_to_data_ratio,
@@ -299,22 +378,9 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
   check(config.network_init in NETWORK_INITS,
         f'--network-init must be one of {", ".join(NETWORK_INITS)}, got '
         f'{config.network_init!r}')
-  check(config.batch_size is None or config.batch_size >= 1,
-        f'--batch-size must be >= 1, got {config.batch_size}')
-  check(config.steps_per_call is None or config.steps_per_call >= 1,
-        f'--steps-per-call must be >= 1, got {config.steps_per_call}')
-  check(config.replay_capacity >= 1,
-        f'--replay-capacity must be >= 1, got {config.replay_capacity}')
-  check(config.eval_every >= 1, f'--eval-every must be >= 1, got {config.eval_every}')
-  check(config.eval_episodes >= 1,
-        f'--eval-episodes must be >= 1, got {config.eval_episodes}')
-  check(config.checkpoint_every >= 0,
-        f'--checkpoint-every must be >= 0, got {config.checkpoint_every}')
   check(config.replay_location in REPLAY_LOCATIONS,
         f'--replay-location must be one of {", ".join(REPLAY_LOCATIONS)}, '
         f'got {config.replay_location!r}')
-  check(math.isfinite(config.actor_timeout) and config.actor_timeout > 0,
-        f'--actor-timeout must be > 0 seconds, got {config.actor_timeout}')
   try:
     sharding.parse_devices(config.devices, config.population_size)
   except ValueError as e:

@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.config import RunConfig, check, resolved
+from fastpbrl.config import (RunConfig, bounded, check, check_bounds,
+                             resolved, rule_fields)
 from fastpbrl.evaluation import evaluate_policy
 from fastpbrl.learner import population_hparams
 from fastpbrl.rules.cemrl import cem as cem_lib
@@ -53,7 +54,7 @@ class CEMRLRunConfig(RunConfig):
 
   population_size: int = 6
   """Number of members (even: CEM samples mirrored pairs)."""
-  total_env_steps: int = 180_000
+  total_env_steps: int = bounded(180_000, gt=0)
   """Budget: env steps of the WHOLE POPULATION together, as CEM-RL states
   budgets (its paper: 1,000,000 on HalfCheetah with 10 members). The random
   warm-up and the steps actors collect while the RL half trains count too."""
@@ -65,22 +66,22 @@ class CEMRLRunConfig(RunConfig):
   population size, i.e. one shared-critic step per env step of the
   population (CEM-RL's ratio). Higher: fewer env steps collected while the
   RL half trains, more idle learner calls while the population is evaluated."""
-  rl_fraction: float = 0.5
+  rl_fraction: float = bounded(0.5, gt=0, le=1)
   """Fraction of each generation that takes TD3 steps through the shared critic."""
-  elite_fraction: float = 0.5
+  elite_fraction: float = bounded(0.5, gt=0, le=1)
   """Fraction of the population the CEM distribution is refit on."""
-  initial_variance: float = 1e-3
+  initial_variance: float = bounded(1e-3, gt=0)
   """Initial variance of the CEM distribution around the initial policy."""
-  initial_extra_noise: float = 1e-2
+  initial_extra_noise: float = bounded(1e-2, ge=0)
   """Extra variance added at each update; decays towards --noise-limit."""
-  noise_decay: float = 0.95
+  noise_decay: float = bounded(0.95, gt=0, lt=1)
   """Factor of the extra noise's geometric decay."""
-  noise_limit: float = 1e-5
+  noise_limit: float = bounded(1e-5, ge=0)
   """Value the extra noise decays towards."""
-  action_noise: float = 0.0
+  action_noise: float = bounded(0.0, ge=0)
   """Gaussian action noise of the members' episodes (CEM-RL: none; the
   population's parameter noise explores). Fitness episodes are played with it."""
-  mean_eval_episodes: int = 10
+  mean_eval_episodes: int = bounded(10, ge=1)
   """Episodes of the distribution's mean policy after each generation,
   played at once (CEM-RL's paper scores the mean on 10; one swings by
   more than a thousand on Pendulum-v1 from one generation to the next)."""
@@ -207,16 +208,7 @@ class CEMRL(Rule):
     check_shared_critic('CEM-RL', config)
     check(config.population_size % 2 == 0, f'--population-size must be even '
           f'(mirrored sampling), got {config.population_size}')
-    check(0 < config.rl_fraction <= 1,
-          f'--rl-fraction must be in (0, 1], got {config.rl_fraction}')
-    check(0 < config.elite_fraction <= 1,
-          f'--elite-fraction must be in (0, 1], got {config.elite_fraction}')
-    check(config.initial_variance > 0, '--initial-variance must be > 0')
-    check(config.initial_extra_noise >= 0, '--initial-extra-noise must be >= 0')
-    check(0 < config.noise_decay < 1, '--noise-decay must be in (0, 1)')
-    check(config.noise_limit >= 0, '--noise-limit must be >= 0')
-    check(config.action_noise >= 0, '--action-noise must be >= 0')
-    check(config.mean_eval_episodes >= 1, '--mean-eval-episodes must be >= 1')
+    check_bounds(config, rule_fields(config))  # --rl-fraction, --noise-decay...
 
   @classmethod
   def from_config(cls, config: CEMRLRunConfig) -> Rule:
@@ -228,8 +220,7 @@ class CEMRL(Rule):
     from ``--total-env-steps`` and the default update-to-data ratio filled in.
     Idempotent, so a resumed run resolves its saved config alike."""
     config = resolved(config)
-    check(config.total_env_steps > 0,
-          f'--total-env-steps must be > 0, got {config.total_env_steps}')
+    check_bounds(config, ('total_env_steps',))
     n = config.population_size
     if n < 1:
       return config  # validate names --population-size

@@ -29,8 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.config import (Derived, RunConfig, as_learner_calls, resolved,
-                             as_update_steps, check, steps_per_call_of)
+from fastpbrl.config import (Derived, RunConfig, as_learner_calls, bounded,
+                             as_update_steps, check, check_bounds,
+                             resolved, rule_fields, steps_per_call_of)
 from fastpbrl.rules.dvd import bandit as bandit_lib
 from fastpbrl.rules.dvd import diversity as dvd_lib
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
@@ -68,14 +69,14 @@ class DvDRunConfig(RunConfig):
   in the 2022 paper)."""
   lambda_arms: tuple[float, ...] = (0.0, 0.5)
   """Bandit: the lambda values to choose from."""
-  lambda_start: float = 0.5
+  lambda_start: float = bounded(0.5, ge=0)
   """Schedule: lambda at update step 0."""
-  lambda_end: float = 0.0
+  lambda_end: float = bounded(0.0, ge=0)
   """Schedule: lambda after --lambda-decay-steps."""
-  lambda_decay_steps: int = 100_000
+  lambda_decay_steps: int = bounded(100_000, ge=1)
   """Schedule: env steps per member over which lambda goes from start to
   end (counted in update steps, x --update-to-data-ratio)."""
-  bandit_every: Optional[int] = None
+  bandit_every: Optional[int] = bounded(None, ge=1)
   """Bandit: env steps per member per round (one lambda per round), rounded
   to whole learner calls; a round must hold an evaluation (see
   --eval-every). Default: 5,000, or half of --env-steps below 10,000."""
@@ -91,21 +92,21 @@ class DvDRunConfig(RunConfig):
   previous round beats the median gain of the previous --bandit-lookback
   rounds (an experiment: it did not learn better, see
   docs/benchmarks/learning-log.md)."""
-  bandit_lookback: int = 5
+  bandit_lookback: int = bounded(5, ge=1)
   """Bandit: previous rounds a round is compared with (--bandit-reward)."""
-  bandit_window: int = 50
+  bandit_window: int = bounded(50, ge=0, note=' (0: all rounds)')
   """Bandit: the posteriors count only the last this-many rewards (0: all)."""
-  bandit_burn_in: int = 5
+  bandit_burn_in: int = bounded(5, ge=0)
   """Bandit: the first this-many rounds pick lambda uniformly at random."""
-  kernel_sigma: float = 1.0
+  kernel_sigma: float = bounded(1.0, gt=0)
   """Length scale of the RBF kernel on the members' actions, in action units
   (actions in [-1, 1]): the root-mean-square action gap at which two
   members' kernel entry is exp(-1/2). The squared distance is divided by
   --embedding-states x action dim, so the term is active for any action
   dimension."""
-  embedding_states: int = 20
+  embedding_states: int = bounded(20, ge=2)
   """States of the shared batch on which members' actions are compared."""
-  diversity_states: int = 256
+  diversity_states: int = bounded(256, ge=1)
   """States of the logged rule/mean_pairwise_action_distance: a fixed batch
   visited by uniformly random actions from resets seeded by --seed."""
 
@@ -192,34 +193,18 @@ class DvD(Rule):
     check(len(config.lambda_arms) >= 1 and all(
         a >= 0 for a in config.lambda_arms),
           f'--lambda-arms must be one or more values >= 0, got {config.lambda_arms}')
-    check(config.lambda_start >= 0 and config.lambda_end >= 0,
-          '--lambda-start and --lambda-end must be >= 0')
-    check(config.lambda_decay_steps >= 1, '--lambda-decay-steps must be >= 1')
-    check(config.bandit_every >= 1, '--bandit-every must be >= 1')
+    check_bounds(config, rule_fields(config))  # --lambda-start, --bandit-every...
     check(config.bandit_score in _SCORES,
           f'--bandit-score must be mean or best, got {config.bandit_score!r}')
     check(config.bandit_reward in bandit_lib.BANDIT_REWARDS,
           f'--bandit-reward must be improvement or relative-gain, got '
           f'{config.bandit_reward!r}')
-    check(config.bandit_lookback >= 1,
-          f'--bandit-lookback must be >= 1, got {config.bandit_lookback}')
-    check(config.bandit_window >= 0,
-          f'--bandit-window must be >= 0 (0: all rounds), got '
-          f'{config.bandit_window}')
-    check(config.bandit_burn_in >= 0,
-          f'--bandit-burn-in must be >= 0, got {config.bandit_burn_in}')
     # A round is whole learner calls: its env steps as the calls hold them.
     self.round_calls = as_learner_calls(config.bandit_every, config)
     if config.lambda_mode == 'bandit':
       check_evaluations_per(
           self.round_calls * steps_per_call_of(config)
           / config.update_to_data_ratio, config, '--bandit-every')
-    check(config.kernel_sigma > 0,
-          f'--kernel-sigma must be > 0, got {config.kernel_sigma}')
-    check(config.embedding_states >= 2,
-          f'--embedding-states must be >= 2, got {config.embedding_states}')
-    check(config.diversity_states >= 1,
-          f'--diversity-states must be >= 1, got {config.diversity_states}')
     self.schedule = bandit_lib.PiecewiseLinear(
         ((0, config.lambda_start),
          (as_update_steps(config.lambda_decay_steps, config),

@@ -25,7 +25,8 @@ import numpy as np
 
 from fastpbrl import search_space as ss
 from fastpbrl.config import (Derived, RunConfig, as_flag_error,
-                             as_update_steps, check, resolved)
+                             as_update_steps, bounded, check, check_bounds,
+                             resolved, rule_fields)
 from fastpbrl.rules.hypertrick import scheduler as hypertrick_lib
 from fastpbrl.rng import Pcg64State, pcg64_generator, pcg64_state
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
@@ -43,11 +44,11 @@ RETURNS_WINDOW = 10
 class HyperTrickRunConfig(RunConfig):
   """HyperTrick (Heinrich & Frosio): phases with early termination."""
 
-  num_workers: int = 8
+  num_workers: int = bounded(8, ge=1)
   """Configurations to try in total (each runs in a population slot)."""
-  num_phases: int = 4
+  num_phases: int = bounded(4, ge=1)
   """Phases per configuration; a configuration reports at each phase's end."""
-  phase_env_steps: Optional[int] = None
+  phase_env_steps: Optional[int] = bounded(None, ge=1)
   """Env steps per member per phase (counted in the slot's own update
   steps, x --update-to-data-ratio); a phase must hold an evaluation
   (--eval-every). Default: 2,500, or a quarter of --env-steps below
@@ -57,7 +58,7 @@ class HyperTrickRunConfig(RunConfig):
   Default: 1,000, or a tenth of --env-steps below 10,000."""
   eviction_rate: float = 0.25
   """Target fraction of the configurations in a phase terminated at its end."""
-  quantile: float = 0.5
+  quantile: float = bounded(0.5, gt=0, le=1)
   """A late reporter below this quantile of its phase's metrics is terminated."""
   init_hparams: Literal['prior', 'defaults'] = 'prior'
   """Hyperparameters of every configuration: prior (sampled) or defaults."""
@@ -114,8 +115,7 @@ class HyperTrick(Rule):
     check(not config.shared_replay,
           '--shared-replay: HyperTrick restarts a slot as a new experiment, '
           'with an empty replay of its own; drop it')
-    check(config.phase_env_steps >= 1,
-          f'--phase-env-steps must be >= 1, got {config.phase_env_steps}')
+    check_bounds(config, rule_fields(config))  # --num-workers, --quantile...
     self.phase_update_steps = as_update_steps(config.phase_env_steps, config)
     check_evaluations_per(config.phase_env_steps, config,
                           '--phase-env-steps')

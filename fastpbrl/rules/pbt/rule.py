@@ -29,7 +29,8 @@ import numpy as np
 from fastpbrl import search_space as ss
 from fastpbrl.agents import dqn
 from fastpbrl.config import (ConfigError, Derived, RunConfig, as_flag_error,
-                             as_update_steps, check, resolved)
+                             as_update_steps, bounded, check, check_bounds,
+                             resolved, rule_fields)
 from fastpbrl.jax_envs import is_jax_env
 from fastpbrl.rules.pbt import exploit as pbt_lib
 from fastpbrl.rules.pbt import lineage as lineage_lib
@@ -47,7 +48,7 @@ from fastpbrl.sharding import placed_like, process_zero_value, whole_value
 class PBTRunConfig(RunConfig):
   """PBT (Jaderberg et al. 2017) on top of the shared run settings."""
 
-  ready_after: Optional[int] = None
+  ready_after: Optional[int] = bounded(None, ge=0, unit=' env steps')
   """Env steps per member between two exploit/explore decisions, each taken
   for the whole population at once (the 2022 paper: 100,000 update steps on
   HalfCheetah, at one update per env step); each span must hold the start
@@ -64,10 +65,12 @@ class PBTRunConfig(RunConfig):
   (each member draws another and copies it where that one's evaluation
   returns are higher by Welch's t-test at --significance; Jaderberg et al.'s
   T-test selection)."""
-  significance: float = 0.05
+  significance: float = bounded(0.05, gt=0, lt=1)
   """Exploit ttest: the two-sided p-value below which a member copies the
   one it drew, in (0, 1)."""
-  fraction: float = 0.3
+  fraction: float = bounded(
+      0.3, gt=0, le=0.5,
+      note=' so that the bottom and top sets do not overlap')
   """Truncation: bottom fraction copies the top fraction, in (0, 0.5]."""
   explore: Literal['perturb', 'resample', 'pb2'] = 'perturb'
   """How a replaced member's hyperparameters are chosen: perturb (the
@@ -79,7 +82,7 @@ class PBTRunConfig(RunConfig):
   ones maximise a GP upper confidence bound of the fitness gain, fitted on
   every member's intervals so far, within the search space's bounds;
   categorical ones are perturbed)."""
-  resample_probability: float = 0.25
+  resample_probability: float = bounded(0.25, ge=0, le=1)
   """Explore perturb: probability of resampling a hyperparameter from the
   distribution the population started from (see --init-hparams)."""
   reset_optimizers: bool = False
@@ -87,13 +90,13 @@ class PBTRunConfig(RunConfig):
   copy_replay: bool = False
   """Also copy the source member's replay data (per-member buffers; not with
   --shared-replay)."""
-  min_gap_absolute: float = 0.0
+  min_gap_absolute: float = bounded(0.0, ge=0)
   """Replace a member only if the source's fitness is higher by more than this."""
-  min_gap_relative: float = 0.0
+  min_gap_relative: float = bounded(0.0, ge=0)
   """... and by more than this fraction of the member's |fitness|."""
-  no_mutation_before: int = 0
+  no_mutation_before: int = bounded(0, ge=0, unit=' env steps')
   """No exploit/explore before this many env steps per member."""
-  fitness_window: int = 10
+  fitness_window: int = bounded(10, ge=1)
   """Fitness = mean of a member's last this-many evaluation returns."""
   true_objective: bool = False
   """Use the 'true_objective' the env reports in info at episode end as fitness."""
@@ -242,14 +245,8 @@ class PBT(Rule):
           '--copy-replay copies a member\'s own replay, and with '
           '--shared-replay there is only the one all members share: drop '
           'one of them')
-    check(config.fitness_window >= 1,
-          f'--fitness-window must be >= 1, got {config.fitness_window}')
-    check(config.ready_after >= 0,
-          f'--ready-after must be >= 0 env steps, got {config.ready_after}')
-    check(config.no_mutation_before >= 0,
-          f'--no-mutation-before must be >= 0 env steps, got '
-          f'{config.no_mutation_before}')
-    try:  # PBTConfig checks --exploit, --fraction, --resample-probability...
+    check_bounds(config, rule_fields(config))  # --fraction, --ready-after...
+    try:  # PBTConfig checks --exploit (and again the bounds it shares)
       self.pbt_config = pbt_lib.PBTConfig(
           ready_after=as_update_steps(config.ready_after, config),
           exploit=config.exploit,
