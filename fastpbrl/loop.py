@@ -101,7 +101,7 @@ def apply(parts: 'Parts', loop: Loop, decision: Decision) -> None:
 
   loop.state, loop.hparams = apply_decision(
       decision, loop.state, loop.hparams,
-      reinit_members=parts.learner.reinit_members,
+      reinit_members=lambda *args: parts.learner.reinit_members(*args),
       copy_data=lambda members, sources: data.copy_member_data(
           *processes.local_pairs(members, sources)),
       restart=lambda members: data.restart_members(
