@@ -1,8 +1,8 @@
 """Population rules: the contract (``base``), the registry, and one module
 per rule (host-side; the array work inside a rule may be jitted).
 
-* ``base``: ``Rule``, ``RuleOutputs``, ``Observation``, ``Decision``, ``Population``: what a
-  rule is and may do (read it first);
+* ``base``: ``Rule``, ``RuleOutputs``, ``Observation``, ``Decision``,
+  ``Population``: what a rule is and may do (read it first);
 * ``registry``: ``register`` (a class decorator), ``get(ref)``;
 * ``pbt/``, ``cemrl/``, ``dvd/``, ``hypertrick/``: the built-in rules, one
   folder each: the rule (``rule.py``: settings, presets, bookkeeping,
