@@ -39,7 +39,6 @@ from fastpbrl.evaluation import evaluation_seeds
 from fastpbrl.finish import RunResult
 from fastpbrl.logging import FINAL_RETURNS, read_final_returns
 from fastpbrl.policy import Policy
-from fastpbrl.rules.pbt.lineage import read_lineage
 from fastpbrl.resume import RULE_FORMAT, state_version
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Rule
@@ -74,7 +73,9 @@ class TrainResult:
   best_member: int  # index of the member with the best final evaluation
   best_final_return: float  # its final evaluation's mean return
   checkpoint: str  # folder of the run's latest checkpoint (all members)
-  lineage: list  # PBT: the events of lineage.jsonl, in order; else []
+  # The events of the lineage its rule declares (``RuleOutputs.lineage``;
+  # PBT's lineage.jsonl), in order; [] for a rule that declares none.
+  lineage: list
   run: RunResult  # everything else: final returns, hparams, counters...
 
 
@@ -152,10 +153,9 @@ def train(rule: Union[str, type, None] = None, *,
   rule_obj = rule_cls.from_config(config)
   result = run(rule_obj.config, rule_obj, callbacks=callbacks)
   best = int(np.argmax(result.final_returns))
-  lineage_path = os.path.join(result.run_dir, 'lineage.jsonl')
-  lineage = []
-  if os.path.exists(lineage_path):  # the rule keeps a lineage (PBT)
-    lineage = read_lineage(lineage_path)
+  read_lineage = registry.run_outputs(
+      saved_settings(result.run_dir, flag='run folder')).lineage
+  lineage = read_lineage(result.run_dir) if read_lineage else []
   return TrainResult(run_dir=result.run_dir, best_member=best,
                      best_final_return=float(result.final_returns[best]),
                      checkpoint=latest_checkpoint(result.run_dir),

@@ -31,7 +31,7 @@ from fastpbrl.callbacks import Callback, Loop
 from fastpbrl.config import as_learner_calls
 from fastpbrl.datapath import DataPath
 from fastpbrl.logging import append_rows
-from fastpbrl.rules.base import Decision, Observation, Rule
+from fastpbrl.rules.base import Decision, Observation, Rule, apply_decision
 
 log = logging.getLogger('fastpbrl')
 
@@ -86,33 +86,28 @@ class RuleRun:
 
 
 def apply(parts: 'Parts', loop: Loop, decision: Decision) -> None:
-  """Carries out a rule's ``decision`` on the loop and the data path."""
-  rule_run, data = parts.rule_run, parts.data
-  if decision.state is not None:
-    loop.state = decision.state
-  if decision.hparams is not None:
-    loop.hparams = decision.hparams
-  if decision.reinit is not None:  # with the new hyperparameters
-    members, key = decision.reinit
-    loop.state = parts.learner.reinit_members(key, loop.state, loop.hparams,
-                                              members)
-  if decision.copy_data is not None:
-    members, sources = decision.copy_data
-    data.copy_member_data(*parts.processes.local_pairs(members, sources))
-  if decision.restart is not None and decision.restart.any():
-    # A new experiment from phase one: an empty replay, its own warm-up.
-    data.restart_members(parts.processes.local_indices(decision.restart))
-  if decision.renewed is not None or decision.mark is not None:
+  """Carries out a rule's ``decision`` on the loop and the data path
+  (``rules.base.apply_decision``, as ``rules.testing.Harness`` does)."""
+  rule_run, data, processes = parts.rule_run, parts.data, parts.processes
+
+  def published_version() -> int:
     # Parameters are published by a thread: the store's version counts only
     # what it has written. Once everything submitted is written, the next
     # version is the first with the new weights (a rule decision, so this
     # short wait is off the per-call path).
     data.wait_published()
-    version = loop.policy_version = data.policy_version
-    if decision.renewed is not None:
-      rule_run.first_version[decision.renewed] = version + 1
-    if decision.mark is not None:
-      rule_run.marked_at[decision.mark] = version
+    loop.policy_version = data.policy_version
+    return loop.policy_version
+
+  loop.state, loop.hparams = apply_decision(
+      decision, loop.state, loop.hparams,
+      reinit_members=lambda *args: parts.learner.reinit_members(*args),
+      copy_data=lambda members, sources: data.copy_member_data(
+          *processes.local_pairs(members, sources)),
+      restart=lambda members: data.restart_members(
+          processes.local_indices(members)),
+      published_version=published_version,
+      first_version=rule_run.first_version, marked_at=rule_run.marked_at)
   append_rows(rule_run.run_dir, decision.logs)
   rule_run.events.extend(decision.events)
 

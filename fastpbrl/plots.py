@@ -2,8 +2,8 @@
 
 Besides ``returns.png`` (``fastpbrl.logging.plot_returns``), a run ends with
 
-* ``lineage.png`` (PBT runs, from ``lineage.jsonl``): the family tree of
-  exploits. One horizontal line per member over env steps, coloured by the
+* ``lineage.png`` (runs whose rule declares a lineage,
+  ``RuleOutputs.lineage``: PBT's): the family tree of exploits. One horizontal line per member over env steps, coloured by the
   initial member whose weights it carries at that moment, and an arrow from
   the source member to the destination at every copy.
 * ``hparams.png`` (every run, from ``hparams.csv``): each hyperparameter's
@@ -11,6 +11,8 @@ Besides ``returns.png`` (``fastpbrl.logging.plot_returns``), a run ends with
   varied (the fixed ones are named in the title), on a log axis where the
   search space draws it log-uniformly, with a marker on a member's line
   wherever it took another member's weights (PBT's exploits).
+
+and the pictures its rule draws itself (``RuleOutputs.pictures``).
 
 Both stay readable from 4 to 80 members: a legend and thick lines up to
 ``LEGEND_MEMBERS`` members, thin lines coloured along a colormap beyond.
@@ -267,7 +269,7 @@ def plot_lineage(events: Sequence[dict], path: str,
   if n <= 20:
     ax.set_yticks(range(n))
   ax.grid(alpha=0.3, axis='x')
-  ax.set_title(title or f'PBT lineage: {len(data.copies)} copies '
+  ax.set_title(title or f'lineage: {len(data.copies)} copies '
                '(arrow: source -> destination)')
   if style['legend'] and labelled:
     ax.legend(loc='upper left', bbox_to_anchor=(1.01, 1), fontsize='small')
@@ -325,13 +327,19 @@ def plot_hparams(rows: Sequence[dict], path: str, title: str = '',
                               members, title), path)
 
 
-def plot_run(run_dir: str, space=None) -> list[str]:
-  """Writes ``lineage.png`` (if the run has a lineage) and ``hparams.png``
-  (if it has ``hparams.csv``) in ``run_dir``; returns their paths.
+def plot_run(run_dir: str, space=None, outputs=None) -> list[str]:
+  """Writes ``lineage.png`` (if the run's rule declares a lineage and it has
+  events), ``hparams.png`` (if the run has ``hparams.csv``) and the rule's
+  own pictures (``RuleOutputs.pictures``) in ``run_dir``; returns their
+  paths.
 
   ``space``: the run's ``SearchSpace`` (its rule's, at the end of a run);
   by default read back from the folder (``saved_log_fields``).
+  ``outputs``: the ``RuleOutputs`` its rule declares; by default those of
+  the rule its ``config.json`` names (none without one).
   """
+  if outputs is None:
+    outputs = _saved_outputs(run_dir)
   written, copies = [], []
   title = os.path.basename(os.path.abspath(run_dir))
   end = None
@@ -340,22 +348,31 @@ def plot_run(run_dir: str, space=None) -> list[str]:
       hparams) else []
   if rows:
     end = max(r['env_steps'] for r in rows)
-  lineage = os.path.join(run_dir, 'lineage.jsonl')
-  if os.path.exists(lineage):
-    with open(lineage, encoding='utf-8') as f:
-      events = [json.loads(line) for line in f if line.strip()]
-    if events:
-      x = 'env_steps' if all('env_steps' in e for e in events) else 'step'
-      if x == 'env_steps':  # older lineages have update steps only
-        copies = lineage_lines(events).copies
-      written.append(plot_lineage(
-          events, os.path.join(run_dir, 'lineage.png'),
-          end=end if x == 'env_steps' else None,
-          title=f'{title}: PBT lineage (arrow: source -> destination)'))
+  events = outputs.lineage(run_dir) if outputs.lineage else []
+  if events:
+    x = 'env_steps' if all('env_steps' in e for e in events) else 'step'
+    if x == 'env_steps':  # older lineages have update steps only
+      copies = lineage_lines(events).copies
+    written.append(plot_lineage(
+        events, os.path.join(run_dir, 'lineage.png'),
+        end=end if x == 'env_steps' else None,
+        title=f'{title}: lineage (arrow: source -> destination)'))
   if rows:
     log_fields = (log_uniform_fields(space) if space is not None
                   else saved_log_fields(run_dir))
     written.append(plot_hparams(rows, os.path.join(run_dir, 'hparams.png'),
                                 title=f'{title}: hyperparameters',
                                 log_fields=log_fields, exploits=copies))
+  written += [p for p in (draw(run_dir) for draw in outputs.pictures) if p]
   return written
+
+
+def _saved_outputs(run_dir: str):
+  """The ``RuleOutputs`` of the rule ``run_dir/config.json`` names."""
+  from fastpbrl.rules.base import RuleOutputs  # noqa: PLC0415
+  from fastpbrl.rules.registry import run_outputs  # noqa: PLC0415
+  path = os.path.join(run_dir, 'config.json')
+  if not os.path.exists(path):
+    return RuleOutputs()
+  with open(path, encoding='utf-8') as f:
+    return run_outputs(json.load(f))

@@ -259,7 +259,8 @@ class Saver:
                     + self.processes.members(self.data.env_steps))
     # Each process's own logs (process p's copies in processes/<p>).
     sizes = [json.loads(text) for text in self.processes.gather_text(
-        json.dumps(log_sizes(self.own_dir, self.rule_run.rule.log_files)))]
+        json.dumps(log_sizes(self.own_dir,
+                             self.rule_run.rule.outputs().files)))]
     self.checkpointer.save(
         loop.calls, loop.state,
         {'hparams': loop.hparams, 'rule': self.rule_run.state},

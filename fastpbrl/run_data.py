@@ -7,14 +7,15 @@ jittable).
     run.hparam_schedule()    # the best member's hyperparameters over time
 
 ``load_run`` reads what a run writes under its folder (``fastpbrl.logging``
-and ``fastpbrl.rules.pbt.lineage`` write and read each file; their readers are
-reused here, so that a table says what the run's own summary, plot and
-``--rerun-lineage`` say): ``members/member_XXX.csv`` (every episode),
-``hparams.csv``, ``lineage.jsonl`` (PBT), ``rule.csv``,
-``final_returns.json`` and ``config.json``. A run stopped before its final
-evaluation (killed, or not finished yet) loads as well: its
-``final_returns`` is empty and its best member is the one whose last
-evaluation is best.
+writes and reads each file; its readers are reused here, so that a table
+says what the run's own summary and plot say): ``members/member_XXX.csv``
+(every episode), ``hparams.csv``, ``rule.csv``, ``final_returns.json`` and
+``config.json``; and the outputs its rule declares (``Rule.outputs``, the
+rule ``config.json`` names): its tables (``tables``; PBT's lineage), its
+lineage (``lineage_events``) and schedule (``hparam_schedule``). A run
+stopped before its final evaluation (killed, or not finished yet) loads as
+well: its ``final_returns`` is empty and its best member is the one whose
+last evaluation is best.
 
 pandas is a core dependency rather than an extra: ``load_run`` exists to
 hand back DataFrames (as Ray Tune's ``ResultGrid.get_dataframe()`` does),
@@ -38,8 +39,8 @@ from fastpbrl.config import ConfigError, saved_settings
 from fastpbrl.logging import (EPISODE_FIELDS, FINAL_RETURNS, HPARAMS_CSV,
                               evaluation_points, read_final_returns,
                               read_member_csvs, read_rule_csv)
-from fastpbrl.rules.pbt import lineage as pbt_lib
-from fastpbrl.rules.pbt.lineage import LINEAGE
+from fastpbrl.rules.base import RuleOutputs
+from fastpbrl.rules.registry import run_outputs
 
 # Columns of ``RunData.episodes``: the member CSVs' (``EPISODE_FIELDS``:
 # wall_time, env_steps, update_steps, member, episode_return,
@@ -49,11 +50,6 @@ EPISODE_DTYPES = dict(zip(EPISODE_FIELDS, ('float64', 'int64', 'int64',
                                            'bool')))
 EVALUATION_DTYPES = {'member': 'int64', 'env_steps': 'int64',
                      'wall_time': 'float64', 'mean_return': 'float64'}
-# Columns of ``RunData.lineage`` before the hyperparameters.
-LINEAGE_DTYPES = {'event': 'object', 'env_steps': 'int64',
-                  'update_steps': 'int64', 'member': 'int64',
-                  'parent': 'Int64', 'fitness': 'float64',
-                  'parent_fitness': 'float64', 'reason': 'object'}
 KEYS = ('env_steps', 'update_steps', 'member')  # hparams.csv's first columns
 
 
@@ -86,12 +82,9 @@ class RunData:
   (``env_steps``, ``update_steps``, ``member``, one float column per
   hyperparameter)."""
   lineage: pd.DataFrame
-  """PBT's ``lineage.jsonl``, one row per event: ``event`` (init, reset or
-  exploit), ``env_steps``, ``update_steps`` (the file's ``step``),
-  ``member``, ``parent`` (exploits; else missing), ``fitness`` and
-  ``parent_fitness`` (exploits), ``reason`` (``diverged`` or missing), then
-  the hyperparameters the member holds after the event. No rows for other
-  rules."""
+  """The table its rule declares as ``'lineage'`` (``tables['lineage']``;
+  PBT's: one row per event, ``fastpbrl.rules.pbt.lineage.lineage_table``
+  gives the columns); an empty DataFrame for a rule that declares none."""
   rule: pd.DataFrame
   """``rule.csv``: the rule's scalars (PBT's exploits, DvD's lambda, ...),
   one column each, indexed by ``env_steps``; no columns when the rule has
@@ -104,8 +97,14 @@ class RunData:
   for a run stopped before it, the member whose last evaluation is best;
   ``None`` when no member was evaluated yet."""
   lineage_events: list
-  """``lineage.jsonl``'s events as written (``pbt.read_lineage``); ``[]``
-  for other rules."""
+  """The events of the lineage its rule declares (``RuleOutputs.lineage``;
+  PBT's as written); ``[]`` for a rule that declares none."""
+  tables: dict = dataclasses.field(default_factory=dict)
+  """Every table its rule declares (``RuleOutputs.tables``), by name:
+  ``{}`` for a rule that declares none."""
+  outputs: RuleOutputs = RuleOutputs()
+  """What its rule declares (``Rule.outputs``; the rule named in
+  ``config.json``)."""
 
   def __repr__(self) -> str:
     return (f'RunData({self.run_dir!r}, rule={self.config.get("rule")!r}, '
@@ -129,9 +128,11 @@ class RunData:
 
     PBT: when ``member`` copied member ``s`` at env step ``t``, its weights
     were trained with ``s``'s hyperparameters before ``t``, and so on back
-    through ``s``'s own copies (``fastpbrl.rules.pbt.schedule``, which
-    ``fastpbrl pbt --rerun-lineage`` re-runs). Other rules (no lineage):
-    the member's own rows of ``hparams.csv`` where they change.
+    through ``s``'s own copies: the schedule its rule declares
+    (``RuleOutputs.schedule``; PBT's ``fastpbrl.rules.pbt.schedule``, which
+    ``fastpbrl pbt --rerun-lineage`` re-runs). Other rules (no lineage or
+    no schedule declared): the member's own rows of ``hparams.csv`` where
+    they change.
 
     Args:
       member: a member index; default: ``best_member``.
@@ -146,24 +147,23 @@ class RunData:
     """
     member = self._member(member)
     names = [c for c in self.hparams.columns if c not in KEYS]
-    if not self.lineage_events:
+    if not self.lineage_events or self.outputs.schedule is None:
       own = self.hparams[self.hparams['member'] == member]
       changed = own[names].ne(own[names].shift()).any(axis=1) | (
           np.arange(len(own)) == 0)
       return own.loc[changed, ['env_steps', 'update_steps', *names]
                      ].set_index('env_steps')
     try:
-      entries = pbt_lib.schedule(self.lineage_events, member)
+      entries = self.outputs.schedule(self.lineage_events, member)
     except (KeyError, ValueError) as e:
-      raise ConfigError(f'{os.path.join(self.run_dir, LINEAGE)}: {e}'
-                        ) from None
+      raise ConfigError(f'{self._lineage_name()}: {e}') from None
     env_steps = self._env_steps_of_update_steps()
     missing = [step for step, _ in entries if step not in env_steps]
     if missing:
       raise ConfigError(
-          f'{os.path.join(self.run_dir, LINEAGE)} has no env steps for '
-          f'update step {missing[0]} (a run older than env steps in the '
-          'lineage): pbt.schedule(path, member) gives it in update steps')
+          f'{self._lineage_name()} has no env steps for update step '
+          f'{missing[0]} (a run older than env steps in the lineage): the '
+          "rule's schedule(events, member) gives it in update steps")
     table = pd.DataFrame(
         [{'env_steps': env_steps[step], 'update_steps': step, **values}
          for step, values in entries])
@@ -184,6 +184,10 @@ class RunData:
       raise ConfigError(f'member {member!r} is out of range: the run has '
                         f'{n} members (0..{n - 1})')
     return int(member)
+
+  def _lineage_name(self) -> str:
+    """The lineage's file, for messages (the rule's first declared file)."""
+    return os.path.join(self.run_dir, *self.outputs.files[:1])
 
   def _env_steps_of_update_steps(self) -> dict[int, int]:
     """Update steps -> env steps per member, from the lineage's events and
@@ -225,14 +229,17 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
        for steps, wall, mean in evaluation_points(rows, eval_episodes)],
       EVALUATION_DTYPES)
   final = _final_returns(run_dir)
-  events = _lineage_events(run_dir)
+  outputs = run_outputs(config)
+  tables = {name: read(run_dir) for name, read in outputs.tables.items()}
   return RunData(
       run_dir=run_dir, config=config, episodes=episodes,
       evaluations=evaluations, hparams=_hparams(run_dir),
-      lineage=_lineage(events), rule=_rule(run_dir), final_returns=final,
+      lineage=tables.get('lineage', pd.DataFrame()), rule=_rule(run_dir),
+      final_returns=final,
       best_member=(finished_best_member(run_dir) if not final.empty
                    else _best_last_evaluation(evaluations)),
-      lineage_events=events)
+      lineage_events=(outputs.lineage(run_dir) if outputs.lineage else []),
+      tables=tables, outputs=outputs)
 
 
 def _member_rows(run_dir: str) -> list[list[dict]]:
@@ -276,35 +283,6 @@ def _hparams(run_dir: str) -> pd.DataFrame:
   # An empty field (a hyperparameter a resumed run's rows lack) is NaN.
   return _table(rows, {name: 'int64' if name in KEYS else 'float64'
                        for name in fields})
-
-
-def _lineage_events(run_dir: str) -> list[dict]:
-  path = os.path.join(run_dir, LINEAGE)
-  return pbt_lib.read_lineage(path) if os.path.exists(path) else []
-
-
-def _lineage(events: list[dict]) -> pd.DataFrame:
-  def after(e):  # the hyperparameters the member holds after the event
-    return e.get('hparams', e.get('new_hparams', {}))
-
-  names = sorted({name for e in events for name in after(e)})
-  dtypes = {**LINEAGE_DTYPES, **{n: 'float64' for n in names}}
-  if any('env_steps' not in e for e in events):  # from before events
-    dtypes['env_steps'] = 'Int64'  # carried env steps: missing there
-  nan = float('nan')
-  rows = [{'event': e['event'], 'env_steps': e.get('env_steps'),
-           'update_steps': e['step'], 'member': e['member'],
-           'parent': e.get('parent'),
-           # JSON has no NaN: the lineage writes a missing fitness as null.
-           'fitness': _or(e.get('fitness'), nan),
-           'parent_fitness': _or(e.get('parent_fitness'), nan),
-           'reason': e.get('reason'),
-           **{n: _or(after(e).get(n), nan) for n in names}} for e in events]
-  return pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
-
-
-def _or(value, default):
-  return default if value is None else value
 
 
 def _rule(run_dir: str) -> pd.DataFrame:

@@ -1,5 +1,6 @@
 """The end-of-run pictures draw exactly the records they are made from."""
 
+import json
 import os
 
 import numpy as np
@@ -83,6 +84,8 @@ def test_plot_run_writes_both_pictures(tmp_path, n):
   events = [e for e in _lineage(n, copies)
             if e['event'] != 'exploit' or e['member'] != e['parent']]
   write_lineage(tmp_path / 'lineage.jsonl', events)
+  with open(tmp_path / 'config.json', 'w') as f:  # names the rule: PBT
+    json.dump({'rule': 'pbt'}, f)
   log = HParamsLog(str(tmp_path))
   for c in range(6):
     log.write(500 * c, 50 * c, [{'lr': float(rng.uniform(1e-5, 1e-3)),
@@ -175,3 +178,13 @@ def test_plot_run_reads_the_log_uniform_fields_and_exploits_of_the_folder(
   assert plots.saved_log_fields(str(tmp_path)) == {'noise'}
   os.remove(tmp_path / 'config.json')
   assert plots.saved_log_fields(str(tmp_path)) is None
+
+
+def test_plot_run_draws_what_the_rule_declares(tmp_path):
+  from fastpbrl.rules.base import RuleOutputs  # noqa: PLC0415
+  write_lineage(tmp_path / 'lineage.jsonl', _lineage(2, [(20, 200, 1, 0)]))
+  # A rule that declares no lineage: the file is not its, nothing drawn.
+  assert plots.plot_run(str(tmp_path), outputs=RuleOutputs()) == []
+  own = str(tmp_path / 'own.png')
+  assert plots.plot_run(str(tmp_path), outputs=RuleOutputs(
+      pictures=(lambda run_dir: own, lambda run_dir: None))) == [own]

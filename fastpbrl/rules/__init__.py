@@ -1,8 +1,8 @@
 """Population rules: the contract (``base``), the registry, and one module
 per rule (host-side; the array work inside a rule may be jitted).
 
-* ``base``: ``Rule``, ``Observation``, ``Decision``, ``Population``: what a
-  rule is and may do (read it first);
+* ``base``: ``Rule``, ``RuleOutputs``, ``Observation``, ``Decision``,
+  ``Population``: what a rule is and may do (read it first);
 * ``registry``: ``register`` (a class decorator), ``get(ref)``;
 * ``pbt/``, ``cemrl/``, ``dvd/``, ``hypertrick/``: the built-in rules, one
   folder each: the rule (``rule.py``: settings, presets, bookkeeping,
@@ -26,7 +26,8 @@ from fastpbrl.imports import lazy_names
 
 # name -> the module of this package that defines it.
 _NAMES = {'Decision': 'base', 'Observation': 'base', 'Population': 'base',
-          'Rule': 'base', 'RuleState': 'base', 'hparam_rows': 'base',
+          'Rule': 'base', 'RuleOutputs': 'base', 'RuleState': 'base',
+          'hparam_rows': 'base',
           'mask': 'base', 'split_key': 'base', 'get': 'registry',
           'known': 'registry', 'register': 'registry'}
 

@@ -45,11 +45,26 @@ are the command's flags) and ``presets``, override what it needs, and decorate i
 with ``fastpbrl.rules.register``. ``fastpbrl mymod:MyRule --help`` then
 lists its flags, and runs it, checkpoints and resumes it like the built-in
 rules (``examples/halving.py`` is one).
+
+What a rule leaves in the run folder beyond the generic files (episodes,
+``hparams.csv``, ``rule.csv``) it declares in ``Rule.outputs()``, a
+``RuleOutputs``: the files its decisions append to, the tables
+``fastpbrl.load_run`` reads from them, a lineage of weight copies (the
+family-tree picture, ``RunData.hparam_schedule``, ``TrainResult.lineage``)
+and pictures of its own. Generic code reads a finished run through that
+declaration (the run folder's ``config.json`` names the rule) and knows no
+rule's files by name.
+
+To test a rule without a run, ``fastpbrl.rules.testing.Harness`` drives it
+through observations and carries out each ``Decision`` as the loop does
+(``apply_decision`` below is the part both share).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping, NamedTuple, Optional
+import types
+from typing import (Any, Callable, ClassVar, Mapping, NamedTuple, Optional,
+                    Sequence)
 
 import jax
 import numpy as np
@@ -124,6 +139,39 @@ class Decision(NamedTuple):
   note: str = ''  # what was done, for the run's log (``replace_diverged``)
 
 
+class RuleOutputs(NamedTuple):
+  """What a rule's runs leave for readers of the run folder
+  (``Rule.outputs``); ``RuleOutputs()`` is "nothing of its own".
+
+  Each reader takes the run folder and must accept a folder the rule
+  wrote nothing to yet (a run stopped early): it returns an empty result
+  there. Readers run on the host, after or beside the run.
+  """
+
+  # The files its decisions append to (``Decision.logs``); a resume cuts
+  # them back to the checkpoint. The default ``Rule.outputs`` declares
+  # ``Rule.log_files`` here: keep that the one place that names them.
+  files: tuple = ()
+  # ``{name: read(run_dir) -> DataFrame or list}``: the rule's tables,
+  # ``fastpbrl.load_run(run_dir).tables[name]``. A table named
+  # ``'lineage'`` is also ``RunData.lineage``.
+  tables: Mapping[str, Callable[[str], Any]] = types.MappingProxyType({})
+  # ``read(run_dir) -> [event dict]``: the weight copies between members,
+  # in the lineage format of ``fastpbrl.rules.pbt.lineage`` (``init`` /
+  # ``reset`` / ``exploit`` events with ``step``, ``member``, ``parent``,
+  # hyperparameters), oldest first. Declaring it gives ``lineage.png`` (the
+  # family tree), exploit arrows on ``hparams.png``,
+  # ``RunData.lineage_events`` and ``TrainResult.lineage``.
+  lineage: Optional[Callable[[str], list]] = None
+  # ``schedule(events, member) -> [(update_step, {hparam: value})]``: the
+  # hyperparameters behind ``member``'s weights, following the lineage's
+  # copies back (``RunData.hparam_schedule``; None: the member's own rows).
+  schedule: Optional[Callable[[list, int], list]] = None
+  # ``draw(run_dir) -> path or None``: pictures of its own, drawn by
+  # ``fastpbrl.plots.plot_run`` at the end of a run after the generic ones.
+  pictures: Sequence[Callable[[str], Optional[str]]] = ()
+
+
 class RuleState(NamedTuple):
   """The state of a rule with no bookkeeping: only its key."""
 
@@ -163,7 +211,8 @@ class Rule:
       (``shares_replay``).
     min_population: the least --population-size it works with.
     multi_process: runs over several processes (``fastpbrl.launch``).
-    log_files: the files its decisions append to (``Decision.logs``).
+    log_files: the files its decisions append to (``Decision.logs``);
+      the default ``outputs()`` declares them (``RuleOutputs.files``).
     not_resumable: why a killed run of it cannot be continued with
       ``--resume`` ('' : it can).
     command: for a rule built by another one's ``from_config`` (not
@@ -286,6 +335,15 @@ class Rule:
 
   # What the run reports.
 
+  @classmethod
+  def outputs(cls) -> RuleOutputs:
+    """What its runs leave in the run folder for readers (``load_run``,
+    ``plot_run``, ``train``'s result): a class method, as a run folder is
+    read without the run's settings. Override it as
+    ``super().outputs()._replace(tables=..., lineage=...)``, so that
+    ``files`` stays ``log_files``."""
+    return RuleOutputs(files=tuple(cls.log_files))
+
   def actor_hparams(self, hparams):
     """The agent hyperparameters actors act with (exploration noise)."""
     return hparams
@@ -311,3 +369,41 @@ def hparam_rows(hparams) -> list[dict]:
   arrays = {k: whole_value(v) for k, v in hparams._asdict().items()}
   n = len(next(iter(arrays.values())))
   return [{k: float(v[i]) for k, v in arrays.items()} for i in range(n)]
+
+
+def apply_decision(decision: Decision, state, hparams, *, reinit_members,
+                   copy_data, restart, published_version, first_version,
+                   marked_at):
+  """Carries out ``decision``: the part of the loop's ``apply`` that a
+  test harness (``fastpbrl.rules.testing``) does alike. Returns the new
+  ``(state, hparams)``; ``first_version`` and ``marked_at`` (``[N]``) are
+  updated in place. The data path comes in as functions:
+
+  Args:
+    reinit_members: ``(key, state, hparams, mask) -> state``
+      (``learner.reinit_members``).
+    copy_data: ``(members, sources) -> None``, replay rows of
+      ``sources[k]`` into ``members[k]``.
+    restart: ``(mask) -> None``, members started as new experiments.
+    published_version: ``() -> int``, the policy version acted with once
+      everything submitted is published (called only for ``renewed`` or
+      ``mark``).
+  """
+  if decision.state is not None:
+    state = decision.state
+  if decision.hparams is not None:
+    hparams = decision.hparams
+  if decision.reinit is not None:  # with the new hyperparameters
+    members, key = decision.reinit
+    state = reinit_members(key, state, hparams, members)
+  if decision.copy_data is not None:
+    copy_data(*decision.copy_data)
+  if decision.restart is not None and decision.restart.any():
+    restart(decision.restart)  # an empty replay, its own warm-up
+  if decision.renewed is not None or decision.mark is not None:
+    version = published_version()
+    if decision.renewed is not None:  # the first version with new weights
+      first_version[decision.renewed] = version + 1
+    if decision.mark is not None:
+      marked_at[decision.mark] = version
+  return state, hparams

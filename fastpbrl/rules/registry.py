@@ -14,15 +14,18 @@ line takes (``fastpbrl <ref> [flags]``) and ``fastpbrl.train(ref, ...)``:
   imports the file by putting its folder on ``sys.path``.
 
 A run saves the ref it was started with (``config.json``), so that its
-resume and ``fastpbrl.load_policy`` find the rule again.
+resume, ``fastpbrl.load_policy`` and the readers of its folder
+(``run_outputs``) find the rule again.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+from typing import Mapping
 
 from fastpbrl.imports import find, known_names
-from fastpbrl.rules.base import Rule
+from fastpbrl.rules.base import Rule, RuleOutputs
 from fastpbrl.rules.builtin import BUILTIN
 
 _REGISTRY: dict[str, type] = {}
@@ -121,3 +124,21 @@ def ref_of(rule_cls: type) -> str:
 def builtins() -> list[type]:
   """Every built-in rule class (imports their modules)."""
   return [get(name) for name in BUILTIN]
+
+
+def run_outputs(config: Mapping) -> RuleOutputs:
+  """What the rule of a run folder declares it left there
+  (``Rule.outputs``), from the folder's saved settings (``config.json``;
+  its ``rule`` key holds the ref). ``RuleOutputs()`` where the settings
+  name no rule, or one this process cannot import (a user rule's module
+  not on ``sys.path``: a warning says so)."""
+  ref = config.get('rule')
+  if not ref:
+    return RuleOutputs()
+  try:
+    return get(ref).outputs()
+  except (ValueError, ImportError) as e:
+    logging.getLogger('fastpbrl').warning(
+        'rule %r of the run folder not found (%s): reading it without the '
+        "rule's own outputs", ref, e)
+    return RuleOutputs()

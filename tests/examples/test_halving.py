@@ -16,7 +16,7 @@ from examples import halving
 from fastpbrl import rules
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.build import initial_population, make_agent, make_env_spec
-from fastpbrl.rules.base import Observation
+from fastpbrl.rules.testing import Harness
 from tests.test_distributed import DEADLINE_S, sigterm_after
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -33,18 +33,14 @@ FLAGS = ['--env', 'Pendulum-v1', '--population-size', '4', '--warmup-steps',
 ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
 
 
-def _observation(run, update_steps, evaluations):
-  return Observation(
-      calls=1, update_steps=update_steps,
-      member_update_steps=np.full(4, update_steps), env_steps=100,
-      episodes=tuple(EpisodeRecord(m, r, 200, True, 100, 1,
-                                   start_policy_version=1)._asdict()
-                     for m, r in evaluations),
-      marked_at=np.zeros(4, np.int64), state=run['state'],
-      hparams=run['hparams'])
+def _evaluations(scores):
+  return tuple(EpisodeRecord(m, r, 200, True, 100, 1,
+                             start_policy_version=1)._asdict()
+               for m, r in scores)
 
 
 def _start():
+  """The rule in a ``rules.testing.Harness`` (as the loop would drive it)."""
   config = halving.HalvingConfig(population_size=4, hidden_sizes=(8, 8),
                                  rung_update_steps=100, eval_every=100)
   rule = halving.Halving(config)
@@ -53,7 +49,8 @@ def _start():
   learner = rule.make_learner(agent, 1)
   state, hparams, rule_state = initial_population(config, rule, agent,
                                                   learner)
-  return rule, dict(state=state, hparams=hparams, rule_state=rule_state)
+  return Harness(rule, rule_state, state=state, hparams=hparams,
+                 learner=learner)
 
 
 def test_registered_and_found_by_its_ref():
@@ -64,28 +61,29 @@ def test_registered_and_found_by_its_ref():
 
 
 def test_the_bottom_half_restarts_once_every_member_finished_its_rung():
-  rule, run = _start()
+  run = _start()
+  start, old = run.rule_state, np.asarray(run.hparams.policy_lr)
   scores = [(0, -300.0), (1, -100.0), (2, -400.0), (3, -200.0)]
   # Mid-rung: the evaluations are recorded, nothing is decided.
-  state, decision = rule.decide(run['rule_state'], _observation(run, 50,
-                                                                scores))
+  decision = run.observe(_evaluations(scores), update_steps=50, env_steps=100)
   assert decision == rules.Decision()
-  assert state.counts.tolist() == [1, 1, 1, 1]
+  assert run.rule_state.counts.tolist() == [1, 1, 1, 1]
   # The rung is over: the two worst (members 2 and 0) restart, with new
   # hyperparameters; the others keep theirs.
-  state, decision = rule.decide(state, _observation(run, 100, []))
+  decision = run.observe(update_steps=100)
   assert decision.restart.tolist() == [True, False, True, False]
   assert decision.renewed.tolist() == decision.restart.tolist()
   assert decision.reinit[0].tolist() == decision.restart.tolist()
-  assert [e['member'] for e in decision.events] == [2, 0]
-  old, new = (np.asarray(run['hparams'].policy_lr),
-              np.asarray(decision.hparams.policy_lr))
+  assert [np.flatnonzero(r).tolist() for r in run.restarts] == [[0, 2]]
+  assert [e['member'] for e in run.events] == [2, 0]
+  new = np.asarray(run.hparams.policy_lr)
   assert new[1] == old[1] and new[3] == old[3]  # kept: the same values
   assert new[0] != old[0] and new[2] != old[2]  # redrawn
-  assert int(state.restarts) == 2 and state.counts.sum() == 0
+  assert int(run.rule_state.restarts) == 2 and run.rule_state.counts.sum() == 0
   # The same observation gives the same decision: a pure function.
-  first = rule.decide(run['rule_state'], _observation(run, 50, scores))
-  second = rule.decide(run['rule_state'], _observation(run, 50, scores))
+  observation = _start().observation(_evaluations(scores), update_steps=50)
+  first = run.rule.decide(start, observation)
+  second = run.rule.decide(start, observation)
   assert jax.tree.all(jax.tree.map(np.array_equal, first[0], second[0]))
 
 

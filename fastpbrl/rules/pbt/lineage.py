@@ -163,3 +163,51 @@ def schedule(path_or_events, member: int,
       out.append((last['step'], last['hparams']))
       break
   return out[::-1]
+
+
+def read_run_lineage(run_dir: str) -> list[dict]:
+  """Host-side. ``run_dir``'s lineage events (``read_lineage``), ``[]``
+  where the run wrote none yet: PBT's ``RuleOutputs.lineage``."""
+  path = os.path.join(run_dir, LINEAGE)
+  return read_lineage(path) if os.path.exists(path) else []
+
+
+# Columns of ``lineage_table`` before the hyperparameters.
+LINEAGE_DTYPES = {'event': 'object', 'env_steps': 'int64',
+                  'update_steps': 'int64', 'member': 'int64',
+                  'parent': 'Int64', 'fitness': 'float64',
+                  'parent_fitness': 'float64', 'reason': 'object'}
+
+
+def lineage_table(run_dir: str):
+  """Host-side. ``run_dir``'s lineage as a DataFrame, one row per event
+  (``load_run(run_dir).lineage``): ``event``, ``env_steps``,
+  ``update_steps`` (the file's ``step``), ``member``, ``parent`` (exploits;
+  else missing), ``fitness`` and ``parent_fitness`` (exploits), ``reason``
+  (``diverged`` or missing), then the hyperparameters the member holds
+  after the event; no rows, the same columns, without a file."""
+  import pandas as pd  # noqa: PLC0415 (only readers of a run need it)
+
+  events = read_run_lineage(run_dir)
+
+  def after(e):  # the hyperparameters the member holds after the event
+    return e.get('hparams', e.get('new_hparams', {}))
+
+  names = sorted({name for e in events for name in after(e)})
+  dtypes = {**LINEAGE_DTYPES, **{n: 'float64' for n in names}}
+  if any('env_steps' not in e for e in events):  # from before events
+    dtypes['env_steps'] = 'Int64'  # carried env steps: missing there
+  nan = float('nan')
+  rows = [{'event': e['event'], 'env_steps': e.get('env_steps'),
+           'update_steps': e['step'], 'member': e['member'],
+           'parent': e.get('parent'),
+           # JSON has no NaN: the lineage writes a missing fitness as null.
+           'fitness': _or(e.get('fitness'), nan),
+           'parent_fitness': _or(e.get('parent_fitness'), nan),
+           'reason': e.get('reason'),
+           **{n: _or(after(e).get(n), nan) for n in names}} for e in events]
+  return pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
+
+
+def _or(value, default):
+  return default if value is None else value

@@ -37,7 +37,7 @@ from fastpbrl.rules.pbt import lineage as lineage_lib
 from fastpbrl.rules.pbt import pb2
 from fastpbrl.rules.pbt.lineage import LINEAGE
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
-                                 split_key)
+                                 RuleOutputs, split_key)
 from fastpbrl.rules.common import (check_evaluations_per, search_space_of,
                                    validate_space)
 from fastpbrl.rules.registry import register
@@ -233,6 +233,14 @@ class PBT(Rule):
   log_files = (LINEAGE,)
   # 2: PB2's data rows hold each interval's starting fitness.
   state_version = 2
+
+  @classmethod
+  def outputs(cls) -> RuleOutputs:
+    """Its lineage (``lineage.jsonl``): the table ``load_run(...).lineage``,
+    the events, and the schedule behind a member's weights."""
+    return super().outputs()._replace(
+        tables={'lineage': lineage_lib.lineage_table},
+        lineage=lineage_lib.read_run_lineage, schedule=lineage_lib.schedule)
 
   def __init__(self, config: PBTRunConfig,
                space: Optional[ss.SearchSpace] = None):

@@ -21,6 +21,7 @@ from fastpbrl.rules import pbt as pbt_lib
 from fastpbrl import resume
 from fastpbrl.resume import like
 from fastpbrl.rules.base import Observation
+from fastpbrl.rules.testing import Harness
 from fastpbrl.rules.pbt.rule import (LINEAGE, PRESETS, PBT, PBTRunConfig,
                                 fitness_of, record)
 
@@ -28,8 +29,8 @@ N = 4
 
 
 class Run:
-  """A rule and what the loop would keep for it: the state, hparams, and
-  the policy versions (the loop's ``apply``, reduced to what PBT uses)."""
+  """A rule driven by ``fastpbrl.rules.testing.Harness``: the state,
+  hparams and policy versions as the loop keeps them."""
 
   def __init__(self, **overrides):
     config = PBTRunConfig(env='Pendulum-v1', population_size=N,
@@ -40,52 +41,40 @@ class Run:
     self.agent = make_agent(config, make_env_spec(config.env))
     self.rule.prepare(self.agent)
     learner = self.rule.make_learner(self.agent, 1)
-    self.state, self.hparams, self.rule_state = initial_population(
+    state, hparams, rule_state = initial_population(
         config, self.rule, self.agent, learner)
-    self.update_steps, self.version = 0, 1
-    self.first_version = np.zeros(N, np.int64)
-    self.marked_at = np.zeros(N, np.int64)
-    self.events = []
+    self.harness = Harness(self.rule, rule_state, state=state,
+                           hparams=hparams, learner=learner)
+
+  def __getattr__(self, name):  # rule_state, state, hparams, events, ...
+    return getattr(self.__dict__['harness'], name)
+
+  def __setattr__(self, name, value):
+    if name in ('rule', 'agent', 'harness'):
+      object.__setattr__(self, name, value)
+    else:
+      setattr(self.harness, name, value)
+
+  @property
+  def version(self):
+    return self.harness.policy_version
 
   def call(self, update_steps, evaluations=(), started_under=None):
     """One learner call: ``evaluations`` are (member, return) pairs of
     evaluations that started under ``started_under`` (default: the version
     now acted with)."""
-    self.update_steps += update_steps
     version = self.version if started_under is None else started_under
     episodes = tuple(
         EpisodeRecord(m, float(r), 200, True, 100, version,
                       start_policy_version=version)._asdict()
-        for m, r in evaluations
-        if version >= self.first_version[m])
-    observation = Observation(
-        calls=0, update_steps=self.update_steps,
-        member_update_steps=np.full(N, self.update_steps),
-        env_steps=100, episodes=episodes, marked_at=self.marked_at.copy(),
-        state=self.state, hparams=self.hparams)
-    self.rule_state, decision = self.rule.decide(self.rule_state, observation)
-    if decision.state is not None:
-      self.state, self.hparams = decision.state, decision.hparams
-    if decision.renewed is not None:
-      self.first_version[decision.renewed] = self.version + 1
-    if decision.mark is not None:
-      self.marked_at[decision.mark] = self.version
-    self.events += list(decision.events)
-    self.version += 1  # this call's weights are published
-    return decision
+        for m, r in evaluations)
+    return self.harness.observe(
+        episodes, update_steps=self.harness.update_steps + update_steps,
+        env_steps=100, calls=0)
 
   def diverge(self, diverged):
     """The loop's call of ``replace_diverged`` for ``diverged`` members."""
-    observation = Observation(
-        calls=0, update_steps=self.update_steps,
-        member_update_steps=np.full(N, self.update_steps), env_steps=100,
-        episodes=(), marked_at=self.marked_at.copy(), state=self.state,
-        hparams=self.hparams)
-    self.rule_state, decision = self.rule.replace_diverged(
-        self.rule_state, observation, diverged)
-    if decision.state is not None:
-      self.state, self.hparams = decision.state, decision.hparams
-    return decision
+    return self.harness.replace_diverged(diverged, env_steps=100, calls=0)
 
 
 def test_no_exploit_on_evaluations_of_untrained_policies():
@@ -375,7 +364,9 @@ def test_pb2_leaves_out_an_interval_cut_by_a_diverged_replacement():
   after = np.asarray(run.rule_state.last_fitness)
   assert np.isnan(after[0])
   np.testing.assert_array_equal(after[1:], before[1:])
-  run.call(30, [(m, -50.0 * (m + 1)) for m in range(N)])
+  # Evaluations started once the replacement's weights went out.
+  run.call(30, [(m, -50.0 * (m + 1)) for m in range(N)],
+           started_under=run.version + 1)
   data = pb2.data(np.asarray(run.rule_state.pb2_rows))
   third = data.t == 2.0  # the rows of the interval the replacement cut
   assert third.sum() == N - 1
