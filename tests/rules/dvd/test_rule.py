@@ -17,7 +17,28 @@ from fastpbrl.build import initial_population, make_agent, make_env_spec
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.config import ConfigError
 from fastpbrl.rules.base import Observation
-from fastpbrl.rules.dvd.rule import DvD, DvDRunConfig, _probe_states
+from fastpbrl.rules.dvd.rule import DvD, DvDRunConfig
+
+
+def _probe_states(env_id, num_states, seed):
+  """DvD's probe states as its rule computed them before the data path
+  did (``Pipeline.random_states`` moved this algorithm)."""
+  import gymnasium as gym
+  rng = np.random.default_rng(seed)
+  env = gym.make(env_id)
+  states = []
+  try:
+    obs, _ = env.reset(seed=seed)
+    space = env.action_space
+    while len(states) < num_states:
+      states.append(np.asarray(obs, np.float32))
+      obs, _, terminated, truncated, _ = env.step(
+          rng.uniform(space.low, space.high).astype(space.dtype))
+      if terminated or truncated:
+        obs, _ = env.reset(seed=int(rng.integers(2**31)))
+  finally:
+    env.close()
+  return np.stack(states)
 from tests import numerics
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
