@@ -38,7 +38,7 @@ def _observation(run, update_steps, evaluations):
       calls=1, update_steps=update_steps,
       member_update_steps=np.full(4, update_steps), env_steps=100,
       episodes=tuple(EpisodeRecord(m, r, 200, True, 100, 1,
-                                   start_policy_version=1)._asdict()
+                                   start_policy_version=1)
                      for m, r in evaluations),
       marked_at=np.zeros(4, np.int64), state=run['state'],
       hparams=run['hparams'])

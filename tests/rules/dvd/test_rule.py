@@ -87,7 +87,7 @@ class Run:
     """One learner call in which these members' evaluations ended."""
     pairs = [(i % N, r) for i, r in enumerate(eval_returns)] + [
         (m, r) for m, rs in returns_by_member.items() for r in rs]
-    episodes = [EpisodeRecord(m, float(r), 200, True, 0, 0)._asdict()
+    episodes = [EpisodeRecord(m, float(r), 200, True, 0, 0)
                 for m, r in pairs]
     self.rule_state, decision = self.rule.decide(self.rule_state,
                                                  self.observation(episodes))
@@ -365,7 +365,7 @@ def test_decide_changes_nothing_it_is_given():
   run.call([6.0])
   # Call 10 ends a round (a reward, a new choice) and measures diversity.
   observation = run.observation(
-      [EpisodeRecord(1, 7.0, 200, True, 0, 0)._asdict()])
+      [EpisodeRecord(1, 7.0, 200, True, 0, 0)])
   rule_state = run.rule_state
   before = copy.deepcopy((rule_state, observation))
   attributes = dict(run.rule.__dict__)
