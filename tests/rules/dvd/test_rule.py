@@ -39,6 +39,17 @@ def _probe_states(env_id, num_states, seed):
   finally:
     env.close()
   return np.stack(states)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeData:
+  """``Observation.data`` of these tests: the old algorithm's states."""
+
+  def evaluate(self, *args):
+    raise AssertionError('DvD evaluates no policy')
+
+  def random_states(self, num_states, seed):
+    return _probe_states('Pendulum-v1', num_states, seed)
 from tests import numerics
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
@@ -76,7 +87,7 @@ class Run:
         calls=self.calls + 1, update_steps=steps,
         member_update_steps=np.full(N, steps), env_steps=steps + 100,
         episodes=tuple(episodes), marked_at=np.zeros(N, np.int64),
-        state=self.state, hparams=self.hparams)
+        state=self.state, hparams=self.hparams, data=ProbeData())
 
   def call(self, eval_returns=()):
     """One learner call in which evaluations of these returns ended, the
