@@ -416,3 +416,14 @@ def test_decide_changes_nothing_it_is_given():
 def test_bad_bandit_flags_name_the_flag(flag, value, message):
   with pytest.raises(ConfigError, match=message):
     DvD(_config(**{flag: value}))
+
+
+def test_the_actor_paths_probe_states_are_the_old_ones():
+  """``Pipeline.random_states`` (what a DvD run on a gymnasium env now
+  asks) is the rule's old algorithm moved: the same states."""
+  import types
+  from fastpbrl.envs import make_env
+  from fastpbrl.pipeline import Pipeline
+  path = types.SimpleNamespace(_env_fn=lambda: make_env('Pendulum-v1'))
+  np.testing.assert_array_equal(Pipeline.random_states(path, 300, 1),
+                                _probe_states('Pendulum-v1', 300, seed=1))
