@@ -18,7 +18,9 @@ replaced (``benchmarks/results/rules/``).
 What a replay cannot reproduce, and leaves out: the training state (the
 learner does not run, so a copied or sampled member is a copy of the
 initial one), hence whatever a decision computes from trained weights
-(CEM-RL's mean-policy return, DvD's measured diversity). The decisions
+(CEM-RL's mean-policy return, DvD's measured diversity): the replay's
+``Observation.data`` answers an evaluation with the recorded mean-policy
+returns and probe states with zeros. The decisions
 themselves do not depend on them, except CEM-RL's new generation, whose
 hyperparameters (the training bound) are compared but not its weights.
 The recordings are pickles of this project's own making: load only your
@@ -41,6 +43,7 @@ import numpy as np
 from benchmarks.learning import code_version, machine
 from benchmarks.rule_recorder import COMMON, RULES
 from fastpbrl import build, rules
+from fastpbrl.actors.actor import episode_record
 from fastpbrl.logging import write_json_atomic
 from fastpbrl.rules.base import Observation
 
@@ -48,12 +51,32 @@ from fastpbrl.rules.base import Observation
 FROM_WEIGHTS = ('mean_policy_return',)
 
 
+class RecordedQueries:
+  """``Observation.data`` of a replay: the recorded mean-policy returns,
+  in order, for the evaluations; zeros for probe states."""
+
+  def __init__(self, events, observation_shape):
+    self.observation_shape = tuple(observation_shape)
+    self.returns = [e['mean_policy_return'] for _, e in events
+                    if 'mean_policy_return' in e]
+
+  def evaluate(self, policy_params, actor_hparams, episodes, seed):
+    del actor_hparams, seed
+    k = len(jax.tree.leaves(policy_params)[0])
+    value = self.returns.pop(0) if self.returns else float('nan')
+    return np.full((k, episodes), value), np.zeros((k, episodes), np.int64)
+
+  def random_states(self, num_states, seed):
+    del seed
+    return np.zeros((num_states, *self.observation_shape), np.float32)
+
+
 def _rule(name: str):
   """The rule, learner and initial population of the recorded run."""
   rule_cls = rules.get(name)
   rule = rule_cls.from_config(rule_cls.config_class(**COMMON, **RULES[name]))
-  _, learner, state, hparams, rule_state = build.assemble(rule)
-  return rule, learner, state, hparams, rule_state
+  agent, learner, state, hparams, rule_state = build.assemble(rule)
+  return rule, agent, learner, state, hparams, rule_state
 
 
 def _shared_critic_steps(state, hparams, num_steps: int):
@@ -99,20 +122,25 @@ def replay(name: str, recording: str) -> dict:
     # Hyperparameters are pickled NamedTuples, restored by position: TD3's
     # policy_delay of older recordings reads as policy_update_fraction.
     recorded = _Unpickler(f).load()
-  rule, learner, state, hparams, rule_state = _rule(name)
+  rule, agent, learner, state, hparams, rule_state = _rule(name)
   n = rule.config.population_size
   first_version = np.zeros((n,), np.int64)
   marked_at = np.zeros((n,), np.int64)
   events, hparams_differ = [], []
+  data = RecordedQueries(recorded['events'],
+                         agent.env_spec.observations.shape)
   for call in recorded['calls']:
     state = _shared_critic_steps(state, hparams, learner.num_steps)
-    episodes = tuple(r for r in call['episodes'] if r['start_policy_version']
-                     >= first_version[int(r['member'])])
+    # Recordings hold episodes as dicts: records, in this one place.
+    records = [episode_record(r) for r in call['episodes']]
+    episodes = tuple(r for r in records if r.start_policy_version
+                     >= first_version[int(r.member)])
     rule_state, decision = rule.decide(rule_state, Observation(
         calls=call['calls'], update_steps=call['update_steps'],
         member_update_steps=call['member_update_steps'],
         env_steps=call['env_steps'], episodes=episodes,
-        marked_at=marked_at.copy(), state=state, hparams=hparams))
+        marked_at=marked_at.copy(), state=state, hparams=hparams,
+        data=data))
     if decision.state is not None:
       state = decision.state
     if decision.hparams is not None:

@@ -29,6 +29,7 @@ import numpy as np
 from fastpbrl import agents, rules
 from fastpbrl import search_space as ss
 from fastpbrl.config import RunConfig, check
+from fastpbrl.rules.common import evaluation_returns
 
 
 @dataclasses.dataclass
@@ -87,16 +88,16 @@ class Halving(rules.Rule):
 
   def decide(self, rule_state, obs):
     returns, counts = rule_state.returns.copy(), rule_state.counts.copy()
-    for r in obs.episodes:
-      if r['evaluation']:
-        returns[r['member']] += r['episode_return']
-        counts[r['member']] += 1
+    n = self.config.population_size
+    for member, values in enumerate(evaluation_returns(obs.episodes, n)):
+      for value in values:
+        returns[member] += value
+        counts[member] += 1
     rule_state = rule_state._replace(returns=returns, counts=counts)
     rung = obs.member_update_steps - rule_state.rung_start
     if (rung < self.config.rung_update_steps).any() or (counts == 0).any():
       return rule_state, rules.Decision()
     # Every member finished its rung: restart the bottom fraction.
-    n = self.config.population_size
     scores = returns / counts
     worst = np.argsort(scores, kind='stable')[:int(self.config.fraction * n)]
     restart = rules.mask(worst, n)

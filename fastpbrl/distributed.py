@@ -58,6 +58,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from fastpbrl import sharding
 from fastpbrl.actors import EpisodeRecord
+from fastpbrl.actors.actor import episode_record
 
 COORDINATOR = 'FASTPBRL_COORDINATOR'
 NUM_PROCESSES = 'FASTPBRL_NUM_PROCESSES'
@@ -429,7 +430,7 @@ class Processes:
     process 0's first: the same list, in the same order, in every
     process."""
     if not self.several:
-      return list(records)
+      return [episode_record(r) for r in records]
     rows = np.asarray([[float(r[f]) for f in _EPISODE_FIELDS]
                        for r in records], np.float64).reshape(
                            len(records), len(_EPISODE_FIELDS))

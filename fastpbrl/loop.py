@@ -25,13 +25,16 @@ import dataclasses
 import logging
 from typing import Any, NamedTuple, Optional, Sequence
 
+import jax
 import numpy as np
 
+from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.callbacks import Callback, Loop
 from fastpbrl.config import as_learner_calls
 from fastpbrl.datapath import DataPath
 from fastpbrl.logging import append_rows
-from fastpbrl.rules.base import Decision, Observation, Rule, apply_decision
+from fastpbrl.rules.base import (DataQueries, Decision, Observation, Rule,
+                                 apply_decision)
 
 log = logging.getLogger('fastpbrl')
 
@@ -67,22 +70,55 @@ class RuleRun:
     self.marked_at = np.zeros((population_size,), np.int64)
     self.events: list[dict] = []
 
-  def observation(self, loop: Loop) -> Observation:
-    """What the rule may read after the call ``loop`` just took."""
-    episodes = tuple(
+  def observation(self, loop: Loop,
+                  data: Optional[DataQueries] = None) -> Observation:
+    """What the rule may read after the call ``loop`` just took; ``data``
+    answers its queries (``RuleQueries`` of the run's data path)."""
+    episodes: tuple[EpisodeRecord, ...] = tuple(
         r for r in loop.episodes
-        if r['start_policy_version'] >= self.first_version[int(r['member'])])
+        if r.start_policy_version >= self.first_version[int(r.member)])
     return Observation(
         calls=loop.calls, update_steps=loop.update_steps,
         member_update_steps=loop.member_update_steps.copy(),
         env_steps=loop.env_steps, episodes=episodes,
         marked_at=self.marked_at.copy(), state=loop.state,
-        hparams=loop.hparams)
+        hparams=loop.hparams, data=data)
 
   def take_events(self) -> list[dict]:
     """The decisions' events since the last call, oldest first."""
     events, self.events = self.events, []
     return events
+
+
+class RuleQueries:
+  """A rule's queries (``rules.base.DataQueries``) answered by the run's
+  data path: ``K`` policies that every process holds whole, where the data
+  path's ``evaluate`` plays each process's rows of a population."""
+
+  def __init__(self, data: DataPath, processes):
+    self.data, self.processes = data, processes
+
+  def evaluate(self, policy_params, actor_hparams, episodes: int, seed: int):
+    processes = self.processes
+    if not processes.several:  # this process's rows are the K policies
+      return self.data.evaluate(policy_params, actor_hparams, episodes, seed)
+    # Over several processes the data path plays the population's rows,
+    # each process its own: the K policies become rows 0..K-1 (the others
+    # repeat row 0), so policy k is seeded as member k, as in one process.
+    k = int(jax.tree.leaves(policy_params)[0].shape[0])
+    n = int(processes.population_size)
+    if k > n:
+      raise ValueError(f'a rule may evaluate at most {n} policies at once '
+                       f'over several processes, got {k}')
+    rows = np.where(np.arange(n) < k, np.arange(n), 0)[processes.local]
+    returns, lengths = self.data.evaluate(
+        jax.tree.map(lambda x: np.asarray(x)[rows], policy_params),
+        jax.tree.map(lambda x: np.asarray(x)[rows], actor_hparams),
+        episodes, seed)
+    return returns[:k], lengths[:k]
+
+  def random_states(self, num_states: int, seed: int) -> np.ndarray:
+    return self.data.random_states(num_states, seed)
 
 
 def apply(parts: 'Parts', loop: Loop, decision: Decision) -> None:
@@ -152,7 +188,8 @@ class Divergence:
     if loop.calls > done.calls:  # call loop.calls ran the old member
       self.replaced_calls, self.replaced = loop.calls, diverged
     rule_run = parts.rule_run
-    observation = rule_run.observation(loop)._replace(episodes=())
+    observation = rule_run.observation(
+        loop, RuleQueries(parts.data, parts.processes))._replace(episodes=())
     rule_run.state, decision = rule_run.rule.replace_diverged(
         rule_run.state, observation, diverged)
     apply(parts, loop, decision)
@@ -279,6 +316,7 @@ def train(parts: Parts, loop: Loop) -> None:
   checkpoint_calls = as_learner_calls(config.checkpoint_every, config)
   steps_before = loop.env_steps
   pending: Finished | None = None
+  queries = RuleQueries(parts.data, parts.processes)
   while not finished(rule_run, loop):
     metrics = learner_call(parts, loop)
     if metrics is None:
@@ -287,7 +325,7 @@ def train(parts: Parts, loop: Loop) -> None:
       read_back(parts, loop, divergence, pending)
     stopping = observe(parts, loop, steps_before)
     rule_run.state, decision = rule_run.rule.decide(
-        rule_run.state, rule_run.observation(loop))
+        rule_run.state, rule_run.observation(loop, queries))
     apply(parts, loop, decision)
     events = call_back(parts, loop)
     # After the rule, so that what it changed reaches the actors.

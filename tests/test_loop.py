@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fastpbrl import loop as loop_lib
+from fastpbrl.actors import EpisodeRecord
 from fastpbrl.callbacks import Loop, StopAtReturn, TimeLimit
 from fastpbrl.config import RunConfig
 from fastpbrl.distributed import Processes
@@ -42,7 +43,8 @@ def _loop(episodes):
   return Loop(config=RunConfig(population_size=3), run_dir='', agent=None,
               learner=None, state=None, hparams=None,
               member_update_steps=np.zeros(3, np.int64),
-              episodes=[{'member': m, 'start_policy_version': v}
+              episodes=[EpisodeRecord(m, 0.0, 1, True, 0, v,
+                                      start_policy_version=v)
                         for m, v in episodes])
 
 
@@ -81,10 +83,8 @@ def test_restarts_logs_and_events(tmp_path):
 
 
 def _evaluations(loop, pairs):
-  loop.episodes = [{'member': m, 'episode_return': r, 'evaluation': True}
-                   for m, r in pairs]
-  loop.episodes.append({'member': 0, 'episode_return': 1e9,
-                        'evaluation': False})  # training: never counts
+  loop.episodes = [EpisodeRecord(m, r, 1, True, 0, 0) for m, r in pairs]
+  loop.episodes.append(EpisodeRecord(0, 1e9, 1, False, 0, 0))  # training
 
 
 def test_stop_at_return_needs_one_whole_evaluation_above_it():

@@ -511,3 +511,25 @@ def test_hypertrick_evicts_and_restarts_slots_on_device(tmp_path):
   run = fastpbrl.load_run(str(tmp_path / 'run'))
   assert len(run.final_returns) == 2
   assert all(math.isfinite(x) for x in run.final_returns)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('rule', ['cemrl', 'dvd'])
+def test_rules_that_query_the_data_path_run_on_device(tmp_path, rule):
+  """CEM-RL's mean-policy evaluation and DvD's probe states come from the
+  on-device data path (``Observation.data``): both run on a gymnax env
+  and end with finite returns."""
+  kw = dict(TINY, population_size=4)
+  if rule == 'cemrl':
+    del kw['env_steps']
+    kw['total_env_steps'] = 2400
+  else:
+    kw.update(env_steps=600, lambda_mode='schedule')
+  fastpbrl.train(rule, run_dir=str(tmp_path / 'run'), **kw)
+  run = fastpbrl.load_run(str(tmp_path / 'run'))
+  assert len(run.final_returns) == 4
+  assert np.isfinite(np.asarray(run.final_returns, float)).all()
+  if rule == 'cemrl':
+    rows = open(tmp_path / 'run' / 'mean_policy.csv').read().splitlines()
+    assert len(rows) >= 2  # header and a generation
+    assert all(math.isfinite(float(r.split(',')[-1])) for r in rows[1:])

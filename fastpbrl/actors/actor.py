@@ -128,6 +128,15 @@ class EpisodeRecord(NamedTuple):
     return tuple.__getitem__(self, key)
 
 
+def episode_record(record) -> EpisodeRecord:
+  """``record`` as an ``EpisodeRecord`` (a dict of its fields, as older
+  recordings hold, or one already)."""
+  if isinstance(record, EpisodeRecord):
+    return record
+  return EpisodeRecord(**{k: record[k] for k in EpisodeRecord._fields
+                          if k in record})
+
+
 def eval_env_seed(eval_env: int, k: int) -> int:
   """Seed of the first reset of a member's ``k``-th evaluation env, from
   its ``MemberSeeds.eval_env`` (env 0 takes that seed itself)."""

@@ -15,11 +15,13 @@ experiments. It is a config plus pure functions, as an agent is
 
 The run loop (``fastpbrl.loop``) builds the ``Observation`` (counters, the
 episodes that finished in this call, the stacked state and
-hyperparameters) and applies the ``Decision`` (new state and
-hyperparameters, replay copies, restarts, events for the callbacks, lines
-for the run's logs). A rule never touches the loop, the pipeline or the
-learner. Everything it remembers lives in ``rule_state``: a ``NamedTuple``
-of fixed-shape arrays (and nested NamedTuples of them) with a ``key``
+hyperparameters, the data path's queries) and applies the ``Decision``
+(new state and hyperparameters, replay copies, restarts, events for the
+callbacks, lines for the run's logs). A rule never touches the loop, the
+pipeline or the learner: what it needs played (an evaluation, probe
+states) it asks through ``Observation.data``. Everything it remembers
+lives in ``rule_state``: a ``NamedTuple`` of fixed-shape arrays (and
+nested NamedTuples of them) with a ``key``
 field, the rule's PRNG key. Checkpointing a rule is checkpointing that
 pytree: a resume reads it back into the shapes ``init`` gives.
 
@@ -64,7 +66,7 @@ from __future__ import annotations
 
 import types
 from typing import (Any, Callable, ClassVar, Mapping, NamedTuple, Optional,
-                    Sequence)
+                    Protocol, Sequence)
 
 import jax
 import numpy as np
@@ -85,25 +87,52 @@ class Population(NamedTuple):
   key: jax.Array  # for whatever ``init`` changes in ``state``
 
 
+class DataQueries(Protocol):
+  """What a rule may ask of the run's data path (``Observation.data``):
+  episodes of policies the population does not act with, and states to
+  probe policies on. The loop hands the run's data path
+  (``fastpbrl.datapath``, whichever runs: gymnasium actors or JAX envs on
+  the device); a test or a replay hands a fake."""
+
+  def evaluate(self, policy_params: Any, actor_hparams: Any, episodes: int,
+               seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(returns, lengths)``, ``[K, episodes]`` each: noise-free episodes
+    of the ``K`` stacked policies ``policy_params`` (whole in every
+    process, not a population's rows), acting with ``actor_hparams``
+    (``[K]``), policy ``k``'s resets seeded as member ``k``'s evaluations
+    of ``seed`` (``fastpbrl.evaluation.evaluation_seeds``). Every process
+    calls it at the same point and gets the same values."""
+
+  def random_states(self, num_states: int, seed: int) -> np.ndarray:
+    """``[num_states, *obs]`` float32 observations visited by uniformly
+    random actions from resets seeded by ``seed``: the same states for the
+    same env and seed."""
+
+
 class Observation(NamedTuple):
   """What a rule may read after a learner call.
 
-  ``episodes`` are the episodes that finished during this call (dicts:
-  ``member``, ``episode_return``, ``episode_length``, ``evaluation``,
-  ``env_steps``, ``policy_version``, ``start_policy_version``,
-  ``true_objective``), without those that started under weights a
-  ``Decision`` has since replaced (``renewed``). Versions number the
-  policies the actors act with, from 1 at the start of a run or a resume.
+  ``episodes`` are the episodes that finished during this call
+  (``fastpbrl.actors.EpisodeRecord``: ``member``, ``episode_return``,
+  ``episode_length``, ``evaluation``, ``env_steps``, ``policy_version``,
+  ``start_policy_version``, ``true_objective``; read them as attributes,
+  or per member with ``fastpbrl.rules.common.evaluation_returns``),
+  without those that started under weights a ``Decision`` has since
+  replaced (``renewed``). Versions number the policies the actors act
+  with, from 1 at the start of a run or a resume. ``data`` answers the
+  queries a rule may put to the data path (``DataQueries``; None where
+  nothing can answer them).
   """
 
   calls: int  # learner calls done
   update_steps: int  # update steps per member (the population's count)
   member_update_steps: np.ndarray  # [N] update steps each member kept
   env_steps: int  # env steps per member (the least over members)
-  episodes: tuple  # this call's finished episodes (see above)
+  episodes: tuple  # this call's finished EpisodeRecords (see above)
   marked_at: np.ndarray  # [N] policy version at each member's last ``mark``
   state: Any  # stacked training state (read it, never change it)
   hparams: Any  # stacked hyperparameters
+  data: Optional[DataQueries] = None  # the data path's queries (see above)
 
 
 class Decision(NamedTuple):

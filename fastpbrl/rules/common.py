@@ -2,14 +2,18 @@
 
 The search space a rule samples from (``--search-space`` or the agent's
 default) and its check against the agent's hyperparameters; the shared-critic
-check of CEM-RL and DvD; and the check that every span a rule scores holds
-an evaluation. (Which episodes still score a member whose weights were
+check of CEM-RL and DvD; the check that every span a rule scores holds
+an evaluation; and the evaluation returns of an observation's episodes,
+per member. (Which episodes still score a member whose weights were
 replaced is the loop's business: ``Decision.renewed``.)
 """
 
 from __future__ import annotations
 
 import json
+from typing import Optional, Sequence
+
+import numpy as np
 
 from fastpbrl import search_space as ss
 from fastpbrl.config import (ConfigError, RunConfig, agent_spec, check,
@@ -94,3 +98,34 @@ def check_evaluations_per(span_env_steps: float, config: RunConfig,
         f'span ({span_env_steps:.0f} env steps per member): spans would end '
         'without an evaluation to score them; lower --eval-every or lengthen '
         'the span')
+
+
+def evaluations(episodes: Sequence, *, since: Optional[np.ndarray] = None
+                ) -> list:
+  """The evaluation episodes (``EpisodeRecord``) of ``episodes``, in their
+  order; with ``since`` (``[N]`` policy versions, as
+  ``Observation.marked_at``), only those that started after member
+  ``m``'s ``since[m]``."""
+  return [r for r in episodes if r.evaluation and (
+      since is None or r.start_policy_version > since[r.member])]
+
+
+def evaluation_returns(episodes: Sequence, population_size: int, *,
+                       since: Optional[np.ndarray] = None,
+                       field: str = 'episode_return') -> list[list[float]]:
+  """Per member, the returns of its evaluation episodes in ``episodes``,
+  oldest first: ``out[m]`` is member ``m``'s list (empty: none).
+
+  Args:
+    episodes: ``EpisodeRecord``s (``Observation.episodes``).
+    population_size: ``N``, the number of lists.
+    since: ``[N]`` policy versions: only episodes that started after
+      member ``m``'s ``since[m]`` (``Observation.marked_at``: evaluations
+      of the policy trained since its last ``mark``).
+    field: what an episode gives: ``'episode_return'``, or
+      ``'true_objective'`` (PBT's ``--true-objective``).
+  """
+  out: list[list[float]] = [[] for _ in range(population_size)]
+  for r in evaluations(episodes, since=since):
+    out[int(r.member)].append(float(getattr(r, field)))
+  return out

@@ -25,13 +25,8 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
-from fastpbrl.rules.base import Decision, Observation, Rule, apply_decision
-
-
-def _field(episode, name: str):
-  """An episode record's field (a dict or a typed record)."""
-  return episode[name] if isinstance(episode, dict) else getattr(episode,
-                                                                 name)
+from fastpbrl.rules.base import (DataQueries, Decision, Observation, Rule,
+                                 apply_decision)
 
 
 class Harness:
@@ -49,10 +44,13 @@ class Harness:
   """
 
   def __init__(self, rule: Rule, rule_state, *, state, hparams,
-               learner: Any = None, policy_version: int = 1):
+               learner: Any = None, policy_version: int = 1,
+               data: Optional[DataQueries] = None):
     """``learner``: the one whose ``reinit_members`` carries out
-    ``Decision.reinit`` (None: a rule that never re-initialises)."""
-    self.rule, self.rule_state = rule, rule_state
+    ``Decision.reinit`` (None: a rule that never re-initialises).
+    ``data``: what ``Observation.data`` answers (a rule's evaluations and
+    random states; a fake of ``rules.base.DataQueries`` in tests)."""
+    self.rule, self.rule_state, self.data = rule, rule_state, data
     self.state, self.hparams, self.learner = state, hparams, learner
     n = len(jax.tree_util.tree_leaves(hparams)[0])
     self.policy_version = policy_version
@@ -78,15 +76,14 @@ class Harness:
     self.calls = self.calls + 1 if calls is None else calls
     if member_update_steps is None:
       member_update_steps = np.full(len(self.marked_at), self.update_steps)
-    kept = tuple(
-        e for e in episodes if _field(e, 'start_policy_version')
-        >= self.first_version[int(_field(e, 'member'))])
+    kept = tuple(e for e in episodes if e.start_policy_version
+                 >= self.first_version[int(e.member)])
     return Observation(
         calls=self.calls, update_steps=self.update_steps,
         member_update_steps=np.asarray(member_update_steps),
         env_steps=self.env_steps, episodes=kept,
         marked_at=self.marked_at.copy(), state=self.state,
-        hparams=self.hparams)
+        hparams=self.hparams, data=self.data)
 
   def observe(self, episodes: Sequence = (), **counters) -> Decision:
     """One learner call: ``rule.decide`` on ``observation(episodes,

@@ -34,8 +34,7 @@ ENV = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
 
 
 def _evaluations(scores):
-  return tuple(EpisodeRecord(m, r, 200, True, 100, 1,
-                             start_policy_version=1)._asdict()
+  return tuple(EpisodeRecord(m, r, 200, True, 100, 1, start_policy_version=1)
                for m, r in scores)
 
 

@@ -2,9 +2,12 @@
 loop's ``apply`` does: same state, hyperparameters, versions, and the
 copies and restarts the loop asks of the data path."""
 
+import json
+
 import numpy as np
 
 from fastpbrl import loop as loop_lib
+from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.callbacks import Loop
 from fastpbrl.config import RunConfig
 from fastpbrl.distributed import Processes
@@ -78,11 +81,11 @@ def test_harness_leaves_out_episodes_of_replaced_weights():
   rule = Rule(RunConfig(population_size=N))
   harness = Harness(rule, None, state=np.zeros(N), hparams=np.zeros(N))
   harness.apply(Decision(renewed=np.array([False, True, False])))
-  episodes = [{'member': 1, 'start_policy_version': 1},
-              {'member': 1, 'start_policy_version': 2},
-              {'member': 0, 'start_policy_version': 1}]
+  episodes = [EpisodeRecord(1, -1.0, 10, True, 10, 1, start_policy_version=1),
+              EpisodeRecord(1, -1.0, 10, True, 10, 2, start_policy_version=2),
+              EpisodeRecord(0, -1.0, 10, True, 10, 1, start_policy_version=1)]
   observation = harness.observation(episodes, update_steps=10)
-  assert [(e['member'], e['start_policy_version'])
+  assert [(e.member, e.start_policy_version)
           for e in observation.episodes] == [(1, 2), (0, 1)]
   assert observation.member_update_steps.tolist() == [10] * N
 
@@ -94,7 +97,6 @@ def test_outputs_declare_the_log_files():
 
 
 def test_a_rule_without_outputs_loads_empty_tables(tmp_path):
-  import json  # noqa: PLC0415
   with open(tmp_path / 'config.json', 'w') as f:
     json.dump({'rule': 'seeds', 'population_size': 2}, f)
   (tmp_path / 'lineage.jsonl').write_text(  # not the rule's: not read

@@ -28,7 +28,6 @@ import numpy as np
 
 from fastpbrl.config import (RunConfig, bounded, check, check_bounds,
                              resolved, rule_fields)
-from fastpbrl.evaluation import evaluate_policy
 from fastpbrl.learner import population_hparams
 from fastpbrl.rules.cemrl import cem as cem_lib
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
@@ -246,7 +245,7 @@ class CEMRL(Rule):
     return max(1, round(self.config.rl_fraction * self.config.population_size))
 
   def prepare(self, agent) -> None:
-    # The mean policy's evaluation plays episodes of this agent.
+    # The mean policy is evaluated with this agent's default hyperparameters.
     self.agent = agent
 
   def initial_hparams(self, key, agent, population_size):
@@ -331,12 +330,12 @@ class CEMRL(Rule):
           renewed=everyone)
     fitness, lengths = rule_state.fitness.copy(), rule_state.lengths.copy()
     for r in obs.episodes:
-      m = int(r['member'])
+      m = int(r.member)
       # Training episodes: like Algorithm 1's evaluations they go into the
       # replay and the budget (the pipeline's evaluation episodes do not).
-      if not r['evaluation'] and np.isnan(fitness[m]):
-        fitness[m] = float(r['episode_return'])
-        lengths[m] = int(r['episode_length'])
+      if not r.evaluation and np.isnan(fitness[m]):
+        fitness[m] = float(r.episode_return)
+        lengths[m] = int(r.episode_length)
     rule_state = rule_state._replace(fitness=fitness, lengths=lengths)
     if np.isnan(fitness).any():
       return rule_state, Decision()
@@ -352,10 +351,8 @@ class CEMRL(Rule):
         noise_decay=self.config.noise_decay,
         noise_limit=self.config.noise_limit)
     generation = int(rule_state.generation) + 1
-    mean_return = float(np.mean(evaluate_policy(
-        self.agent, self.config.env, unravel(cem.mean),
-        self.config.mean_eval_episodes,
-        seed=self.config.seed + 10_000 * generation)))
+    mean_return = self._mean_policy_return(obs, unravel(cem.mean),
+                                           generation)
     # The run's count: the least member's env steps, times N.
     total_env_steps = obs.env_steps * self.config.population_size
     actor_steps = int(rule_state.actor_steps)
@@ -382,6 +379,24 @@ class CEMRL(Rule):
     hparams = cem_lib.set_train_until(obs.hparams, critic_steps + actor_steps)
     return rule_state, Decision(state=state, hparams=hparams, events=(event,),
                                 logs=((MEAN_POLICY, log_row),))
+
+  def _mean_policy_return(self, obs: Observation, policy, generation: int
+                          ) -> float:
+    """The mean return of ``--mean-eval-episodes`` noise-free episodes of
+    ``policy`` (the distribution's mean), played by the data path with the
+    agent's default hyperparameters and seeds of generation
+    ``generation``."""
+    if obs.data is None:
+      raise ValueError('CEM-RL evaluates its mean policy through '
+                       'Observation.data, and this observation has none')
+    stacked = jax.tree.map(lambda x: jnp.asarray(whole_value(x))[None],
+                           policy)
+    defaults = jax.tree.map(lambda x: jnp.asarray(x)[None],
+                            self.agent.default_hparams())
+    returns, _ = obs.data.evaluate(
+        stacked, defaults, self.config.mean_eval_episodes,
+        self.config.seed + 10_000 * generation)
+    return float(np.mean([float(r) for r in returns[0]]))
 
   def resumed(self, rule_state: CEMRLState) -> CEMRLState:
     # A train phase goes on to its bound (state.step and hparams are

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Literal, Mapping, NamedTuple, Optional
 
-import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,7 +35,8 @@ from fastpbrl.rules.dvd import bandit as bandit_lib
 from fastpbrl.rules.dvd import diversity as dvd_lib
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows)
-from fastpbrl.rules.common import check_evaluations_per, check_shared_critic
+from fastpbrl.rules.common import (check_evaluations_per, check_shared_critic,
+                                   evaluations)
 from fastpbrl.rules.registry import register
 from fastpbrl.sharding import whole_value
 
@@ -127,28 +127,6 @@ PRESETS = {
 }
 
 
-def _probe_states(env_id: str, num_states: int, seed: int) -> np.ndarray:
-  """Host-side: ``[num_states, ...]`` observations of ``env_id`` visited by
-  uniformly random actions from resets seeded by ``seed`` (the same states
-  for the same env and seed, so runs with the same seed compare on them)."""
-
-  rng = np.random.default_rng(seed)
-  env = gym.make(env_id)
-  states = []
-  try:
-    obs, _ = env.reset(seed=seed)
-    space = env.action_space
-    while len(states) < num_states:
-      states.append(np.asarray(obs, np.float32))
-      obs, _, terminated, truncated, _ = env.step(
-          rng.uniform(space.low, space.high).astype(space.dtype))
-      if terminated or truncated:
-        obs, _ = env.reset(seed=int(rng.integers(2**31)))
-  finally:
-    env.close()
-  return np.stack(states)
-
-
 class DvDState(NamedTuple):
   """DvD's bookkeeping (host numpy, but the key)."""
 
@@ -214,12 +192,10 @@ class DvD(Rule):
         burn_in=config.bandit_burn_in)
 
   def prepare(self, agent) -> None:
-    """The probe states of the logged diversity figure and its compiled
-    distance (from the training state)."""
+    """The compiled distance of the logged diversity figure (from the
+    training state and the probe states)."""
     shared = agent.shared_critic
     policy_apply = shared.policy_apply
-    self.probe_states = jnp.asarray(_probe_states(
-        self.config.env, self.config.diversity_states, self.config.seed))
     self.distance = jax.jit(
         lambda state, states: dvd_lib.mean_pairwise_action_distance(
             jax.vmap(policy_apply, in_axes=(0, None))(
@@ -271,9 +247,13 @@ class DvD(Rule):
 
   def decide(self, rule_state: DvDState, observation: Observation):
     obs = observation
-    if obs.calls % _DIVERSITY_EVERY == 0:
+    if obs.calls % _DIVERSITY_EVERY == 0 and obs.data is not None:
+      # The same states every time (the data path's, from --seed): asked
+      # anew rather than kept, so the rule state holds no env's shapes.
+      probe_states = jnp.asarray(obs.data.random_states(
+          self.config.diversity_states, self.config.seed))
       rule_state = rule_state._replace(diversity=np.asarray(
-          float(whole_value(self.distance(obs.state, self.probe_states))),
+          float(whole_value(self.distance(obs.state, probe_states))),
           np.float64))
     if self.config.lambda_mode == 'schedule':
       lam = self.schedule(obs.update_steps)
@@ -292,10 +272,10 @@ class DvD(Rule):
   def _record(self, rule_state: DvDState, obs: Observation) -> DvDState:
     """This call's evaluation returns into the round's."""
     round_ = rule_state.round
-    for r in obs.episodes:
-      if r['evaluation']:
-        round_ = bandit_lib.record_return(round_, int(r['member']),
-                                       float(r['episode_return']))
+    # In the episodes' order: a round ranks members by their first report.
+    for r in evaluations(obs.episodes):
+      round_ = bandit_lib.record_return(round_, int(r.member),
+                                     float(r.episode_return))
     return rule_state._replace(round=round_)
 
   def _end_of_round(self, rule_state: DvDState

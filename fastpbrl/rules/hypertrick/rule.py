@@ -31,7 +31,8 @@ from fastpbrl.rules.hypertrick import scheduler as hypertrick_lib
 from fastpbrl.rng import Pcg64State, pcg64_generator, pcg64_state
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows, split_key)
-from fastpbrl.rules.common import (check_evaluations_per, search_space_of,
+from fastpbrl.rules.common import (check_evaluations_per, evaluation_returns,
+                                   search_space_of,
                                    validate_space)
 from fastpbrl.rules.registry import register
 
@@ -167,11 +168,11 @@ class HyperTrick(Rule):
     obs, config = observation, self.config
     returns = rule_state.returns.copy()
     count = rule_state.returns_count.copy()
-    for r in obs.episodes:
-      if r['evaluation']:
-        member = int(r['member'])
+    for member, values in enumerate(
+        evaluation_returns(obs.episodes, config.population_size)):
+      for value in values:
         returns[member, :-1] = returns[member, 1:]
-        returns[member, -1] = float(r['episode_return'])
+        returns[member, -1] = value
         count[member] += 1
     rule_state = rule_state._replace(returns=returns, returns_count=count)
     scheduler = rule_state.scheduler

@@ -38,8 +38,8 @@ from fastpbrl.rules.pbt import pb2
 from fastpbrl.rules.pbt.lineage import LINEAGE
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  RuleOutputs, split_key)
-from fastpbrl.rules.common import (check_evaluations_per, search_space_of,
-                                   validate_space)
+from fastpbrl.rules.common import (check_evaluations_per, evaluation_returns,
+                                   search_space_of, validate_space)
 from fastpbrl.rules.registry import register
 from fastpbrl.sharding import placed_like, process_zero_value, whole_value
 
@@ -429,21 +429,20 @@ class PBT(Rule):
   def _record(self, rule_state: PBTState, obs: Observation) -> PBTState:
     """This call's evaluations into the fitness history; which members an
     evaluation of the policy trained since their last decision reached."""
-    history, evaluated = rule_state.history, rule_state.evaluated.copy()
-    for r in obs.episodes:
-      if not r['evaluation']:
-        continue
-      member = int(r['member'])
-      if r['start_policy_version'] > obs.marked_at[member]:
-        evaluated[member] = True
-      value = r['episode_return']
-      if self.config.true_objective:
-        value = r['true_objective']
-        if np.isnan(value):
-          raise ConfigError(
-              f'--true-objective: {self.config.env} reported no '
-              "info['true_objective'] at the end of an episode")
-      history = record(history, member, float(value))
+    n = self.config.population_size
+    since = evaluation_returns(obs.episodes, n, since=obs.marked_at)
+    evaluated = rule_state.evaluated | np.asarray([len(x) > 0 for x in since])
+    field = ('true_objective' if self.config.true_objective
+             else 'episode_return')
+    history = rule_state.history
+    for member, values in enumerate(
+        evaluation_returns(obs.episodes, n, field=field)):
+      if self.config.true_objective and np.isnan(values).any():
+        raise ConfigError(
+            f'--true-objective: {self.config.env} reported no '
+            "info['true_objective'] at the end of an episode")
+      for value in values:
+        history = record(history, member, value)
     return rule_state._replace(history=history, evaluated=evaluated)
 
   def _copies(self, parent: np.ndarray, replaced: np.ndarray):

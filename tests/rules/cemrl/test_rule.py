@@ -70,11 +70,22 @@ class Run:
   version: int = 1  # run publishes once before the first call
 
 
+@dataclasses.dataclass(frozen=True)
+class FakeData:
+  """``Observation.data``: the mean policy's evaluation returns
+  ``mean_policy_return(seed)`` instead of playing episodes."""
+
+  def evaluate(self, policy_params, actor_hparams, episodes, seed):
+    del actor_hparams, episodes
+    assert len(jax.tree.leaves(policy_params)[0]) == 1  # the mean policy
+    return np.full((1, 1), mean_policy_return(seed)), np.ones((1, 1))
+
+  def random_states(self, num_states, seed):
+    raise AssertionError('CEM-RL asks for no probe states')
+
+
 def make_run(monkeypatch, seed: int = 0) -> Run:
-  # The mean policy's evaluation plays gym episodes: not needed here.
-  monkeypatch.setattr(
-      'fastpbrl.rules.cemrl.rule.evaluate_policy',
-      lambda agent, env, params, episodes, seed: [mean_policy_return(seed)])
+  del monkeypatch
   config = CEMRLRunConfig(population_size=N, rl_fraction=0.5,
                           hidden_sizes=(8, 8), batch_size=B,
                           steps_per_call=S, seed=seed)
@@ -93,7 +104,7 @@ def observation(run: Run, episodes: tuple) -> Observation:
       member_update_steps=np.full((N,), run.update_steps, np.int64),
       env_steps=run.calls * ENV_STEPS_PER_CALL, episodes=episodes,
       marked_at=np.zeros((N,), np.int64), state=run.state,
-      hparams=run.hparams)
+      hparams=run.hparams, data=FakeData())
 
 
 def one_call(run: Run):

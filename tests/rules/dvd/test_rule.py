@@ -17,7 +17,39 @@ from fastpbrl.build import initial_population, make_agent, make_env_spec
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.config import ConfigError
 from fastpbrl.rules.base import Observation
-from fastpbrl.rules.dvd.rule import DvD, DvDRunConfig, _probe_states
+from fastpbrl.rules.dvd.rule import DvD, DvDRunConfig
+
+
+def _probe_states(env_id, num_states, seed):
+  """DvD's probe states as its rule computed them before the data path
+  did (``Pipeline.random_states`` moved this algorithm)."""
+  import gymnasium as gym
+  rng = np.random.default_rng(seed)
+  env = gym.make(env_id)
+  states = []
+  try:
+    obs, _ = env.reset(seed=seed)
+    space = env.action_space
+    while len(states) < num_states:
+      states.append(np.asarray(obs, np.float32))
+      obs, _, terminated, truncated, _ = env.step(
+          rng.uniform(space.low, space.high).astype(space.dtype))
+      if terminated or truncated:
+        obs, _ = env.reset(seed=int(rng.integers(2**31)))
+  finally:
+    env.close()
+  return np.stack(states)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeData:
+  """``Observation.data`` of these tests: the old algorithm's states."""
+
+  def evaluate(self, *args):
+    raise AssertionError('DvD evaluates no policy')
+
+  def random_states(self, num_states, seed):
+    return _probe_states('Pendulum-v1', num_states, seed)
 from tests import numerics
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
@@ -55,7 +87,7 @@ class Run:
         calls=self.calls + 1, update_steps=steps,
         member_update_steps=np.full(N, steps), env_steps=steps + 100,
         episodes=tuple(episodes), marked_at=np.zeros(N, np.int64),
-        state=self.state, hparams=self.hparams)
+        state=self.state, hparams=self.hparams, data=ProbeData())
 
   def call(self, eval_returns=()):
     """One learner call in which evaluations of these returns ended, the
@@ -66,7 +98,7 @@ class Run:
     """One learner call in which these members' evaluations ended."""
     pairs = [(i % N, r) for i, r in enumerate(eval_returns)] + [
         (m, r) for m, rs in returns_by_member.items() for r in rs]
-    episodes = [EpisodeRecord(m, float(r), 200, True, 0, 0)._asdict()
+    episodes = [EpisodeRecord(m, float(r), 200, True, 0, 0)
                 for m, r in pairs]
     self.rule_state, decision = self.rule.decide(self.rule_state,
                                                  self.observation(episodes))
@@ -344,7 +376,7 @@ def test_decide_changes_nothing_it_is_given():
   run.call([6.0])
   # Call 10 ends a round (a reward, a new choice) and measures diversity.
   observation = run.observation(
-      [EpisodeRecord(1, 7.0, 200, True, 0, 0)._asdict()])
+      [EpisodeRecord(1, 7.0, 200, True, 0, 0)])
   rule_state = run.rule_state
   before = copy.deepcopy((rule_state, observation))
   attributes = dict(run.rule.__dict__)
@@ -384,3 +416,14 @@ def test_decide_changes_nothing_it_is_given():
 def test_bad_bandit_flags_name_the_flag(flag, value, message):
   with pytest.raises(ConfigError, match=message):
     DvD(_config(**{flag: value}))
+
+
+def test_the_actor_paths_probe_states_are_the_old_ones():
+  """``Pipeline.random_states`` (what a DvD run on a gymnasium env now
+  asks) is the rule's old algorithm moved: the same states."""
+  import types
+  from fastpbrl.envs import make_env
+  from fastpbrl.pipeline import Pipeline
+  path = types.SimpleNamespace(_env_fn=lambda: make_env('Pendulum-v1'))
+  np.testing.assert_array_equal(Pipeline.random_states(path, 300, 1),
+                                _probe_states('Pendulum-v1', 300, seed=1))

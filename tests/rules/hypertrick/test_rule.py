@@ -60,7 +60,7 @@ class Run:
         update_steps=self.update_steps + steps,
         member_update_steps=self.member_update_steps + steps,
         env_steps=self.env_steps,
-        episodes=tuple(EpisodeRecord(m, float(r), 10, True, 0, 8, 8)._asdict()
+        episodes=tuple(EpisodeRecord(m, float(r), 10, True, 0, 8, 8)
                        for m, r in enumerate(returns) if r is not None),
         marked_at=np.zeros(N, np.int64), state=self.state,
         hparams=self.hparams)

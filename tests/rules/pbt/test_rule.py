@@ -66,7 +66,7 @@ class Run:
     version = self.version if started_under is None else started_under
     episodes = tuple(
         EpisodeRecord(m, float(r), 200, True, 100, version,
-                      start_policy_version=version)._asdict()
+                      start_policy_version=version)
         for m, r in evaluations)
     return self.harness.observe(
         episodes, update_steps=self.harness.update_steps + update_steps,
@@ -179,7 +179,7 @@ def test_decide_changes_neither_its_inputs_nor_the_rule():
       calls=3, update_steps=run.update_steps + 30,
       member_update_steps=np.full(N, run.update_steps + 30), env_steps=100,
       episodes=tuple(EpisodeRecord(m, -1.0, 200, True, 100, run.version,
-                                   start_policy_version=run.version)._asdict()
+                                   start_policy_version=run.version)
                      for m in range(N)),
       marked_at=run.marked_at.copy(), state=run.state, hparams=run.hparams)
   kept = copy.deepcopy((observation.episodes, observation.marked_at))
