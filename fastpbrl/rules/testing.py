@@ -38,6 +38,9 @@ class Harness:
     first_version: ``[N]``, each member's first version with its current
       weights (``Decision.renewed``).
     marked_at: ``[N]``, ``Observation.marked_at``.
+    calls, update_steps, env_steps: the last observation's counters.
+    member_update_steps: ``[N]``, the last observation's
+      ``Observation.member_update_steps``.
     copies: ``[(members, sources)]`` of ``Decision.copy_data``, in order.
     restarts: ``[mask]`` of ``Decision.restart`` (those with a member).
     events, logs: every decision's ``events`` and ``logs``, in order.
@@ -57,6 +60,7 @@ class Harness:
     self.first_version = np.zeros((n,), np.int64)
     self.marked_at = np.zeros((n,), np.int64)
     self.calls = self.update_steps = self.env_steps = 0
+    self.member_update_steps = np.zeros((n,), np.int64)
     self.copies: list[tuple] = []
     self.restarts: list[np.ndarray] = []
     self.events: list[dict] = []
@@ -76,11 +80,12 @@ class Harness:
     self.calls = self.calls + 1 if calls is None else calls
     if member_update_steps is None:
       member_update_steps = np.full(len(self.marked_at), self.update_steps)
+    self.member_update_steps = np.array(member_update_steps, np.int64)
     kept = tuple(e for e in episodes if e.start_policy_version
                  >= self.first_version[int(e.member)])
     return Observation(
         calls=self.calls, update_steps=self.update_steps,
-        member_update_steps=np.asarray(member_update_steps),
+        member_update_steps=self.member_update_steps.copy(),
         env_steps=self.env_steps, episodes=kept,
         marked_at=self.marked_at.copy(), state=self.state,
         hparams=self.hparams, data=self.data)

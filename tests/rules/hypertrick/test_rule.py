@@ -1,8 +1,8 @@
-"""HyperTrick's rule through its contract (``decide`` on hand-built
-observations, no run): slots report at the end of their own phases, evicted
-slots restart as new experiments, no experiment starts that the budget
-cannot train, and the state (the report order's generator included)
-checkpoints as a pytree."""
+"""HyperTrick's rule through its contract (``decide`` driven by
+``fastpbrl.rules.testing.Harness``, no run): slots report at the end of
+their own phases, evicted slots restart as new experiments, no experiment
+starts that the budget cannot train, and the state (the report order's
+generator included) checkpoints as a pytree."""
 
 import copy
 import dataclasses
@@ -21,6 +21,7 @@ from fastpbrl.rng import pcg64_generator, pcg64_state
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Observation, Population
 from fastpbrl.rules.hypertrick import PRESETS, HyperTrick, HyperTrickRunConfig
+from fastpbrl.rules.testing import Harness
 from tests.rules.conftest import tiny_td3
 
 N = 2
@@ -33,50 +34,39 @@ def assert_same(a, b):
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
-class Run:
-  """A HyperTrick rule over 2 tiny TD3 slots and what the loop would keep
-  for it: the counters, the state and hyperparameters its decisions
-  replace, and every decision."""
+class Run(Harness):
+  """A ``Harness`` over a HyperTrick rule of 2 tiny TD3 slots, whose calls
+  end evaluations of given returns."""
 
   def __init__(self, config: HyperTrickRunConfig):
-    self.rule = HyperTrick(config)
+    rule = HyperTrick(config)
     agent = tiny_td3()
-    self.rule.prepare(agent)
-    hparams = self.rule.initial_hparams(jax.random.PRNGKey(0), agent, N)
+    rule.prepare(agent)
+    hparams = rule.initial_hparams(jax.random.PRNGKey(0), agent, N)
     state = PopulationLearner(agent).init(jax.random.PRNGKey(1), hparams)
-    self.rule_state, self.state = self.rule.init(
+    rule_state, state = rule.init(
         jax.random.PRNGKey(2),
         Population(agent, state, hparams, jax.random.PRNGKey(3)))
-    self.hparams = hparams
-    self.update_steps, self.env_steps = 0, 0
-    self.member_update_steps = np.zeros(N, np.int64)
-    self.decisions = []
+    super().__init__(rule, rule_state, state=state, hparams=hparams)
 
-  def observation(self, steps: int, returns) -> Observation:
-    """After a call of ``steps`` update steps in which member ``m``'s
-    evaluation returned ``returns[m]`` (None: no evaluation of ``m``)."""
-    return Observation(
-        calls=len(self.decisions) + 1,
-        update_steps=self.update_steps + steps,
-        member_update_steps=self.member_update_steps + steps,
-        env_steps=self.env_steps,
-        episodes=tuple(EpisodeRecord(m, float(r), 10, True, 0, 8, 8)
-                       for m, r in enumerate(returns) if r is not None),
-        marked_at=np.zeros(N, np.int64), state=self.state,
-        hparams=self.hparams)
+  def episodes(self, returns) -> tuple:
+    """Member ``m``'s evaluation returned ``returns[m]`` (None: no
+    evaluation of ``m``), played under the newest weights."""
+    v = self.policy_version
+    return tuple(EpisodeRecord(m, float(r), 10, True, 0, v, v)
+                 for m, r in enumerate(returns) if r is not None)
+
+  def next_observation(self, steps: int, returns) -> Observation:
+    """The observation after a call of ``steps`` update steps in which
+    these evaluations ended (``episodes``)."""
+    return self.observation(self.episodes(returns),
+                            update_steps=self.update_steps + steps)
 
   def call(self, steps: int, returns):
-    """One call; applies the decision as the loop does; returns it."""
-    obs = self.observation(steps, returns)
-    self.update_steps, self.member_update_steps = (
-        obs.update_steps, obs.member_update_steps)
-    self.rule_state, decision = self.rule.decide(self.rule_state, obs)
-    if decision.state is not None:
-      self.state = decision.state
-    if decision.hparams is not None:
-      self.hparams = decision.hparams
-    self.decisions.append(decision)
-    return decision
+    """One call of ``steps`` update steps (``next_observation``'s), its
+    decision carried out; returns it."""
+    return self.observe(self.episodes(returns),
+                        update_steps=self.update_steps + steps)
 
 
 def test_restarts_evicted_slots_as_new_experiments():
@@ -98,6 +88,7 @@ def test_restarts_evicted_slots_as_new_experiments():
     if decision.restart is not None:
       members = np.flatnonzero(decision.restart)
       restarted_total += len(members)
+      np.testing.assert_array_equal(run.restarts[-1], decision.restart)
       np.testing.assert_array_equal(decision.renewed, decision.restart)
       scheduler = run.rule_state.scheduler
       for m in members:  # its phase starts at its current update count
@@ -211,7 +202,7 @@ def test_decide_changes_neither_its_inputs_nor_the_rule():
   run = Run(config)
   for call in range(3):  # a state with reports in it
     run.call(100, [1.0 + call, 2.0])
-  observation = run.observation(100, [5.0, -5.0])
+  observation = run.next_observation(100, [5.0, -5.0])
   attributes = dict(run.rule.__dict__)
   before = copy.deepcopy((run.rule.__dict__, run.rule_state, observation))
   first = run.rule.decide(run.rule_state, observation)
@@ -261,7 +252,7 @@ def test_state_round_trips_through_a_checkpoint(tmp_path):
     assert type(got) is type(want) and got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)  # stored exactly
   # And the restored state decides as the original does.
-  observation = run.observation(100, [5.0, -5.0])
+  observation = run.next_observation(100, [5.0, -5.0])
   want = run.rule.decide(run.rule_state, observation)
   got = run.rule.decide(restored, observation)
   assert_same(got[0], want[0])
