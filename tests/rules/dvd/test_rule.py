@@ -1,7 +1,8 @@
-"""DvD's rule through its contract (``decide`` on hand-built observations,
-no run): the lambda bandit's rounds and rewards, the lambda schedule and
-its lambda-0 baseline, the logged diversity figure, and the state, which
-checkpoints as a pytree and refuses a resume with other bandit settings."""
+"""DvD's rule through its contract (``decide`` driven by
+``fastpbrl.rules.testing.Harness``, no run): the lambda bandit's rounds
+and rewards, the lambda schedule and its lambda-0 baseline, the logged
+diversity figure, and the state, which checkpoints as a pytree and refuses
+a resume with other bandit settings."""
 
 import copy
 import dataclasses
@@ -18,6 +19,7 @@ from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.config import ConfigError
 from fastpbrl.rules.base import Observation
 from fastpbrl.rules.dvd.rule import DvD, DvDRunConfig
+from fastpbrl.rules.testing import Harness
 
 
 def _probe_states(env_id, num_states, seed):
@@ -65,29 +67,30 @@ def _config(**overrides) -> DvDRunConfig:
   return DvDRunConfig(**{**base, **overrides})
 
 
-class Run:
-  """A rule and what the loop keeps for it: the training state, the
-  hyperparameters (``Decision.hparams`` applied), the counters and the
-  events; 10 update steps per call."""
+class Run(Harness):
+  """A ``Harness`` over a DvD rule (``ProbeData`` answering its queries)
+  whose calls are 10 update steps each and end evaluations of given
+  returns."""
 
   def __init__(self, config: DvDRunConfig):
-    self.rule = DvD(config)
+    rule = DvD(config)
     self.agent = make_agent(config, make_env_spec(config.env))
-    self.rule.prepare(self.agent)
-    self.learner = self.rule.make_learner(self.agent, 1)
-    self.state, self.hparams, self.rule_state = initial_population(
-        config, self.rule, self.agent, self.learner)
-    self.calls = 0
-    self.events = []
+    rule.prepare(self.agent)
+    learner = rule.make_learner(self.agent, 1)
+    state, hparams, rule_state = initial_population(config, rule, self.agent,
+                                                    learner)
+    super().__init__(rule, rule_state, state=state, hparams=hparams,
+                     learner=learner, data=ProbeData())
 
-  def observation(self, episodes=()) -> Observation:
-    """The next call's observation, with these finished episodes."""
+  def next_counters(self) -> dict:
+    """The next call's counters: 10 update steps a call, 100 env steps
+    more than update steps."""
     steps = 10 * (self.calls + 1)
-    return Observation(
-        calls=self.calls + 1, update_steps=steps,
-        member_update_steps=np.full(N, steps), env_steps=steps + 100,
-        episodes=tuple(episodes), marked_at=np.zeros(N, np.int64),
-        state=self.state, hparams=self.hparams, data=ProbeData())
+    return dict(update_steps=steps, env_steps=steps + 100)
+
+  def next_observation(self, episodes=()) -> Observation:
+    """The next call's observation, with these finished episodes."""
+    return self.observation(episodes, **self.next_counters())
 
   def call(self, eval_returns=()):
     """One learner call in which evaluations of these returns ended, the
@@ -100,13 +103,7 @@ class Run:
         (m, r) for m, rs in returns_by_member.items() for r in rs]
     episodes = [EpisodeRecord(m, float(r), 200, True, 0, 0)
                 for m, r in pairs]
-    self.rule_state, decision = self.rule.decide(self.rule_state,
-                                                 self.observation(episodes))
-    self.calls += 1
-    if decision.hparams is not None:
-      self.hparams = decision.hparams
-    self.events += list(decision.events)
-    return decision
+    return self.observe(episodes, **self.next_counters())
 
   @property
   def lam(self) -> np.ndarray:
@@ -375,7 +372,7 @@ def test_decide_changes_nothing_it_is_given():
     run.call([best, best + 1.0])
   run.call([6.0])
   # Call 10 ends a round (a reward, a new choice) and measures diversity.
-  observation = run.observation(
+  observation = run.next_observation(
       [EpisodeRecord(1, 7.0, 200, True, 0, 0)])
   rule_state = run.rule_state
   before = copy.deepcopy((rule_state, observation))
