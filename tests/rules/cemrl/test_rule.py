@@ -1,8 +1,8 @@
 """CEM-RL's rule (Algorithm 1 of Pourchot & Sigaud 2019) driven through the
-rule contract: ``CEMRL.decide`` on observations built by hand after real
-learner calls, its decisions applied as ``fastpbrl.loop.apply`` applies
-them (the state and hyperparameters), no run, no pipeline. Every episode of
-these tests starts under the newest policy version, so the loop's filter of
+rule contract: ``CEMRL.decide`` after real learner calls, driven by
+``fastpbrl.rules.testing.Harness`` (which carries out its decisions as the
+loop does), no run, no pipeline. Every episode of these tests starts under
+the newest policy version, so the harness's filter (the loop's) of
 episodes that started before a ``renewed`` member's new weights leaves
 them all (``Decision.renewed`` itself is checked where it is decided)."""
 
@@ -28,6 +28,7 @@ from fastpbrl.resume import like
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Observation
 from fastpbrl.rules.cemrl import CEMRL, CEMRLRunConfig, CEMRLState
+from fastpbrl.rules.testing import Harness
 from tests.rules.conftest import pendulum_spec, random_batch, tiny_td3
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
@@ -55,21 +56,6 @@ def mean_policy_return(seed: int) -> float:
   return float(seed % 7)
 
 
-@dataclasses.dataclass
-class Run:
-  """The values a run carries from one decision to the next (the loop's
-  counters, state and hyperparameters; the publish's version number)."""
-
-  rule: CEMRL
-  learner: object
-  state: object
-  hparams: object
-  rule_state: CEMRLState
-  calls: int = 0
-  update_steps: int = 0
-  version: int = 1  # run publishes once before the first call
-
-
 @dataclasses.dataclass(frozen=True)
 class FakeData:
   """``Observation.data``: the mean policy's evaluation returns
@@ -84,7 +70,9 @@ class FakeData:
     raise AssertionError('CEM-RL asks for no probe states')
 
 
-def make_run(monkeypatch, seed: int = 0) -> Run:
+def make_run(monkeypatch, seed: int = 0) -> Harness:
+  """A ``Harness`` over a CEM-RL rule of N tiny TD3 members, ``FakeData``
+  answering its evaluations."""
   del monkeypatch
   config = CEMRLRunConfig(population_size=N, rl_fraction=0.5,
                           hidden_sizes=(8, 8), batch_size=B,
@@ -95,39 +83,34 @@ def make_run(monkeypatch, seed: int = 0) -> Run:
   learner = rule.make_learner(agent, S)
   state, hparams, rule_state = build.initial_population(rule.config, rule,
                                                         agent, learner)
-  return Run(rule, learner, state, hparams, rule_state)
+  return Harness(rule, rule_state, state=state, hparams=hparams,
+                 learner=learner, data=FakeData())
 
 
-def observation(run: Run, episodes: tuple) -> Observation:
-  return Observation(
-      calls=run.calls, update_steps=run.update_steps,
-      member_update_steps=np.full((N,), run.update_steps, np.int64),
-      env_steps=run.calls * ENV_STEPS_PER_CALL, episodes=episodes,
-      marked_at=np.zeros((N,), np.int64), state=run.state,
-      hparams=run.hparams, data=FakeData())
+def fitness_episodes(run: Harness, generation: int, members) -> tuple:
+  """The fitness episodes of ``members`` in ``generation``, started and
+  ended under the newest published version."""
+  v = run.policy_version
+  return tuple(EpisodeRecord(m, *fitness_episode(generation, m), False, 0,
+                             v, v) for m in members)
 
 
-def one_call(run: Run):
+def observation(run: Harness, episodes: tuple) -> Observation:
+  """The last call's observation again, with these episodes."""
+  return run.observation(episodes, calls=run.calls)
+
+
+def one_call(run: Harness):
   """A learner call, the episodes that ended during it (started under the
-  newest published version), the rule's decision applied; the publish.
-  The batch depends on the critic's step count only. Returns the
+  newest published version), the rule's decision carried out; the
+  publish. The batch depends on the critic's step count only. Returns the
   decision."""
   batch = random_batch(pendulum_spec(), (N, S, B), int(run.state.step))
   run.state, _ = run.learner.update(run.state, run.hparams, batch)
-  run.calls += 1
-  run.update_steps += S
   g = int(run.rule_state.generation) + 1  # the generation under way
-  v = run.version
-  episodes = tuple(EpisodeRecord(m, *fitness_episode(g, m), False, 0, v, v)
-                   for m in range(N))
-  run.rule_state, decision = run.rule.decide(run.rule_state,
-                                             observation(run, episodes))
-  if decision.state is not None:
-    run.state = decision.state
-  if decision.hparams is not None:
-    run.hparams = decision.hparams
-  run.version += 1
-  return decision
+  return run.observe(fitness_episodes(run, g, range(N)),
+                     update_steps=run.update_steps + S,
+                     env_steps=(run.calls + 1) * ENV_STEPS_PER_CALL)
 
 
 def adam_counts(state):
@@ -136,7 +119,7 @@ def adam_counts(state):
           np.asarray(state.policy_opt[0].count).copy())
 
 
-def drive(run: Run, generations: int):
+def drive(run: Harness, generations: int):
   """Runs calls until ``generations`` CEM updates; returns per generation
   (critic steps, [N] actor steps, [N] fitness-episode lengths), counted on
   the optimizers' step counters: the critic's from one generation's start
@@ -208,6 +191,8 @@ def test_phases_renew_every_member_and_log_each_generation(monkeypatch,
   decision = one_call(run)
   assert run.rule_state.evaluating
   np.testing.assert_array_equal(decision.renewed, everyone)
+  # Carried out: episodes that started before version 2 score nobody.
+  np.testing.assert_array_equal(run.first_version, np.full((N,), 2))
   assert decision.state is None and decision.hparams is None
   assert decision.events == () and decision.logs == ()
   # The next call's episodes score every member: generation 1 ends.
@@ -386,9 +371,7 @@ def test_rule_state_round_trips_through_a_checkpoint(tmp_path, monkeypatch):
   while not run.rule_state.evaluating:
     one_call(run)
   # Half the population scored (NaN: the others), every field set.
-  v = run.version
-  episodes = tuple(EpisodeRecord(m, *fitness_episode(3, m), False, 0, v, v)
-                   for m in range(NUM_RL))
+  episodes = fitness_episodes(run, 3, range(NUM_RL))
   saved, decision = run.rule.decide(run.rule_state, observation(run, episodes))
   assert decision.state is None and decision.hparams is None
   assert np.isnan(saved.fitness).tolist() == [False, False, True, True]
@@ -412,9 +395,7 @@ def test_rule_state_round_trips_through_a_checkpoint(tmp_path, monkeypatch):
 def test_decide_changes_nothing_it_was_given(monkeypatch):
   run = make_run(monkeypatch)
   one_call(run)  # the eval phase of generation 1
-  v = run.version
-  episodes = tuple(EpisodeRecord(m, *fitness_episode(1, m), False, 0, v, v)
-                   for m in range(N))
+  episodes = fitness_episodes(run, 1, range(N))
   obs = observation(run, episodes)
   rule_state = run.rule_state
   before = copy.deepcopy((rule_state, obs))
