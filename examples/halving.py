@@ -28,7 +28,8 @@ import numpy as np
 
 from fastpbrl import agents, rules
 from fastpbrl import search_space as ss
-from fastpbrl.config import RunConfig, check
+from fastpbrl.config import (RunConfig, bounded, check, check_bounds,
+                             rule_fields)
 from fastpbrl.rules.common import evaluation_returns
 
 
@@ -36,10 +37,10 @@ from fastpbrl.rules.common import evaluation_returns
 class HalvingConfig(RunConfig):
   """Successive halving with restarts."""
 
-  rung_update_steps: int = 2_500
+  rung_update_steps: int = bounded(2_500, ge=1)
   """Update steps of a member's own in one rung; each rung must hold the
   start of an evaluation (see --eval-every)."""
-  fraction: float = 0.5
+  fraction: float = bounded(0.5, gt=0, le=0.5)
   """Bottom fraction of the population restarted at the end of a rung."""
   eval_every: int = 1_000
   """Env steps per member between evaluations (their returns score a rung)."""
@@ -63,10 +64,7 @@ class Halving(rules.Rule):
 
   def __init__(self, config: HalvingConfig):
     super().__init__(config)
-    check(config.rung_update_steps >= 1,
-          f'--rung-update-steps must be >= 1, got {config.rung_update_steps}')
-    check(0 < config.fraction <= 0.5,
-          f'--fraction must be in (0, 0.5], got {config.fraction}')
+    check_bounds(config, rule_fields(config))  # the bounds declared above
     check(config.eval_every * config.update_to_data_ratio
           <= config.rung_update_steps,
           f'--eval-every {config.eval_every} is longer than a rung: rungs '
