@@ -11,6 +11,7 @@ from fastpbrl import finish
 from fastpbrl.actors import EpisodeRecord
 from fastpbrl.config import RunConfig
 from fastpbrl.logging import RunLogger
+from fastpbrl.rules.base import RuleOutputs
 
 
 class _Rule:
@@ -23,6 +24,10 @@ class _Rule:
 
   def summary(self, state, run_dir):
     return None
+
+  @classmethod
+  def outputs(cls):
+    return RuleOutputs()
 
 
 def _run(tmp_path):

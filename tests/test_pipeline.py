@@ -348,9 +348,8 @@ def test_exception_in_the_training_loop_releases_everything():
 
 SCRIPT = textwrap.dedent('''
     import functools, signal, sys, jax
-    from fastpbrl import agents, datapath
+    from fastpbrl import agents
     from fastpbrl.agents.td3 import TD3Config
-from fastpbrl.config import RunConfig
     from fastpbrl.learner import PopulationLearner, population_hparams
     from fastpbrl.pipeline import Pipeline, PipelineConfig
     from fastpbrl.types import make_env_spec

@@ -20,27 +20,7 @@ from fastpbrl.config import ConfigError
 from fastpbrl.rules.base import Observation
 from fastpbrl.rules.dvd.rule import DvD, DvDRunConfig
 from fastpbrl.rules.testing import Harness
-
-
-def _probe_states(env_id, num_states, seed):
-  """DvD's probe states as its rule computed them before the data path
-  did (``Pipeline.random_states`` moved this algorithm)."""
-  import gymnasium as gym
-  rng = np.random.default_rng(seed)
-  env = gym.make(env_id)
-  states = []
-  try:
-    obs, _ = env.reset(seed=seed)
-    space = env.action_space
-    while len(states) < num_states:
-      states.append(np.asarray(obs, np.float32))
-      obs, _, terminated, truncated, _ = env.step(
-          rng.uniform(space.low, space.high).astype(space.dtype))
-      if terminated or truncated:
-        obs, _ = env.reset(seed=int(rng.integers(2**31)))
-  finally:
-    env.close()
-  return np.stack(states)
+from tests.test_datapath import probe_states_of_dvd
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +31,7 @@ class ProbeData:
     raise AssertionError('DvD evaluates no policy')
 
   def random_states(self, num_states, seed):
-    return _probe_states('Pendulum-v1', num_states, seed)
+    return probe_states_of_dvd('Pendulum-v1', num_states, seed)
 from tests import numerics
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
@@ -241,7 +221,7 @@ def test_logged_diversity_is_the_mean_pairwise_action_distance():
   run.call()  # call 10: measured
   got = scalars()['mean_pairwise_action_distance']
   # By hand: every member's actions on the probe states, all pairs.
-  states = _probe_states('Pendulum-v1', 16, seed=0)
+  states = probe_states_of_dvd('Pendulum-v1', 16, seed=0)
   nets = td3.make_networks(run.agent.env_spec, run.agent.config)
   policies = run.learner.policy_params(run.state)
   acts = [np.asarray(nets.policy.apply(
@@ -264,13 +244,6 @@ def test_logged_diversity_is_the_mean_pairwise_action_distance():
   # Rows of one vmapped forward pass: at most rule 1's bound, as above.
   assert scalars()['mean_pairwise_action_distance'] == pytest.approx(
       0.0, abs=action_atol)
-
-
-def test_probe_states_are_fixed_by_env_and_seed():
-  a = _probe_states('Pendulum-v1', 300, seed=1)  # crosses an episode end
-  np.testing.assert_array_equal(a, _probe_states('Pendulum-v1', 300, seed=1))
-  assert a.shape == (300, 3) and a.dtype == np.float32
-  assert not np.array_equal(a, _probe_states('Pendulum-v1', 300, seed=2))
 
 
 def _save_and_restore(tmp_path, run: Run, template_run: Run):
@@ -413,14 +386,3 @@ def test_decide_changes_nothing_it_is_given():
 def test_bad_bandit_flags_name_the_flag(flag, value, message):
   with pytest.raises(ConfigError, match=message):
     DvD(_config(**{flag: value}))
-
-
-def test_the_actor_paths_probe_states_are_the_old_ones():
-  """``Pipeline.random_states`` (what a DvD run on a gymnasium env now
-  asks) is the rule's old algorithm moved: the same states."""
-  import types
-  from fastpbrl.envs import make_env
-  from fastpbrl.pipeline import Pipeline
-  path = types.SimpleNamespace(_env_fn=lambda: make_env('Pendulum-v1'))
-  np.testing.assert_array_equal(Pipeline.random_states(path, 300, 1),
-                                _probe_states('Pendulum-v1', 300, seed=1))
