@@ -132,6 +132,14 @@ class DataPath(Protocol):
   def env_steps_per_member(self) -> int:
     """The fewest env steps any of this process's members collected."""
 
+  def update_steps_owed(self, env_steps: int) -> int:
+    """Update steps per member that the first ``env_steps`` env steps of
+    each member (this path's count) earn at ``--update-to-data-ratio``
+    and that the learner has not taken yet: at the end of the budget the
+    loop takes them before it stops, so that a run ends with the update
+    steps its data earned (a resumed run's refill and carried steps
+    included)."""
+
   # -------------------------------------------------------- policies
 
   def publish(self, policy_params: Any, actor_hparams: Any) -> int:
@@ -195,7 +203,8 @@ def pipeline_seed(seed: int, calls: int, process: int = 0) -> int:
 
 
 def pipeline_config(run_config, agent, learner, *, shared_replay: bool,
-                    replay_location: str) -> PipelineConfig:
+                    replay_location: str,
+                    refill_steps: int | None = None) -> PipelineConfig:
   """The data path's settings of a run's (``fastpbrl.config.RunConfig``,
   resolved): the one mapping, for every path."""
   n = int(run_config.population_size)
@@ -213,11 +222,12 @@ def pipeline_config(run_config, agent, learner, *, shared_replay: bool,
       eval_episodes=run_config.eval_episodes,
       vectorized_envs=run_config.vector_envs,
       actor_hang_timeout_s=run_config.actor_timeout,
-      replay_location=replay_location)
+      replay_location=replay_location, refill_steps=refill_steps)
 
 
 def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
            processes=None, resume_env_steps=None, carried_env_steps=0.0,
+           refill_steps: int | None = None,
            replay_state: dict | None = None,
            saved_state: dict | None = None) -> DataPath:
   """The data path of a run's settings; nothing is published yet.
@@ -236,6 +246,8 @@ def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
       a resume starts from (None: a new run).
     carried_env_steps: a resume's data that earned update steps not taken
       yet (``resume.carried_env_steps``), scalar or ``[N]``.
+    refill_steps: a resume's refill of the replay, per member
+      (``PipelineConfig.refill_steps``; None: ``--warmup-steps``).
     replay_state: this process's restored replay (``--checkpoint-replay``).
     saved_state: the checkpoint's ``checkpoint_state()``.
 
@@ -252,6 +264,7 @@ def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
     if learner.batch_size is None:  # its fused call samples the rings
       learner.batch_size = agent.config.batch_size
     config = pipeline_config(run_config, agent, learner,
+                             refill_steps=refill_steps,
                              shared_replay=shared_replay,
                              replay_location='device')
     return DevicePipeline(
@@ -268,12 +281,12 @@ def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
                  seed=pipeline_seed(run_config.seed, calls, processes.index),
                  resume_env_steps=resume_env_steps,
                  carried_env_steps=carried_env_steps,
-                 replay_state=replay_state)
+                 replay_state=replay_state, refill_steps=refill_steps)
 
 
 def _actors(run_config, agent, learner, processes, *, shared_replay: bool,
             seed: int, resume_env_steps, carried_env_steps,
-            replay_state) -> Pipeline:
+            replay_state, refill_steps) -> Pipeline:
   """This process's actors, replay and prefetch: its members' rows of the
   counters; over several processes host batches (made global in
   ``learn``) and a host replay."""
@@ -296,7 +309,7 @@ def _actors(run_config, agent, learner, processes, *, shared_replay: bool,
 
   config = pipeline_config(
       dataclasses.replace(run_config, population_size=n), agent, learner,
-      shared_replay=shared_replay,
+      shared_replay=shared_replay, refill_steps=refill_steps,
       replay_location=run_config.replay_location)
   pipeline = Pipeline(
       run_config.env,

@@ -200,7 +200,9 @@ class DevicePipeline:
     # are the steps before it that earned update steps not taken yet
     # (``carried_env_steps``). Every member takes the same env steps.
     start = int(self._steps.min())
-    self._learn_after = self._steps + (0 if has_replay else warmup)
+    refill = (warmup if not resumed or config.refill_steps is None
+              else config.refill_steps)
+    self._learn_after = self._steps + (0 if has_replay else refill)
     self._data_from = (
         start - float(np.min(carried_env_steps)) if resumed else
         0 if config.warmup_counts_as_data else int(self._learn_after.max()))
@@ -554,6 +556,17 @@ class DevicePipeline:
 
   def env_steps_per_member(self) -> int:
     return int((self._steps - self._origin).min())
+
+  def update_steps_owed(self, env_steps: int) -> int:
+    """See ``DataPath.update_steps_owed``: the update-only calls a run
+    whose budget ends at ``env_steps`` (this path's count) takes before it
+    stops (a resume's refill may pass its budget)."""
+    steps = min(int(self._steps.min()), int(self._origin.min()) + env_steps)
+    if steps < int(self._learn_after.max()):
+      return 0
+    earned = np.floor(self.config.update_to_data_ratio
+                      * (steps - self._data_from) + 1e-9)
+    return max(0, int(earned) - self.update_steps)
 
   def _mark_busy(self) -> None:
     now = time.monotonic()

@@ -317,7 +317,7 @@ def train(parts: Parts, loop: Loop) -> None:
   steps_before = loop.env_steps
   pending: Finished | None = None
   queries = RuleQueries(parts.data, parts.processes)
-  while not finished(rule_run, loop):
+  while not finished(parts, loop, steps_before):
     metrics = learner_call(parts, loop)
     if metrics is None:
       break  # a signal arrived while waiting for data (in any process)
@@ -362,7 +362,17 @@ def write_last_rows(parts: Parts, loop: Loop) -> None:
                          rule_run.rule.scalars(rule_run.state))
 
 
-def finished(rule_run: RuleRun, loop: Loop) -> bool:
-  """The env-step budget is spent, or the rule has nothing left to do."""
-  return (loop.env_steps >= loop.config.env_steps
-          or rule_run.rule.finished(rule_run.state))
+def finished(parts: Parts, loop: Loop, steps_before: int) -> bool:
+  """The rule has nothing left to do, or the env-step budget is spent
+  and the learner has taken the update steps that the budget's data
+  earned (``DataPath.update_steps_owed``; the least over processes):
+  actors run a little ahead of the learner, and a resumed run's refill may
+  reach the budget before the learner took what it earned."""
+  rule_run = parts.rule_run
+  if rule_run.rule.finished(rule_run.state):
+    return True
+  if loop.env_steps < loop.config.env_steps:
+    return False
+  owed = parts.data.update_steps_owed(loop.config.env_steps - steps_before)
+  _, least = parts.processes.agree(False, owed)
+  return least < parts.learner.num_steps

@@ -91,6 +91,10 @@ class PipelineConfig:
   """Whether the warm-up's env steps count toward the update-to-data ratio
   (True: the learner catches up right after the warm-up; False: updates
   start at zero there, as in TD3's and SB3's reference loops)."""
+  refill_steps: int | None = None
+  """A resume without its replay: env steps per member the restored
+  policies collect before learning goes on (None: ``warmup_steps``; the
+  run passes what is left of its budget when that is less)."""
   max_env_steps_ahead: int | None = None
   """Env steps a member's actor may run ahead of the learner's needs before
   its data is held back and it blocks; None: ``(prefetch_depth + 2) *
@@ -309,7 +313,9 @@ class Pipeline:
                   self.replay.sizes().tolist())
     self._limiter = RateLimiter(
         self.num_members, config.update_to_data_ratio,
-        0 if replay_state is not None else config.warmup_steps,
+        0 if replay_state is not None else
+        config.warmup_steps if not resumed or config.refill_steps is None
+        else config.refill_steps,
         config.env_steps_ahead(),
         # A resume's refill is data: what the run's own warm-up did not
         # count is left out of the carried steps instead.
@@ -698,6 +704,10 @@ class Pipeline:
   def env_steps_per_member(self) -> int:
     """Env steps collected by the member that has collected the fewest."""
     return int(self._limiter.env_steps.min())
+
+  def update_steps_owed(self, env_steps: int) -> int:
+    """See ``DataPath.update_steps_owed`` (the rate limiter's count)."""
+    return self._limiter.update_steps_owed(env_steps)
 
   def update_to_data_ratio(self) -> float:
     """Achieved ratio: update steps per env step of the slowest member."""

@@ -271,6 +271,11 @@ def open_data_path(stack: contextlib.ExitStack, built: Built,
         resume_env_steps=resumed_env_steps(built, start) if resumed else None,
         carried_env_steps=(resume.carried_env_steps(config, start.counters)
                            if resumed else 0.0),
+        # The refill does not run past the budget (at least one step: the
+        # replay is not empty): the learner then takes what the refilled
+        # and the carried steps earned (loop.finished).
+        refill_steps=min(config.warmup_steps, max(
+            1, config.env_steps - start.counters['env_steps'])),
         replay_state=start.replay_state, saved_state=start.data_path_state)
   except ValueError as e:
     if str(e).startswith('--'):  # a setting refused once sizes are known

@@ -2,8 +2,9 @@
 its first learner call, resumed, killed with SIGKILL mid-run and resumed
 again ends with the env steps of a run never stopped and, within one
 learner call per resume, its update steps and rule decisions; its logs
-read back and its pictures are drawn. Resuming the finished run trains
-nothing. (The on-device path's bit-for-bit resume is in
+read back and its pictures are drawn. So does a run killed so close to
+its end that the refill is more than what is left of its budget.
+Resuming the finished run trains nothing. (The on-device path's bit-for-bit resume is in
 ``tests/test_on_device.py``.)"""
 
 import csv
@@ -100,6 +101,20 @@ def test_stopped_killed_and_resumed_twice_ends_as_a_run_never_stopped(
                                       'evaluation']).any()
   for picture in ('returns.png', 'hparams.png'):
     assert os.path.getsize(os.path.join(stopped, picture)) > 0
+
+  # Killed close to the end of its budget, where the refill (200 steps)
+  # is more than what is left: it takes the update steps it earned anyway.
+  late = str(tmp_path / 'late')
+  proc = start([*PBT, '--run-dir', late])
+  wait_for(proc, lambda: max(checkpoints(late), default=0) >= 130,
+           'checkpoint 130')
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  completes(start(['--resume', late, '--no-progress']))
+  late_env_steps, late_update_steps, _ = counts(late)
+  assert env_steps <= late_env_steps <= env_steps + 2 * 32  # a chunk or two
+  assert abs(late_update_steps - update_steps) <= STEPS_PER_CALL, (
+      late_update_steps, update_steps)
 
   # The finished run, resumed: nothing is trained or evaluated again.
   before = open(os.path.join(stopped, 'final_returns.json')).read()

@@ -35,10 +35,10 @@ def test_warmup_then_ratio_cap_per_member():
   assert not limiter.try_acquire(1)
 
 
-def test_a_refill_after_resume_grants_no_burst_of_updates():
-  """warmup_is_data=False (a resume without a replay checkpoint): the
-  learner waits for the refill, then the ratio counts only what came after
-  it, instead of granting ratio x warmup updates at once."""
+def test_a_warmup_that_is_not_data_grants_no_burst_of_updates():
+  """warmup_is_data=False (TD3's and SB3's loops): the learner waits for
+  the warm-up, then the ratio counts only what came after it, instead of
+  granting ratio x warmup updates at once."""
   counted = RateLimiter(2, target_ratio=2.0, warmup_steps=100)
   refill = RateLimiter(2, target_ratio=2.0, warmup_steps=100,
                        warmup_is_data=False, max_env_steps_ahead=60)
@@ -52,6 +52,27 @@ def test_a_refill_after_resume_grants_no_burst_of_updates():
   # Holding data back counts from the refill's end too.
   assert refill.wait_to_insert(np.array([0]), 60, 0.0)
   assert not refill.wait_to_insert(np.array([0]), 61, 0.0)
+
+
+def test_a_resume_takes_the_updates_carried_and_refilled():
+  """A resumed run: its refill (the warm-up gate, 50 new steps) counts as
+  data, and so do the carried steps (30 and 40: what the run had earned
+  but not taken at its checkpoint), the least member binding; what the
+  first env steps earned and was not granted is owed."""
+  limiter = RateLimiter(2, target_ratio=2.0, warmup_steps=50,
+                        carried_env_steps=[30.0, 40.0])
+  limiter.add_env_steps([0, 1], 49)
+  assert not limiter.try_acquire(1)  # the refill is not in yet
+  assert limiter.update_steps_owed(1000) == 0
+  limiter.add_env_steps([0, 1], 1)
+  # 2 x (50 + 30) = 160 for member 0, which binds (member 1: 180).
+  assert limiter.update_steps_owed(1000) == 160
+  assert limiter.update_steps_owed(50) == 160
+  assert limiter.try_acquire(150) and not limiter.try_acquire(11)
+  assert limiter.update_steps_owed(1000) == 10
+  limiter.add_env_steps([0, 1], 20)  # 2 x (70 + 30) = 200 earned in all
+  assert limiter.update_steps_owed(1000) == 50
+  assert limiter.update_steps_owed(60) == 30  # the first 60 steps: 180
 
 
 def test_per_member_warmup():
