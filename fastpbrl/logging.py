@@ -42,6 +42,9 @@ def write_json_atomic(path: str, value, default=None) -> None:
       json.dump(value, f, indent=2, default=default)
       f.flush()
       os.fsync(f.fileno())
+    # mkstemp makes it readable by its owner only; a run's files are not
+    # secret (the other files of a run folder are 0644 under umask 022).
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
@@ -416,8 +419,9 @@ def plot_returns(run_dir: str, path: Optional[str] = None,
       for _, y in points:
         best = max(best, y)
         running.append(best)
+      # A step: the best so far changes only at an evaluation.
       ax.plot([p[0] for p in points], running, color='k', lw=2,
-              label='best so far')
+              drawstyle='steps-post', label='best so far')
       ax.legend(loc='lower right', fontsize='small')
     ax.set_xlabel('env steps per member' if x == 'env_steps' else 'wall time (s)')
     ax.grid(alpha=0.3)

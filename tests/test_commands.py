@@ -107,7 +107,8 @@ def _one_line_error(argv, capsys):
     (['pbt', '--config', 'x.json', '--resume', 'y'],
      '--config and --resume: a resume takes the run\'s saved settings'),
     (['info', '--bogus'], 'unknown argument --bogus'),
-    (['info', 'dqn'], '--env Pendulum-v1: DQN needs a Discrete action space'),
+    (['info', 'dqn', '--env', 'Pendulum-v1'],
+     '--env Pendulum-v1: DQN needs a Discrete action space'),
     # Values and search spaces outside a hyperparameter's declared domain.
     (['seeds', '--hparams', 'policy_lr=-1', '--no-progress'],
      '--hparams policy_lr=-1 is outside its valid range (0, inf)'),
@@ -241,6 +242,10 @@ def test_info_lists_every_agent_and_rule(capsys):
 
 
 def test_info_of_an_agent_is_its_defaults_and_search_space(capsys):
+  # Without --env: the example env DQN registered (a discrete one).
+  assert commands.main(['info', 'dqn']) == 0
+  assert capsys.readouterr().out.startswith('dqn (fastpbrl.agents.dqn) on '
+                                            'CartPole-v1')
   assert commands.main(['info', 'dqn', '--env', 'CartPole-v1']) == 0
   lines = capsys.readouterr().out.splitlines()[2:]
   rows, meanings = [line.split(None, 2) for line in lines[::2]], lines[1::2]

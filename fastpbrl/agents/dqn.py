@@ -269,4 +269,5 @@ DOMAINS = {
 
 register('dqn', make_agent=make_agent, config=DQNConfig,
          default_search_space=SEARCH_SPACE, hidden_sizes_field='mlp_hidden_sizes',
-         image_run_settings=NATURE_ATARI_RUN, hparam_domains=DOMAINS)
+         image_run_settings=NATURE_ATARI_RUN, hparam_domains=DOMAINS,
+         example_env='CartPole-v1')

@@ -68,6 +68,8 @@ class AgentSpec:
     renamed_hparams: ``{old name: the rest of a one-line message}`` for
       hyperparameters that were renamed, e.g. ``'policy_delay': 'was
       renamed policy_update_fraction (...)'``: an old name is refused with it.
+    example_env: an env the agent acts in, for what needs one without a
+      run (``fastpbrl info AGENT`` without ``--env``).
     module: the module that registered it.
   """
 
@@ -84,6 +86,7 @@ class AgentSpec:
       default_factory=dict, hash=False)
   renamed_hparams: Mapping[str, str] = dataclasses.field(
       default_factory=dict, hash=False)
+  example_env: str = 'Pendulum-v1'
   module: str = ''
 
   def check_hparams(self, values: Mapping[str, float]) -> None:
@@ -112,8 +115,8 @@ def register(name: str, *, make_agent: Callable[..., Agent], config: type,
              hidden_sizes_field: Optional[str] = 'hidden_sizes',
              image_run_settings: Optional[Mapping[str, Any]] = None,
              hparam_domains: Optional[Mapping[str, ss.HParamDomain]] = None,
-             renamed_hparams: Optional[Mapping[str, str]] = None
-             ) -> AgentSpec:
+             renamed_hparams: Optional[Mapping[str, str]] = None,
+             example_env: str = 'Pendulum-v1') -> AgentSpec:
   """Registers an agent under ``name`` and returns its ``AgentSpec``.
 
   Call it at a module's top level (not under ``if __name__ ==
@@ -163,6 +166,7 @@ def register(name: str, *, make_agent: Callable[..., Agent], config: type,
                    image_run_settings=(None if image_run_settings is None
                                        else dict(image_run_settings)),
                    hparam_domains=domains, renamed_hparams=renamed,
+                   example_env=example_env,
                    module=getattr(make_agent, '__module__', ''))
   old = _REGISTRY.get(name)
   # The same code registering again (a reload, or one file imported under

@@ -139,8 +139,9 @@ def parser() -> argparse.ArgumentParser:
       'hyperparameters (default and search range) or a rule\'s presets.')
   parser.add_argument('name', nargs='?', default=None,
                       help='an agent or a rule (module:attribute for your own)')
-  parser.add_argument('--env', default='Pendulum-v1',
-                      help='the env an agent\'s defaults are given for')
+  parser.add_argument('--env', default=None,
+                      help='the env an agent\'s defaults are given for '
+                      '(default: the example env the agent registered)')
   return parser
 
 
@@ -156,7 +157,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.name is None:
       lines = overview()
     elif args.name in agents_lib.known() or _is_agent(args.name):
-      lines = agent_page(args.name, args.env)
+      lines = agent_page(args.name, args.env
+                         or agents_lib.get(args.name).example_env)
     elif ':' in args.name or args.name in registry.known():
       lines = rule_page(args.name)
     else:
