@@ -24,6 +24,8 @@ from fastpbrl.config import (ConfigError, RunConfig, agent_spec, check,
 from fastpbrl.envs import make_env
 from fastpbrl.imports import add_cwd_to_path
 from fastpbrl.jax_envs import is_jax_env
+from fastpbrl.replay.buffers import format_bytes
+from fastpbrl.replay.device import device_memory_bytes
 from fastpbrl.rules.base import Population
 from fastpbrl.types import make_env_spec as spec_of
 
@@ -227,8 +229,6 @@ def check_population_memory(config: RunConfig, agent, mesh=None) -> None:
   states: one member's, from ``jax.eval_shape``, times the population) are
   larger than the memory of the devices they are placed on (the machine's
   on the CPU backend), before any folder is made or array allocated."""
-  from fastpbrl.replay.buffers import format_bytes  # noqa: PLC0415
-  from fastpbrl.replay.device import device_memory_bytes  # noqa: PLC0415
   try:
     shapes = jax.eval_shape(agent.init, jax.random.PRNGKey(0),
                             agent.default_hparams())

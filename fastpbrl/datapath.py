@@ -60,9 +60,13 @@ from typing import (Any, Callable, Optional, Protocol, Sequence,
 import jax
 import numpy as np
 
+from fastpbrl import agents as agents_lib
 from fastpbrl import jax_envs
 from fastpbrl.actors.actor import EpisodeRecord
+from fastpbrl.config import resolved
 from fastpbrl.device_pipeline import DevicePipeline
+from fastpbrl.distributed import Processes
+from fastpbrl.learner import population_hparams
 from fastpbrl.pipeline import Pipeline, PipelineConfig
 from fastpbrl.types import LearnerCall
 
@@ -255,8 +259,6 @@ def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
     ValueError: a setting refused once sizes are known (its message starts
       with the flag).
   """
-  from fastpbrl.config import resolved  # noqa: PLC0415 (config is above)
-  from fastpbrl.distributed import Processes  # noqa: PLC0415
   run_config = resolved(run_config)  # unset intervals follow the budget
   n = int(run_config.population_size)
   processes = processes or Processes(None, n)
@@ -290,8 +292,6 @@ def _actors(run_config, agent, learner, processes, *, shared_replay: bool,
   """This process's actors, replay and prefetch: its members' rows of the
   counters; over several processes host batches (made global in
   ``learn``) and a host replay."""
-  from fastpbrl import agents as agents_lib  # noqa: PLC0415 (haiku)
-  from fastpbrl.learner import population_hparams  # noqa: PLC0415
   local, several = processes.local, processes.several
   if several:
     run_config = dataclasses.replace(run_config, replay_location='host')

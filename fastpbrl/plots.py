@@ -29,7 +29,14 @@ import json
 import math
 import os
 import tempfile
+from types import SimpleNamespace
 from typing import Any, Collection, NamedTuple, Optional, Sequence
+
+from fastpbrl.config import ConfigError, saved_settings
+from fastpbrl.rules.base import RuleOutputs
+from fastpbrl.rules.common import search_space_of
+from fastpbrl.rules.registry import run_outputs
+from fastpbrl.search_space import LogUniform
 
 LEGEND_MEMBERS = 10  # members up to which lines get a legend entry each
 
@@ -182,7 +189,6 @@ def hparam_panels(rows: Sequence[dict],
 def log_uniform_fields(space) -> set[str]:
   """The fields a ``fastpbrl.search_space.SearchSpace`` draws
   log-uniformly."""
-  from fastpbrl.search_space import LogUniform  # noqa: PLC0415
   return {name for name, dist in space.distributions
           if isinstance(dist, LogUniform)}
 
@@ -193,10 +199,6 @@ def saved_log_fields(run_dir: str) -> Optional[set[str]]:
   space (as ``rules.common.search_space_of`` resolves them for the run).
   None when the folder does not say: no config.json, a search-space file
   gone since, an agent not registered in this process."""
-  from types import SimpleNamespace  # noqa: PLC0415
-
-  from fastpbrl.config import ConfigError, saved_settings  # noqa: PLC0415
-  from fastpbrl.rules.common import search_space_of  # noqa: PLC0415
   try:
     saved = saved_settings(run_dir)
     return log_uniform_fields(search_space_of(SimpleNamespace(
@@ -369,8 +371,6 @@ def plot_run(run_dir: str, space=None, outputs=None) -> list[str]:
 
 def _saved_outputs(run_dir: str):
   """The ``RuleOutputs`` of the rule ``run_dir/config.json`` names."""
-  from fastpbrl.rules.base import RuleOutputs  # noqa: PLC0415
-  from fastpbrl.rules.registry import run_outputs  # noqa: PLC0415
   path = os.path.join(run_dir, 'config.json')
   if not os.path.exists(path):
     return RuleOutputs()

@@ -12,7 +12,7 @@ import gymnasium as gym
 import pytest
 
 import fastpbrl
-from fastpbrl import commands
+from fastpbrl import build, commands
 from fastpbrl.config import (ConfigError, RunConfig, SettingTypeError,
                              resolved)
 from fastpbrl.rules import registry
@@ -176,8 +176,7 @@ def test_the_first_small_run_runs(tmp_path):
 def test_a_population_too_large_for_memory(tmp_path, capsys, monkeypatch):
   """``--population-size 100000`` on a small machine: one line, before any
   folder (simulated with a device of 1 MiB)."""
-  from fastpbrl.replay import device
-  monkeypatch.setattr(device, 'device_memory_bytes', lambda: 2**20)
+  monkeypatch.setattr(build, 'device_memory_bytes', lambda: 2**20)
   assert commands.main(['seeds', '--population-size', '100', '--run-dir',
                         str(tmp_path / 'run'), '--no-progress']) == 2
   # After the INFO line of the devices, the one line of the error.
