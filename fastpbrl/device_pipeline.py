@@ -69,7 +69,7 @@ import numpy as np
 from fastpbrl import collect, distributed, jax_envs, sharding
 from fastpbrl.collect import Plan
 from fastpbrl.actors.actor import EpisodeRecord
-from fastpbrl.pipeline import PipelineConfig
+from fastpbrl.pipeline import PipelineConfig, replay_call
 from fastpbrl.replay import device as device_replay
 from fastpbrl.replay.buffers import (CLEAR_NEEDS_PER_MEMBER, Replay,
                                      bytes_per_transition, format_bytes,
@@ -421,17 +421,13 @@ class DevicePipeline:
     processes = self._processes
     if processes.any(work is None):
       return None  # a signal arrived during the warm-up
-    no_member = np.zeros(self.num_members, np.int64)
     if isinstance(work, EnvCall):  # the call steps the envs and collects
       state, metrics = self.run_call(learner, state, hparams, actor_hparams)
-      return LearnerCall(state, metrics, no_member if shared_critic else
-                         learner.num_steps * self.population_active)
-    if shared_critic:
-      state, metrics = learner.update(state, hparams, work)
-      return LearnerCall(state, metrics, no_member)
-    active = processes.members(self.last_active)
-    state, metrics = learner.update(state, hparams, work, active)
-    return LearnerCall(state, metrics, learner.num_steps * active)
+      return LearnerCall(state, metrics, learner.num_steps * (
+          np.zeros(self.num_members, np.int64) if shared_critic
+          else self.population_active))
+    return replay_call(learner, state, hparams, work, None if shared_critic
+                       else processes.members(self.last_active))
 
   def _collect_only(self) -> None:
     rows = self._processes.global_rows

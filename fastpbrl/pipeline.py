@@ -188,6 +188,20 @@ class PipelineConfig:
 REPLAY_STREAM = 0  # spawn_key[0] of the replay sampler's seed sequence
 
 
+def replay_call(learner, state, hparams, batch,
+                active: np.ndarray | None) -> LearnerCall:
+  """The learner's call on a replay ``batch`` (or a device replay's key),
+  for both data paths: ``active`` (``[N]`` bool) members keep their update
+  (those warming up after a restart keep their state), or ``None``: the
+  shared critic's population update, which counts as no member's own."""
+  if active is None:
+    state, metrics = learner.update(state, hparams, batch)
+    n = len(jax.tree.leaves(hparams)[0])
+    return LearnerCall(state, metrics, np.zeros(n, np.int64))
+  state, metrics = learner.update(state, hparams, batch, active)
+  return LearnerCall(state, metrics, learner.num_steps * active)
+
+
 class Pipeline:
   """Actors + replay + rate limiter + prefetch, for one population run."""
 
@@ -597,13 +611,9 @@ class Pipeline:
     if not self.replay_on_device:
       # This process's rows; a device replay's rings are global already.
       batch = processes.global_rows(batch)
-    if shared_critic:  # the population's update: no member's own
-      state, metrics = learner.update(state, hparams, batch)
-      return LearnerCall(state, metrics,
-                         np.zeros(processes.population_size, np.int64))
-    active = processes.members(self.last_active)
-    state, metrics = learner.update(state, hparams, batch, active)
-    return LearnerCall(state, metrics, learner.num_steps * active)
+    return replay_call(learner, state, hparams, batch,
+                       None if shared_critic
+                       else processes.members(self.last_active))
 
   def evaluate(self, policy_params: Any, actor_hparams: Any, episodes: int,
                seed: int) -> tuple[np.ndarray, np.ndarray]:
