@@ -28,7 +28,6 @@ from fastpbrl.callbacks import Loop
 from fastpbrl.checkpoint import Checkpointer
 from fastpbrl.config import ConfigError, RunConfig, agent_spec
 from fastpbrl.datapath import DataPath
-from fastpbrl.datapath import pipeline_seed  # noqa: F401 (its old home)
 from fastpbrl.logging import HPARAMS_CSV, RULE_CSV
 from fastpbrl.replay.buffers import (format_bytes, state_template,
                                      transition_fields)

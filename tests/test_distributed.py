@@ -405,7 +405,7 @@ def test_processes_of_a_single_process_change_nothing():
   """One process: the run loop's ``Processes`` hands every value back as
   it is (the single-process loop is unchanged), and owns every member."""
   from fastpbrl.actors import EpisodeRecord
-  from fastpbrl.resume import pipeline_seed
+  from fastpbrl.datapath import pipeline_seed
   p = distributed.Processes(None, 4)
   assert (p.several, p.main, p.local, p.local_count) == (False, True,
                                                          slice(0, 4), 4)

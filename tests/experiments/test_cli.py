@@ -130,7 +130,7 @@ def test_rerun_of_a_missing_member_names_the_flags(tmp_path, monkeypatch):
 
 
 def test_resumed_pipeline_seeds_are_not_other_runs_seeds():
-  from fastpbrl.resume import pipeline_seed
+  from fastpbrl.datapath import pipeline_seed
   assert pipeline_seed(3, 0) == 3  # a fresh run uses its own seed
   resumed = {pipeline_seed(0, calls) for calls in range(1, 50)}
   assert len(resumed) == 49 and not resumed & set(range(1000))
