@@ -23,6 +23,7 @@ from tests.test_preemption import FLAGS, REPO, checkpoints, finish, last_line
 pytestmark = pytest.mark.slow
 
 STEPS_PER_CALL = 10  # FLAGS' --steps-per-call
+CHUNK = 32  # env steps per member an actor sends at once
 PBT = [*FLAGS, '--ready-after', '100', '--eval-every', '100',
        '--env-steps', '1500']
 
@@ -86,7 +87,9 @@ def test_stopped_killed_and_resumed_twice_ends_as_a_run_never_stopped(
 
   env_steps, update_steps, decisions = counts(whole)
   got_env_steps, got_update_steps, got_decisions = counts(stopped)
-  assert got_env_steps == env_steps
+  # The budget's last chunk (32 steps per member) ends where the actors'
+  # timing puts it, in any run: the env steps agree within one.
+  assert abs(got_env_steps - env_steps) <= CHUNK, (got_env_steps, env_steps)
   resumes = 2
   assert abs(got_update_steps - update_steps) <= resumes * STEPS_PER_CALL, (
       got_update_steps, update_steps)
@@ -112,7 +115,8 @@ def test_stopped_killed_and_resumed_twice_ends_as_a_run_never_stopped(
   proc.wait()
   completes(start(['--resume', late, '--no-progress']))
   late_env_steps, late_update_steps, _ = counts(late)
-  assert env_steps <= late_env_steps <= env_steps + 2 * 32  # a chunk or two
+  assert abs(late_env_steps - env_steps) <= CHUNK, (late_env_steps,
+                                                     env_steps)
   assert abs(late_update_steps - update_steps) <= STEPS_PER_CALL, (
       late_update_steps, update_steps)
 
