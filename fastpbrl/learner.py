@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from fastpbrl import collect, sharding
 from fastpbrl.agents.base import (POPULATION_AXIS, Agent, SharedCritic,
-                                  stack_hparams)
+                                  rollout_steps, stack_hparams)
 from fastpbrl.replay import device as device_replay
 from fastpbrl.types import PRNGKey, ReplaySample, Transition
 
@@ -316,8 +316,9 @@ class PopulationLearner(_CompiledPopulationStep):
             hparams))
 
   def _step_of(self, num_steps: int) -> Callable:
-    population_step = jax.vmap(multi_step(self.agent.update, num_steps),
-                               axis_name=POPULATION_AXIS)
+    population_step = jax.vmap(
+        multi_step(self.agent.update, self.iterations(num_steps)),
+        axis_name=POPULATION_AXIS)
 
     def masked_step(state, hparams, batch_and_active):
       # Members flagged inactive (a restarted experiment still warming up)
@@ -338,10 +339,26 @@ class PopulationLearner(_CompiledPopulationStep):
   def _step_input(self, batch, active):
     return batch, active
 
+  def iterations(self, num_steps: int) -> int:
+    """What one call of ``num_steps`` update steps scans ``agent.update``
+    over: ``num_steps`` gradient steps of a replay agent, or the
+    ``num_steps / (rollout_length x num_envs)`` iterations of a rollout
+    agent, whose update steps are the env steps it learns from
+    (``fastpbrl.agents.base``)."""
+    if self.agent.learns_from != 'rollout':
+      return num_steps
+    per_iteration = rollout_steps(self.agent.config)
+    if num_steps % per_iteration:
+      raise ValueError(f'num_steps {num_steps} is not a multiple of an '
+                       f'iteration\'s {per_iteration} env steps')
+    return num_steps // per_iteration
+
   def update(self, state, hparams, batch: Transition, active=None):
     """As ``_CompiledPopulationStep.update``; ``active`` (``[N]`` bool,
     default all) marks the members whose update is kept, the others keep
-    their state. Traced, so any mask runs the same compiled program."""
+    their state. Traced, so any mask runs the same compiled program. A
+    rollout agent's ``batch`` is a ``fastpbrl.types.Rollout`` of ``[N, I,
+    T, E, ...]`` (``I = iterations(num_steps)``)."""
     if isinstance(batch, ReplaySample):  # the replay lives on the device
       return self.update_from_replay(state, hparams, batch.replay, batch.key,
                                      active)

@@ -46,6 +46,37 @@ class Transition(NamedTuple):
   truncated: Any  # [...] float32, 1.0 where a time limit cut the episode
 
 
+class Rollout(NamedTuple):
+  """What an on-policy member learns from (``Agent.learns_from ==
+  'rollout'``): ``T`` consecutive steps in each of its ``E`` envs, time
+  first, ``[T, E, ...]`` on every field (``[I, T, E, ...]`` for the ``I``
+  iterations of one learner call, ``[N, I, T, E, ...]`` for a population).
+
+  Each env's steps are in the order it took them, so ``observation[t + 1,
+  e]`` is ``next_observation[t, e]`` unless step ``t`` ended the episode
+  (the env then reset). ``next_observation`` is the real next state also
+  at a time-limit truncation, so the agent bootstraps through truncations
+  with its value of that state (as Stable-Baselines3 adds ``discount x
+  V(terminal observation)`` to the reward there) and never through a
+  termination; the last step bootstraps from ``V(next_observation[T - 1])``.
+  ``log_prob`` is the behaviour policy's log-probability of ``action``
+  (``Agent.behave``'s), the denominator of PPO's ratio: a rollout collected
+  by an older policy than the one that learns from it is corrected by the
+  ratio, as in APPO.
+  """
+
+  observation: Any  # [T, E, *obs_shape]
+  # [T, E, action_dim] float32 as the policy sampled it (a Gaussian's
+  # sample, not clipped: the env gets it clipped to [-1, 1] and scaled to
+  # its bounds), or [T, E] int32
+  action: Any
+  reward: Any  # [T, E] float32
+  next_observation: Any  # [T, E, *obs_shape]
+  terminated: Any  # [T, E] float32
+  truncated: Any  # [T, E] float32
+  log_prob: Any  # [T, E] float32, of the policy that acted
+
+
 class ReplaySample(NamedTuple):
   """A learner call's data when the replay lives on the device: the call
   samples its ``[N, S, B, ...]`` batch itself (``fastpbrl.replay.device``).

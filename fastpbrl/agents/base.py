@@ -73,6 +73,34 @@ To add an agent ``foo``, in any importable module (``mypkg/foo.py``):
    update against a per-member loop, the loss against a value worked out by
    hand (``tests/examples/test_ddpg.py``), and the compilation count.
 
+**Agents that learn from their own rollouts** (on-policy: PPO, A2C) set
+``learns_from='rollout'`` (at ``register`` and on the ``Agent``) and give
+``behave``. Then:
+
+* the config also has ``rollout_length`` (``T``, steps per env per
+  iteration) and ``num_envs`` (``E``, envs each member acts in at once);
+  ``batch_size`` is its minibatch size (as Stable-Baselines3's PPO's) and
+  ``steps_per_call`` counts env steps per member: a multiple of ``T x E``,
+  the iterations one learner call runs (``T x E``: one). An on-policy
+  member's "update steps" are the env steps it learned from, so every
+  interval of the rules, the logs and the budget counts alike for both
+  kinds, and ``--update-to-data-ratio`` stays 1;
+* ``update(state, hparams, rollout) -> (state, metrics)`` is ONE
+  iteration on the ``Rollout`` (``fastpbrl.types``, ``[T, E, ...]``) the
+  member has just collected with ``behave``: advantages, then the epochs
+  of minibatch steps it wants, shuffled with the key in its state. The
+  learner scans it over a call's iterations and vmaps it over members, as
+  it does a replay agent's gradient step;
+* the data path collects the rollouts: inside the compiled call for JAX
+  envs (the envs step, the members ``behave``, then ``update``; nothing
+  crosses to the host but episode statistics), or in the actor processes
+  for gymnasium envs. Anything ``act`` reads beside the network (an
+  observation normaliser's statistics) belongs in ``policy_params``, so
+  actors, exploit copies and checkpoints carry it.
+
+``fastpbrl/agents/ppo.py`` is the built-in one; ``examples/a2c.py`` is one
+in user code. Nothing in the package names either.
+
 The contract departs from "``init(key, env_spec, hparams)``" in one way: the
 environment spec is bound when the agent is *made* (``make_agent(env_spec,
 config)``), because ``act`` and ``update`` need the same network output sizes
@@ -132,6 +160,16 @@ class Agent(Generic[State, HParams]):
       ``act(..., explore=True)``; evaluation actions use ``hparams`` as they
       are. It must be jittable; ``None``: exploration does not depend on the
       step.
+    learns_from: ``'replay'`` (TD3, SAC, DQN: ``update`` is one gradient
+      step on a ``Transition`` batch sampled from a replay) or
+      ``'rollout'`` (on-policy: PPO, A2C; see "Agents that learn from
+      their own rollouts" in the module docstring).
+    behave: rollout agents only: ``(policy_params, observation[B], key,
+      hparams) -> (action[B], log_prob[B])``, the exploring policy that
+      collects the rollout, with the log-probability of what it sampled
+      (``Rollout.log_prob``). ``act(..., explore=True)`` must sample the
+      same distribution; ``act(..., explore=False)`` is the evaluation
+      policy (a Gaussian's mean, a categorical's most likely action).
   """
 
   name: str
@@ -144,6 +182,38 @@ class Agent(Generic[State, HParams]):
   policy_params: Callable[[State], Params]
   shared_critic: Optional['SharedCritic'] = None
   acting_hparams: Optional[Callable[[HParams, jax.Array], HParams]] = None
+  learns_from: str = 'replay'
+  behave: Optional[Callable[..., tuple[jax.Array, jax.Array]]] = None
+
+  def __post_init__(self):
+    if self.learns_from not in LEARNS_FROM:
+      raise ValueError(f'agent {self.name!r}: learns_from must be one of '
+                       f'{LEARNS_FROM}, got {self.learns_from!r}')
+    if (self.learns_from == 'rollout') != (self.behave is not None):
+      raise ValueError(f'agent {self.name!r}: an agent that learns from '
+                       'its rollouts needs behave, and only it has one')
+    if self.learns_from == 'rollout':
+      iteration = rollout_steps(self.config)
+      if self.config.steps_per_call % iteration:
+        raise ValueError(
+            f'steps_per_call {self.config.steps_per_call} is not a multiple '
+            f'of an iteration\'s {iteration} env steps (rollout_length '
+            f'{self.config.rollout_length} x num_envs '
+            f'{self.config.num_envs})')
+
+
+# What an agent may learn from (``Agent.learns_from``).
+LEARNS_FROM = ('replay', 'rollout')
+
+# Config fields a rollout agent needs beside ``batch_size`` and
+# ``steps_per_call``.
+ROLLOUT_CONFIG_FIELDS = ('rollout_length', 'num_envs')
+
+
+def rollout_steps(config) -> int:
+  """Env steps per member of one on-policy iteration: ``rollout_length x
+  num_envs`` of a rollout agent's config."""
+  return int(config.rollout_length) * int(config.num_envs)
 
 
 @dataclasses.dataclass(frozen=True)

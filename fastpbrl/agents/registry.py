@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping, Optional, Union
 from acme import specs
 
 from fastpbrl import search_space as ss
-from fastpbrl.agents.base import Agent, SharedCritic
+from fastpbrl.agents.base import (LEARNS_FROM, ROLLOUT_CONFIG_FIELDS, Agent,
+                                  SharedCritic)
 from fastpbrl.imports import find, known_names
 
 # Built-in agents: name -> the module whose import registers it.
@@ -70,6 +71,8 @@ class AgentSpec:
       renamed policy_update_fraction (...)'``: an old name is refused with it.
     example_env: an env the agent acts in, for what needs one without a
       run (``fastpbrl info AGENT`` without ``--env``).
+    learns_from: ``'replay'`` or ``'rollout'`` (``Agent.learns_from``): a
+      run's settings are checked against it before the agent is made.
     module: the module that registered it.
   """
 
@@ -87,6 +90,7 @@ class AgentSpec:
   renamed_hparams: Mapping[str, str] = dataclasses.field(
       default_factory=dict, hash=False)
   example_env: str = 'Pendulum-v1'
+  learns_from: str = 'replay'
   module: str = ''
 
   def check_hparams(self, values: Mapping[str, float]) -> None:
@@ -116,7 +120,8 @@ def register(name: str, *, make_agent: Callable[..., Agent], config: type,
              image_run_settings: Optional[Mapping[str, Any]] = None,
              hparam_domains: Optional[Mapping[str, ss.HParamDomain]] = None,
              renamed_hparams: Optional[Mapping[str, str]] = None,
-             example_env: str = 'Pendulum-v1') -> AgentSpec:
+             example_env: str = 'Pendulum-v1',
+             learns_from: str = 'replay') -> AgentSpec:
   """Registers an agent under ``name`` and returns its ``AgentSpec``.
 
   Call it at a module's top level (not under ``if __name__ ==
@@ -126,6 +131,9 @@ def register(name: str, *, make_agent: Callable[..., Agent], config: type,
   ``hparam_domains`` declares each hyperparameter's meaning, unit and
   valid range (``search_space.HParamDomain``); leave it out and values are
   unchecked. The default search space must lie inside it.
+  ``learns_from='rollout'`` registers an on-policy agent (see
+  ``fastpbrl.agents.base``): its config needs ``rollout_length`` and
+  ``num_envs`` too.
 
   Raises:
     ValueError: a bad name or config class, a search space that is not one
@@ -140,9 +148,13 @@ def register(name: str, *, make_agent: Callable[..., Agent], config: type,
   if not dataclasses.is_dataclass(config) or not isinstance(config, type):
     raise ValueError(f'agent {name!r}: config must be a dataclass class, got '
                      f'{config!r}')
+  if learns_from not in LEARNS_FROM:
+    raise ValueError(f'agent {name!r}: learns_from must be one of '
+                     f'{LEARNS_FROM}, got {learns_from!r}')
   fields = {f.name for f in dataclasses.fields(config)}
   wanted = REQUIRED_CONFIG_FIELDS + ((hidden_sizes_field,)
-                                     if hidden_sizes_field else ())
+                                     if hidden_sizes_field else ()) + (
+      ROLLOUT_CONFIG_FIELDS if learns_from == 'rollout' else ())
   missing = [f for f in wanted if f not in fields]
   if missing:
     raise ValueError(f'agent {name!r}: config {config.__name__} has no field '
@@ -166,7 +178,7 @@ def register(name: str, *, make_agent: Callable[..., Agent], config: type,
                    image_run_settings=(None if image_run_settings is None
                                        else dict(image_run_settings)),
                    hparam_domains=domains, renamed_hparams=renamed,
-                   example_env=example_env,
+                   example_env=example_env, learns_from=learns_from,
                    module=getattr(make_agent, '__module__', ''))
   old = _REGISTRY.get(name)
   # The same code registering again (a reload, or one file imported under
@@ -228,4 +240,8 @@ def make_agent(ref: str, env_spec: specs.EnvironmentSpec,
                                 shared_critic=spec.shared_critic(env_spec, config))
   if agent.name != spec.name:
     agent = dataclasses.replace(agent, name=spec.name)
+  if agent.learns_from != spec.learns_from:
+    raise ValueError(f'agent {spec.name!r} was registered with learns_from='
+                     f'{spec.learns_from!r} but its make_agent built one '
+                     f'that learns from {agent.learns_from!r}')
   return agent
