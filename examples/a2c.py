@@ -1,0 +1,197 @@
+"""A2C (Mnih et al. 2016, Algorithm S3, synchronous as Stable-Baselines3's
+``A2C``) from user code, one ``register`` call: an on-policy agent
+(``learns_from='rollout'``), ``--agent examples.a2c:A2C``. Each iteration a
+member acts ``rollout_length`` (T) steps in each of its ``num_envs`` (E)
+envs, then takes ONE gradient step on the whole rollout (no epochs, no
+minibatches: ``batch_size = T x E``) on ``-A log pi(a|s) + value_coef (R -
+V(s))^2 - entropy_coef H(pi(.|s))``, ``R = A + V(s)``, ``A`` by GAE
+(``gae_lambda`` 1: the paper's n-step returns), bootstrapped from
+``V(next_observation)``, also at truncations, never through a termination.
+RMSprop (decay 0.99, eps 1e-5 outside the square root, as PyTorch's), the
+paper's optimizer and SB3's default, so runs compare with SB3's A2C; the
+gradient's global norm is clipped first. SB3's defaults: lr 7e-4, T 5,
+gamma 0.99, value 0.5, entropy 0, grad norm 0.5, separate 64x64 policy and
+value MLPs, a state-independent Gaussian log-std starting at 0.
+Departures: ReLU MLPs with haiku's initialisation (SB3: tanh, orthogonal);
+E 8 (SB3 leaves it to the user); ``Rollout.log_prob`` is not used (A2C has
+no importance ratio: a rollout one learner call old is learned as if
+on-policy, as in A3C's asynchronous workers).
+"""
+
+import dataclasses
+import math
+from typing import NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+from acme import specs
+
+from fastpbrl import agents
+from fastpbrl import search_space as ss
+from fastpbrl.agents import networks as nets_lib
+from fastpbrl.agents.base import Agent, rollout_steps, scalar_hparams
+
+LOG_2PI = math.log(2.0 * math.pi)  # a Python float: float64 tests stay so
+
+
+@dataclasses.dataclass(frozen=True)
+class A2CConfig:
+  """Static A2C settings (changing one recompiles)."""
+  hidden_sizes: Sequence[int] = (64, 64)  # policy and value MLP widths
+  rollout_length: int = 5  # T: steps per env per iteration
+  num_envs: int = 8  # E: envs each member acts in at once
+  batch_size: Optional[int] = None  # must be T x E (None: T x E)
+  steps_per_call: Optional[int] = None  # env steps per call (None: T x E)
+
+  def __post_init__(self):
+    whole = rollout_steps(self)
+    for name in ('batch_size', 'steps_per_call'):
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, whole)
+    if self.batch_size != whole:
+      raise ValueError(f'batch_size {self.batch_size}: A2C takes one step on '
+                       f'the whole rollout, rollout_length x num_envs = '
+                       f'{whole}')
+
+
+class A2CHParams(NamedTuple):
+  """Traced A2C hyperparameters, each a float32 scalar per member."""
+  learning_rate: jax.Array  # RMSprop step size
+  discount: jax.Array  # gamma
+  gae_lambda: jax.Array  # lambda of GAE (1: n-step returns)
+  value_coef: jax.Array  # weight of the value loss
+  entropy_coef: jax.Array  # weight of the entropy bonus
+  max_grad_norm: jax.Array  # global norm the gradient is clipped to
+
+
+class A2CState(NamedTuple):
+  params: dict  # {'pi': policy MLP, 'v': value MLP, 'log_std': [A] if continuous}
+  opt_state: optax.OptState  # RMSprop's over all of params
+  step: jax.Array  # iterations learned, int32
+
+
+def default_hparams() -> A2CHParams:
+  return scalar_hparams(A2CHParams, learning_rate=7e-4, discount=0.99,
+                        gae_lambda=1.0, value_coef=0.5, entropy_coef=0.0,
+                        max_grad_norm=0.5)
+
+
+def optimizer(hp: A2CHParams) -> optax.GradientTransformation:
+  return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm),
+                     optax.rmsprop(hp.learning_rate, decay=0.99, eps=1e-5,
+                                   eps_in_sqrt=False))
+
+
+def gae(rollout, value, next_value, discount, lam):
+  """``[T, E]`` advantages: ``A_t = delta_t + gamma lam (1 - done_t) A_{t+1}``,
+  ``delta_t = r_t + gamma (1 - terminated_t) V(s'_t) - V(s_t)``."""
+  delta = (rollout.reward + discount * (1.0 - rollout.terminated) * next_value
+           - value)
+  done = jnp.maximum(rollout.terminated, rollout.truncated)
+
+  def back(next_adv, x):
+    adv = x[0] + discount * lam * (1.0 - x[1]) * next_adv
+    return adv, adv
+
+  return jax.lax.scan(back, jnp.zeros_like(delta[0]), (delta, done),
+                      reverse=True)[1]
+
+
+def log_prob_entropy(out, log_std, action):
+  """Log-probability of ``action`` and entropy: a categorical over logits
+  ``out`` (``log_std`` None) or a diagonal Gaussian of mean ``out``."""
+  if log_std is None:
+    logp = jax.nn.log_softmax(out)
+    return (jnp.take_along_axis(logp, action[..., None], -1)[..., 0],
+            -jnp.sum(jnp.exp(logp) * logp, -1))
+  z = (action - out) * jnp.exp(-log_std)
+  entropy = jnp.sum(0.5 + 0.5 * LOG_2PI + log_std) * jnp.ones(out.shape[:-1])
+  return jnp.sum(-0.5 * z ** 2 - log_std - 0.5 * LOG_2PI, -1), entropy
+
+
+def make_agent(env_spec, config: A2CConfig = A2CConfig()) -> Agent:
+  if len(env_spec.observations.shape) != 1:
+    raise ValueError('A2C\'s MLPs need vector observations')
+  discrete = isinstance(env_spec.actions, specs.DiscreteArray)
+  outputs = (env_spec.actions.num_values if discrete
+             else env_spec.actions.shape[0])
+  # mlp_q_network is a plain MLP: here it gives logits (or a mean) and V.
+  pi = nets_lib.mlp_q_network(outputs, config.hidden_sizes)
+  v = nets_lib.mlp_q_network(1, config.hidden_sizes)
+  value = lambda p, obs: v.apply(p['v'], obs)[..., 0]  # noqa: E731
+
+  def init(key, hp):
+    obs = nets_lib.dummy_input(env_spec.observations.shape, jnp.float32)
+    k_pi, k_v = jax.random.split(key)
+    params = {'pi': pi.init(k_pi, obs), 'v': v.init(k_v, obs)}
+    if not discrete:
+      params['log_std'] = jnp.zeros((outputs,), jnp.float32)
+    return A2CState(params, optimizer(hp).init(params), jnp.int32(0))
+
+  def policy_params(state):
+    return {k: x for k, x in state.params.items() if k != 'v'}
+
+  def sample(pp, obs, key):
+    out = pi.apply(pp['pi'], obs)
+    if discrete:
+      return out, jax.random.categorical(key, out)
+    return out, out + jnp.exp(pp['log_std']) * jax.random.normal(key, out.shape)
+
+  def behave(pp, obs, key, hp):
+    out, action = sample(pp, obs, key)
+    return action, log_prob_entropy(out, pp.get('log_std'), action)[0]
+
+  def act(pp, obs, key, hp, explore):
+    out, action = sample(pp, obs, key)
+    if not explore:
+      action = jnp.argmax(out, -1) if discrete else out
+    return action if discrete else jnp.clip(action, -1.0, 1.0)
+
+  def loss(params, rollout, advantage, returns, hp):
+    logp, entropy = log_prob_entropy(pi.apply(params['pi'], rollout.observation),
+                                     params.get('log_std'), rollout.action)
+    policy_loss = -jnp.mean(advantage * logp)
+    value_loss = jnp.mean(jnp.square(returns - value(params,
+                                                     rollout.observation)))
+    total = (policy_loss + hp.value_coef * value_loss
+             - hp.entropy_coef * jnp.mean(entropy))
+    return total, {'policy_loss': policy_loss, 'value_loss': value_loss,
+                   'entropy': jnp.mean(entropy)}
+
+  def update(state: A2CState, hp: A2CHParams, rollout):
+    v_obs = value(state.params, rollout.observation)
+    advantage = jax.lax.stop_gradient(gae(
+        rollout, v_obs, value(state.params, rollout.next_observation),
+        hp.discount, hp.gae_lambda))
+    returns = jax.lax.stop_gradient(advantage + v_obs)
+    (total, metrics), grads = jax.value_and_grad(loss, has_aux=True)(
+        state.params, rollout, advantage, returns, hp)
+    updates, opt_state = optimizer(hp).update(grads, state.opt_state)
+    new = A2CState(optax.apply_updates(state.params, updates), opt_state,
+                   state.step + 1)
+    return new, {**metrics, 'loss': total, 'grad_norm': optax.tree.norm(grads)}
+
+  return Agent(name='a2c', env_spec=env_spec, config=config,
+               default_hparams=default_hparams, init=init, act=act,
+               update=update, policy_params=policy_params,
+               learns_from='rollout', behave=behave)
+
+
+SEARCH_SPACE = {'learning_rate': ss.LogUniform(1e-4, 3e-3),
+                'entropy_coef': ss.Uniform(0.0, 0.01),
+                'gae_lambda': ss.Uniform(0.9, 1.0)}
+DOMAINS = {
+    'learning_rate': ss.positive('RMSprop step size', 'step size'),
+    'discount': ss.HParamDomain('discount gamma', 'per env step', low=0.0,
+                                high=1.0),
+    'gae_lambda': ss.HParamDomain('lambda of GAE', '', low=0.0, high=1.0),
+    'value_coef': ss.non_negative('weight of the value loss'),
+    'entropy_coef': ss.non_negative('weight of the entropy bonus'),
+    'max_grad_norm': ss.positive('global gradient norm clipped to'),
+}
+
+A2C = agents.register('a2c', make_agent=make_agent, config=A2CConfig,
+                      default_search_space=SEARCH_SPACE,
+                      hparam_domains=DOMAINS, learns_from='rollout',
+                      example_env='CartPole-v1')
