@@ -101,7 +101,8 @@ def train(rule: Union[str, type, None] = None, *,
       ``after_rule_decision(loop, event)``).
     **config_fields: the rule's settings, named as the command's flags with
       ``_`` for ``-`` (``env_steps=600``, ``hidden_sizes=(16, 16)``,
-      ``hparams={'policy_lr': 1e-3}`` for the agent's, ``search_space=
+      ``hparams={'policy_lr': 1e-3}`` for the agent's hyperparameters,
+      ``agent_settings={'num_envs': 8}`` for its static config, ``search_space=
       {'policy_lr': {'kind': 'loguniform', 'low': 1e-4, 'high': 1e-3}}``
       for the rule's, as in a search-space file); the rest keep
       their defaults (``fastpbrl <rule> --help``). With
@@ -134,8 +135,13 @@ def train(rule: Union[str, type, None] = None, *,
                       f'{registry.ref_of(rule_cls)} --help')
   config_fields = {k: v.item() if isinstance(v, np.generic) else v
                    for k, v in config_fields.items()}  # np.int64(2) -> 2
-  if 'hidden_sizes' in config_fields:
+  if config_fields.get('hidden_sizes') is not None:
     config_fields['hidden_sizes'] = tuple(config_fields['hidden_sizes'])
+  if isinstance(config_fields.get('agent_settings'), Mapping):
+    # {'num_envs': 8, 'hidden_sizes': (64, 64)}: as --agent-settings takes it
+    config_fields['agent_settings'] = tuple(
+        f'{k}={",".join(map(str, v)) if isinstance(v, (tuple, list)) else v}'
+        for k, v in config_fields['agent_settings'].items())
   if isinstance(config_fields.get('hparams'), Mapping):  # {'policy_lr': 1e-3}
     config_fields['hparams'] = tuple(
         f'{k}={v!r}' for k, v in config_fields['hparams'].items())

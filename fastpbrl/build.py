@@ -19,8 +19,8 @@ import jax
 
 from fastpbrl import agents as agents_lib
 from fastpbrl import distributed, jax_envs, sharding
-from fastpbrl.config import (ConfigError, RunConfig, agent_spec, check,
-                             parse_hparams)
+from fastpbrl.config import (ConfigError, RunConfig, agent_config,
+                             agent_spec, check, parse_hparams, resolved)
 from fastpbrl.envs import make_env
 from fastpbrl.imports import add_cwd_to_path
 from fastpbrl.jax_envs import is_jax_env
@@ -61,24 +61,15 @@ def make_env_spec(env_id: str):
 
 
 def make_agent(config: RunConfig, env_spec):
-  """The agent ``config.agent`` names, with the config's size overrides."""
+  """The agent ``config.agent`` names, its static config as the run's
+  settings make it (``config.agent_config``: the size flags, then
+  ``--agent-settings``), its defaults from ``--hparams``."""
   spec = agent_spec(config.agent)
-  overrides = {}
-  if config.batch_size is not None:
-    overrides['batch_size'] = config.batch_size
-  if config.steps_per_call is not None:
-    overrides['steps_per_call'] = config.steps_per_call
-  if spec.hidden_sizes_field is not None:
-    overrides[spec.hidden_sizes_field] = tuple(config.hidden_sizes)
-  if any(f.name == 'network_init' for f in dataclasses.fields(spec.config)):
-    overrides['network_init'] = config.network_init
-  else:
-    check(config.network_init == 'haiku',
-          f'--network-init {config.network_init}: --agent {config.agent} '
-          'has no network_init setting (TD3 and SAC have)')
+  agent_settings = agent_config(config)
+  if spec.learns_from == 'rollout':
+    warn_warmup_ignored(config)
   try:
-    agent = agents_lib.make_agent(
-        config.agent, env_spec, dataclasses.replace(spec.config(), **overrides))
+    agent = agents_lib.make_agent(config.agent, env_spec, agent_settings)
   except ValueError as e:
     raise ConfigError(f'--agent {config.agent} on --env {config.env}: {e}') from None
   if spec.image_run_settings and len(env_spec.observations.shape) == 3:
@@ -90,6 +81,18 @@ def make_agent(config: RunConfig, env_spec):
     return agents_lib.with_defaults(agent, **values)
   except ValueError as e:
     raise ConfigError(f'--hparams: {e}') from None
+
+
+def warn_warmup_ignored(config: RunConfig) -> None:
+  """Warns that ``--warmup-steps`` means nothing to an agent that learns
+  from its own rollouts (it acts with its policy from the first step), where
+  it is not the default ``resolved`` derives from the budget (a preset's,
+  or one given): refusing it would refuse every preset that sets one."""
+  default = resolved(dataclasses.replace(config, warmup_steps=None))
+  if config.warmup_steps not in (None, 0, default.warmup_steps):
+    log.warning('--warmup-steps %d is ignored: --agent %s learns from its '
+                'own rollouts, acting with its policy from the first step',
+                config.warmup_steps, config.agent)
 
 
 def warn_image_run_settings(config: RunConfig, spec) -> None:

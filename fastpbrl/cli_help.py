@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 # The shared settings (``RunConfig``'s fields) by topic, in --help's order.
 GROUPS = (
     ('what to train', ('env', 'agent', 'population_size', 'seed',
-                       'env_steps', 'hparams')),
+                       'env_steps', 'hparams', 'agent_settings')),
     ('learning', ('warmup_steps', 'update_to_data_ratio',
                   'warmup_counts_as_data', 'hidden_sizes', 'network_init',
                   'batch_size', 'steps_per_call', 'replay_capacity',

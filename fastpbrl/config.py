@@ -11,13 +11,18 @@ disk did.
 from __future__ import annotations
 
 import ast
+import collections.abc
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import os
 import shlex
-from typing import ClassVar, Literal, Mapping, NamedTuple, Optional, TypeVar
+import types
+import typing
+from typing import (Any, ClassVar, Literal, Mapping, NamedTuple, Optional,
+                    TypeVar)
 
 from fastpbrl import agents as agents_lib
 from fastpbrl import settings_file, sharding, tracking
@@ -181,18 +186,27 @@ class RunConfig:
   discount=0.98): every member's defaults. Seeds trains with them; PBT and
   HyperTrick start from them and keep those outside the search space
   fixed. fastpbrl info AGENT lists the names."""
-  hidden_sizes: tuple[int, ...] = (256, 256)
+  hidden_sizes: Optional[tuple[int, ...]] = None
   """MLP widths of policies and critics (TD3/SAC) or of the Q-MLP (DQN): the
-  config field the agent registered as its hidden sizes."""
+  config field the agent registered as its hidden sizes (default: the
+  agent's own, 256 256 for TD3, SAC and DQN, 64 64 for PPO)."""
+  agent_settings: tuple[str, ...] = ()
+  """Fields of the agent's static config as NAME=VALUE, each parsed to its
+  field's type (a sequence as 64,64), e.g. rollout_length=128 num_envs=8
+  epochs=4 for PPO; changing one recompiles. fastpbrl info AGENT lists
+  them."""
   network_init: Literal['haiku', 'torch'] = 'haiku'
   """How MLP weights start (TD3, SAC): 'haiku' (haiku's default, as in
   Acme: truncated normal of scale 1/sqrt(fan-in), zero biases) or 'torch'
   (PyTorch's, as in Stable-Baselines3 and the TD3/SAC reference code:
   weights and biases uniform in +-1/sqrt(fan-in))."""
   batch_size: Optional[int] = bounded(None, ge=1)
-  """Transitions per member per update step (default: the agent's, 256 / 32)."""
+  """Transitions per member per update step (default: the agent's, 256 / 32;
+  an on-policy agent's minibatch size)."""
   steps_per_call: Optional[int] = bounded(None, ge=1)
-  """Update steps compiled into one learner call (default 50, DQN 10)."""
+  """Update steps compiled into one learner call (default 50, DQN 10; an
+  on-policy agent's are env steps per member, a multiple of its
+  rollout_length x num_envs, one iteration by default)."""
   replay_capacity: int = bounded(1_000_000, ge=1)
   """Transitions per replay buffer."""
   shared_replay: bool = False
@@ -312,8 +326,160 @@ def check_types(config: RunConfig) -> None:
 
 
 def steps_per_call_of(config: RunConfig) -> int:
-  """Update steps per learner call: ``--steps-per-call`` or the agent's."""
-  return config.steps_per_call or agent_spec(config.agent).config.steps_per_call
+  """Update steps per learner call: ``--steps-per-call``, or the agent's
+  (with ``--agent-settings``; a rollout agent's ``T x E`` by default)."""
+  return config.steps_per_call or agent_config(config).steps_per_call
+
+
+def agent_config(config: RunConfig):
+  """The agent's static config (a dataclass) as the run's settings make it:
+  ``--batch-size``, ``--steps-per-call``, ``--hidden-sizes`` and
+  ``--network-init`` where given, then ``--agent-settings``; a rollout
+  agent (``AgentSpec.learns_from == 'rollout'``) gets ``steps_per_call=None``
+  unless one of them sets it, so that its config derives ``T x E``.
+
+  Raises:
+    ConfigError: one line naming the flag (an unknown or badly typed
+      setting, one set twice, a value the agent's config refuses).
+  """
+  return _agent_config(config.agent, tuple(config.agent_settings),
+                       config.batch_size, config.steps_per_call,
+                       None if config.hidden_sizes is None
+                       else tuple(config.hidden_sizes), config.network_init)
+
+
+@functools.lru_cache(maxsize=64)
+def _agent_config(agent: str, settings: tuple, batch_size, steps_per_call,
+                  hidden_sizes, network_init: str):
+  spec = agent_spec(agent)
+  given = parse_agent_settings(settings, agent)
+  fields = {f.name for f in dataclasses.fields(spec.config)}
+  overrides = {}
+  for flag, name, value in (
+      ('--batch-size', 'batch_size', batch_size),
+      ('--steps-per-call', 'steps_per_call', steps_per_call),
+      ('--hidden-sizes', spec.hidden_sizes_field, hidden_sizes)):
+    if name is None or value is None:
+      continue
+    check(name not in given,
+          f'{flag} and --agent-settings {name}=... both set {name}; give one')
+    overrides[name] = value
+  if 'network_init' in fields:
+    overrides['network_init'] = network_init
+  else:
+    check(network_init == 'haiku',
+          f'--network-init {network_init}: --agent {agent} has no '
+          'network_init setting (TD3 and SAC have)')
+  if spec.learns_from == 'rollout' and 'steps_per_call' not in {
+      **overrides, **given}:
+    overrides['steps_per_call'] = None  # the config derives T x E
+  overrides.update(given)
+  where = (f'--agent {agent}' + (f' --agent-settings {" ".join(settings)}'
+                                 if settings else ''))
+  try:
+    made = spec.config(**overrides)
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f'{where}: {e}') from None
+  check(isinstance(made.steps_per_call, int) and made.steps_per_call >= 1,
+        f'{where}: its config has steps_per_call {made.steps_per_call!r}; '
+        'a rollout agent\'s config derives it (T x E) when given None')
+  return made
+
+
+def parse_agent_settings(items, agent: str) -> dict[str, Any]:
+  """``--agent-settings NAME=VALUE ...`` as ``{field: value}`` of the agent's
+  config, each value parsed to its field's type (``parse_setting``).
+
+  Raises:
+    ConfigError: one line: a malformed item, a name set twice, a name that
+      is not a field (with the nearest ones), a value of the wrong type.
+  """
+  config_class = agent_spec(agent).config
+  names = [f.name for f in dataclasses.fields(config_class)]
+  try:
+    hints = typing.get_type_hints(config_class)
+  except Exception:  # noqa: BLE001 (a user's annotation we cannot resolve)
+    hints = {}
+  defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
+  values = {}
+  for item in items:
+    name, sep, text = str(item).partition('=')
+    name = name.strip()
+    check(sep == '=' and name != '',
+          f'--agent-settings {item!r}: expected NAME=VALUE, e.g. num_envs=8')
+    if name not in names:
+      near = difflib.get_close_matches(name, names, n=2)
+      raise ConfigError(
+          f'--agent-settings {item}: --agent {agent} has no setting '
+          f'{name!r}; ' + (f'did you mean {" or ".join(near)}? '
+                           if near else '') + f'its settings: '
+          f'{", ".join(names)}')
+    check(name not in values, f'--agent-settings sets {name} twice')
+    try:
+      values[name] = parse_setting(text.strip(), hints.get(name),
+                                   defaults[name])
+    except ValueError as e:
+      raise ConfigError(f'--agent-settings {item}: {e}') from None
+  return values
+
+
+def parse_setting(text: str, kind: Any, default: Any = None) -> Any:
+  """``text`` as a value of the type ``kind`` (a config field's annotation;
+  when unknown, the type of ``default``): ``None`` for an ``Optional``,
+  ``int``, ``float``, ``bool`` (true/false), ``str``, a ``Literal``'s
+  choice, or a sequence of those as ``64,64`` (a tuple).
+
+  Raises:
+    ValueError: why ``text`` is not one.
+  """
+  if typing.get_origin(kind) in (typing.Union, types.UnionType):
+    if text == 'None':
+      return None
+    inner = [a for a in typing.get_args(kind) if a is not type(None)]
+    kind = inner[0] if len(inner) == 1 else None
+  if kind is None and default is not None and default is not dataclasses.MISSING:
+    kind = (tuple[type(default[0]), ...] if isinstance(default, (tuple, list))
+            and default else type(default))
+  origin = typing.get_origin(kind)
+  if origin in (tuple, list, collections.abc.Sequence) or kind in (tuple,
+                                                                   list):
+    args = [a for a in typing.get_args(kind) if a is not Ellipsis]
+    parts = [p.strip() for p in text.strip('()[]').split(',') if p.strip()]
+    if not parts:
+      raise ValueError(f'{text!r} is not a comma-separated list')
+    return tuple(parse_setting(p, args[0] if args else int) for p in parts)
+  if origin is typing.Literal:
+    allowed = typing.get_args(kind)
+    for choice in allowed:
+      if str(choice) == text:
+        return choice
+    raise ValueError(f'{text!r} is not one of '
+                     f'{", ".join(str(a) for a in allowed)}')
+  if kind is bool:
+    if text.lower() in ('true', '1', 'yes'):
+      return True
+    if text.lower() in ('false', '0', 'no'):
+      return False
+    raise ValueError(f'{text!r} is not true or false')
+  if kind is int:
+    try:
+      return int(text)
+    except ValueError:
+      raise ValueError(f'{text!r} is not an integer') from None
+  if kind is float:
+    try:
+      value = float(text)
+    except ValueError:
+      value = math.nan
+    if not math.isfinite(value):
+      raise ValueError(f'{text!r} is not a finite number')
+    return value
+  if kind is str:
+    return text
+  try:  # a type of a user's config: a Python literal, else the text
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
 
 
 def as_update_steps(env_steps: float, config: RunConfig) -> int:
@@ -364,20 +530,26 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
         f'--population-size must be >= {min_population} for this rule, got '
         f'{config.population_size}')
   check_bounds(config)  # each setting in its declared range (``bounded``)
-  check(config.warmup_steps < config.env_steps,
-        f'--warmup-steps ({config.warmup_steps}) must be below --env-steps '
-        f'({config.env_steps}), or nothing is ever learned')
+  rollout = agent_spec(config.agent).learns_from == 'rollout'
+  if rollout:
+    check_rollout_settings(config)
+  else:
+    check(config.warmup_steps < config.env_steps,
+          f'--warmup-steps ({config.warmup_steps}) must be below --env-steps '
+          f'({config.env_steps}), or nothing is ever learned')
   if is_jax_env(config.env):
     try:
       Plan.of(steps_per_call_of(config), config.update_to_data_ratio,
               config.envs_per_member, config.interleave)
     except ValueError as e:
       raise ConfigError(str(e)) from None
-  check(all(h >= 1 for h in config.hidden_sizes) and config.hidden_sizes,
+  check(config.hidden_sizes is None or (
+      all(h >= 1 for h in config.hidden_sizes) and config.hidden_sizes),
         f'--hidden-sizes must be positive widths, got {config.hidden_sizes}')
   check(config.network_init in NETWORK_INITS,
         f'--network-init must be one of {", ".join(NETWORK_INITS)}, got '
         f'{config.network_init!r}')
+  agent_config(config)  # --agent-settings and the size flags fit the agent
   check(config.replay_location in REPLAY_LOCATIONS,
         f'--replay-location must be one of {", ".join(REPLAY_LOCATIONS)}, '
         f'got {config.replay_location!r}')
@@ -402,6 +574,43 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
     check_writable(config.run_dir, '--run-dir')
   else:
     check_writable('runs', '--run-dir (default runs/...)')
+
+
+# Settings an agent that learns from its own rollouts has no use for: each
+# must keep RunConfig's default. {field: why}
+REPLAY_ONLY_SETTINGS = {
+    'replay_capacity': 'and keeps no replay',
+    'checkpoint_replay': 'and keeps no replay',
+    'interleave': ('and acts, then updates, once per iteration '
+                   '(rollout_length x num_envs env steps)')}
+
+
+def check_rollout_settings(config: RunConfig) -> None:
+  """Refuses (one line naming the flag) the settings that mean nothing, or
+  something else, for an agent that learns from its own rollouts
+  (``AgentSpec.learns_from == 'rollout'``): its update steps are the env
+  steps it learned from, so ``--update-to-data-ratio`` stays 1; its envs
+  per member are its config's ``num_envs``; it keeps no replay. A
+  ``--warmup-steps`` is not refused (``resolved`` fills it from the
+  budget, presets set it): the run ignores it, with a warning
+  (``build.make_agent``)."""
+  agent = f'--agent {config.agent} learns from its own rollouts'
+  check(config.update_to_data_ratio == 1,
+        f'--update-to-data-ratio {config.update_to_data_ratio}: {agent}, '
+        'one update step per env step it learned from; leave it at 1')
+  check(config.envs_per_member == 1,
+        f'--envs-per-member {config.envs_per_member}: {agent}; set its '
+        f'envs per member with --agent-settings '
+        f'num_envs={config.envs_per_member}')
+  check(not config.shared_replay,
+        f'--shared-replay: {agent} and keeps no replay; drop the flag')
+  defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+  for name, why in REPLAY_ONLY_SETTINGS.items():
+    value = getattr(config, name)
+    flag = '--' + name.replace('_', '-')
+    check(value == defaults[name],
+          f'{flag}{"" if isinstance(value, bool) else f" {value}"}: {agent} '
+          f'{why}; drop the flag')
 
 
 def check_writable(path: str, flag: str) -> None:
@@ -441,7 +650,20 @@ def parse_hparams(items) -> dict[str, float]:
 
 
 # Settings that fix the shapes of a checkpoint: a resume cannot change them.
-SHAPE_SETTINGS = ('env', 'agent', 'population_size', 'hidden_sizes')
+# ``hidden_sizes`` compares the widths the agent gets (``hidden_sizes_of``),
+# so a config.json that wrote the old default [256, 256] resumes unset.
+SHAPE_SETTINGS = ('env', 'agent', 'population_size', 'hidden_sizes',
+                  'agent_settings')
+
+
+def hidden_sizes_of(config: RunConfig) -> Optional[tuple[int, ...]]:
+  """The MLP widths the run's agent gets: ``--hidden-sizes`` or
+  ``--agent-settings`` where given, else the agent's own default
+  (``config.hidden_sizes`` as given for an agent without such a field)."""
+  field = agent_spec(config.agent).hidden_sizes_field
+  if field is None:
+    return config.hidden_sizes
+  return tuple(getattr(agent_config(config), field))
 
 
 def check_resume(config: RunConfig, rule_ref: str) -> None:
@@ -459,9 +681,12 @@ def check_resume(config: RunConfig, rule_ref: str) -> None:
   check(saved_ref == rule_ref,
         f'--resume {config.resume!r} is a {saved_ref!r} run; '
         f'continue it with: {resume_command(saved_ref, config.resume)}')
+  before_config = saved_config(config.resume, config)
   for name in SHAPE_SETTINGS:
     now, before = getattr(config, name), saved.get(name)
-    if isinstance(now, tuple):
+    if name == 'hidden_sizes':
+      now, before = hidden_sizes_of(config), hidden_sizes_of(before_config)
+    elif isinstance(now, tuple):
       before = tuple(before or ())
     check(now == before,
           f'--{name.replace("_", "-")} {now} differs from the resumed run\'s '

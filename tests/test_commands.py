@@ -247,7 +247,12 @@ def test_info_of_an_agent_is_its_defaults_and_search_space(capsys):
   assert capsys.readouterr().out.startswith('dqn (fastpbrl.agents.dqn) on '
                                             'CartPole-v1')
   assert commands.main(['info', 'dqn', '--env', 'CartPole-v1']) == 0
-  lines = capsys.readouterr().out.splitlines()[2:]
+  out = capsys.readouterr().out.splitlines()
+  # Last, after a blank line: the static config --agent-settings sets.
+  assert out[-2] == '' and out[-1].startswith(
+      'static settings (--agent-settings NAME=VALUE')
+  assert 'mlp_hidden_sizes=256,256' in out[-1] and 'batch_size=32' in out[-1]
+  lines = out[2:-2]
   rows, meanings = [line.split(None, 2) for line in lines[::2]], lines[1::2]
   spec = agents.get('dqn')
   defaults = spec.make_agent(make_env_spec('CartPole-v1'),
@@ -354,7 +359,8 @@ def test_a_runs_config_json_is_a_config_file(tmp_path, capsys):
      "no setting 'populaton_size'; did you mean population_size?"),
     ('{"population_size": "six"}', "population_size must be int, got 'six'"),
     ('{"seed": true}', 'seed must be int, got True'),
-    ('{"hidden_sizes": [16, "x"]}', 'hidden_sizes must be tuple[int, ...]'),
+    ('{"hidden_sizes": [16, "x"]}',
+     'hidden_sizes must be Optional[tuple[int, ...]]'),
     ('[1, 2]', 'expected a mapping of settings to values, got list'),
     ('{"env": ', 'not valid JSON'),
 ])

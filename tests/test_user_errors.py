@@ -62,7 +62,7 @@ def test_a_setting_of_the_wrong_type_names_it():
   with pytest.raises(SettingTypeError,
                      match=r"^population_size must be int, got '2' \(a str\)$"):
     fastpbrl.train('pbt', population_size='2', progress=False)
-  with pytest.raises(TypeError, match='^hidden_sizes must be tuple'):
+  with pytest.raises(TypeError, match=r'^hidden_sizes must be Optional\[tuple\[int'):
     fastpbrl.train('pbt', hidden_sizes=(16, 'a'), progress=False)
 
 

@@ -110,7 +110,18 @@ def agent_page(name: str, env: str) -> list[str]:
   return [f'{spec.name} ({spec.module}) on {env}: each hyperparameter\'s '
           'default, valid range and unit, the prior PBT and HyperTrick '
           'search (--search-space FILE replaces it; fixed: kept at the '
-          'default), and its meaning below it', *body]
+          'default), and its meaning below it', *body, '',
+          'static settings (--agent-settings NAME=VALUE; changing one '
+          'recompiles): ' + ', '.join(
+              f'{f.name}={_setting_text(getattr(agent.config, f.name))}'
+              for f in dataclasses.fields(agent.config))]
+
+
+def _setting_text(value) -> str:
+  """A static setting as ``--agent-settings`` takes it (``64,64``)."""
+  if isinstance(value, (tuple, list)):
+    return ','.join(str(v) for v in value)
+  return str(value)
 
 
 def rule_page(name: str) -> list[str]:
