@@ -1,21 +1,17 @@
-"""A2C (Mnih et al. 2016, Algorithm S3, synchronous as Stable-Baselines3's
-``A2C``) from user code, one ``register`` call: an on-policy agent
-(``learns_from='rollout'``), ``--agent examples.a2c:A2C``. Each iteration a
-member acts ``rollout_length`` (T) steps in each of its ``num_envs`` (E)
-envs, then takes ONE gradient step on the whole rollout (no epochs, no
-minibatches: ``batch_size = T x E``) on ``-A log pi(a|s) + value_coef (R -
-V(s))^2 - entropy_coef H(pi(.|s))``, ``R = A + V(s)``, ``A`` by GAE
-(``gae_lambda`` 1: the paper's n-step returns), bootstrapped from
-``V(next_observation)``, also at truncations, never through a termination.
-RMSprop (decay 0.99, eps 1e-5 outside the square root, as PyTorch's), the
-paper's optimizer and SB3's default, so runs compare with SB3's A2C; the
-gradient's global norm is clipped first. SB3's defaults: lr 7e-4, T 5,
-gamma 0.99, value 0.5, entropy 0, grad norm 0.5, separate 64x64 policy and
-value MLPs, a state-independent Gaussian log-std starting at 0.
-Departures: ReLU MLPs with haiku's initialisation (SB3: tanh, orthogonal);
-E 8 (SB3 leaves it to the user); ``Rollout.log_prob`` is not used (A2C has
-no importance ratio: a rollout one learner call old is learned as if
-on-policy, as in A3C's asynchronous workers).
+"""A2C (Mnih et al. 2016, Algorithm S3), synchronous as Stable-Baselines3's
+``A2C``: an agent that learns from its own rollouts, from user code
+(``--agent examples.a2c:A2C``). Each iteration a member acts ``rollout_length``
+(T) steps in each of its ``num_envs`` (E) envs, then takes ONE gradient step
+on the whole rollout (``batch_size = T x E``; no epochs, no minibatches) on
+``-A log pi(a|s) + value_coef (R - V(s))^2 - entropy_coef H``, ``R = A +
+V(s)``, ``A`` by GAE (``gae_lambda`` 1: the paper's n-step returns), which
+bootstraps from ``V(next_observation)``, never through a termination. RMSprop
+(decay 0.99, eps 1e-5 outside the root, as PyTorch's): the paper's optimizer
+and SB3's default, so runs compare with SB3's A2C. SB3's defaults: lr 7e-4,
+T 5, gamma 0.99, value 0.5, entropy 0, grad norm 0.5, separate 64x64 MLPs, a
+state-independent log-std from 0. Departures: ReLU MLPs with haiku's
+initialisation (SB3: tanh, orthogonal); E 8 (SB3: the user's); no importance
+ratio, so a rollout one learner call old is learned as on-policy (as A3C's).
 """
 
 import dataclasses
@@ -181,15 +177,13 @@ def make_agent(env_spec, config: A2CConfig = A2CConfig()) -> Agent:
 SEARCH_SPACE = {'learning_rate': ss.LogUniform(1e-4, 3e-3),
                 'entropy_coef': ss.Uniform(0.0, 0.01),
                 'gae_lambda': ss.Uniform(0.9, 1.0)}
-DOMAINS = {
+DOMAINS = {  # each hyperparameter's meaning and valid range (fastpbrl info)
     'learning_rate': ss.positive('RMSprop step size', 'step size'),
-    'discount': ss.HParamDomain('discount gamma', 'per env step', low=0.0,
-                                high=1.0),
-    'gae_lambda': ss.HParamDomain('lambda of GAE', '', low=0.0, high=1.0),
+    'discount': ss.HParamDomain('discount gamma', 'per env step', 0.0, 1.0),
+    'gae_lambda': ss.HParamDomain('lambda of GAE', '', 0.0, 1.0),
     'value_coef': ss.non_negative('weight of the value loss'),
     'entropy_coef': ss.non_negative('weight of the entropy bonus'),
-    'max_grad_norm': ss.positive('global gradient norm clipped to'),
-}
+    'max_grad_norm': ss.positive('global norm the gradient is clipped to')}
 
 A2C = agents.register('a2c', make_agent=make_agent, config=A2CConfig,
                       default_search_space=SEARCH_SPACE,
