@@ -14,7 +14,6 @@ import ast
 import collections.abc
 import dataclasses
 import difflib
-import functools
 import json
 import math
 import os
@@ -348,7 +347,6 @@ def agent_config(config: RunConfig):
                        else tuple(config.hidden_sizes), config.network_init)
 
 
-@functools.lru_cache(maxsize=64)
 def _agent_config(agent: str, settings: tuple, batch_size, steps_per_call,
                   hidden_sizes, network_init: str):
   spec = agent_spec(agent)

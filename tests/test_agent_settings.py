@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+import fastpbrl
 from examples import a2c
 from fastpbrl import build
 from fastpbrl import config as config_lib
@@ -139,3 +140,12 @@ def test_a_rollout_agent_ignores_a_warmup_with_a_warning(caplog):
   build.make_agent(config_lib.resolved(dataclasses.replace(
       config, warmup_steps=None)), build.make_env_spec('CartPole-v1'))
   assert 'warmup' not in caplog.text
+
+
+def test_train_takes_agent_settings_as_a_mapping():
+  with pytest.raises(ConfigError, match=r'^--agent examples.a2c:A2C '
+                     r'--agent-settings num_envs=2 hidden_sizes=8,8 '
+                     r'batch_size=7: batch_size 7'):
+    fastpbrl.train('seeds', agent=A2C, env='CartPole-v1', progress=False,
+                   agent_settings={'num_envs': 2, 'hidden_sizes': (8, 8),
+                                   'batch_size': 7})
