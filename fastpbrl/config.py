@@ -143,8 +143,9 @@ class RunConfig:
   (gymnax:Pendulum-v1; pip install 'fastpbrl[gymnax]') or brax:NAME
   (brax:hopper; pip install 'fastpbrl[brax]')."""
   agent: str = 'td3'
-  """Agent: td3, sac, dqn (dqn needs a Discrete action space), or an agent of
-  your own as module:attribute (e.g. examples.ddpg:DDPG; see
+  """Agent: td3, sac, dqn (dqn needs a Discrete action space), ppo (on-policy:
+  learns from its own rollouts), or an agent of your own as
+  module:attribute (e.g. examples.ddpg:DDPG, examples.a2c:A2C; see
   fastpbrl/agents/base.py)."""
   population_size: int = 4
   """Number of members trained together."""
