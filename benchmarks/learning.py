@@ -54,7 +54,12 @@ Methods:
   episodes as the baseline, so "best of N SB3 seeds" is comparable to "best
   of N of our seeds";
 * ``sb3-td3-own-defaults``: SB3's TD3 with SB3's own defaults, to tell a gap
-  in the implementation from one in the settings.
+  in the implementation from one in the settings;
+* ``seeds-ppo``, ``pbt-ppo``, ``pbt-pb2-ppo``: on-policy members (PPO at
+  Stable-Baselines3's defaults), through the actors on gymnasium tasks and
+  on the device on JAX ones; ``sb3-ppo``: SB3's PPO at the same defaults,
+  one agent per member slot, as ``sb3-td3``. A method whose agent cannot
+  act in a task (TD3 on CartPole's discrete actions) is skipped there.
 
 Every result lands in ``--out`` as one JSON per run
 (``runs/<task>/<method>/seed<k>.json``), so an interrupted benchmark
@@ -96,7 +101,9 @@ import jax
 import numpy as np
 
 from benchmarks import stats
-from fastpbrl.config import agent_spec
+from fastpbrl import agents as agents_lib
+from fastpbrl import build, jax_envs
+from fastpbrl.config import ConfigError, agent_spec
 from fastpbrl.rules.pbt import pb2
 from fastpbrl.rules.pbt.lineage import LINEAGE, founders
 
@@ -126,6 +133,13 @@ TASKS = {
     'Ant-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),
 }
 HELD_OUT = ('Walker2d-v5', 'Ant-v5')
+# Discrete-action tasks for the on-policy rows (PPO): no warm-up, and
+# evaluations and PBT decisions at whole multiples of PPO's default
+# iteration of 2,048 env steps per member.
+TASKS.update({
+    'CartPole-v1': Task(100_000, 0, 10_240, 20_480, 25_600),
+    'gymnax:CartPole-v1': Task(500_000, 0, 20_480, 61_440, 122_880),
+})
 
 METHODS = {
     # name: (experiment module, extra flags)
@@ -187,6 +201,11 @@ METHODS = {
     # steps, no exploration noise), to tell a gap in the implementation from
     # one in the settings.
     'sb3-td3-own-defaults': ('sb3', ['td3', 'own-defaults']),
+    'seeds-ppo': ('seeds', ['--agent', 'ppo']),
+    'pbt-ppo': ('pbt', ['--agent', 'ppo']),
+    'pbt-pb2-ppo': ('pbt', ['--agent', 'ppo', '--explore', 'pb2']),
+    # SB3's PPO at its own defaults, which are our PPO's defaults.
+    'sb3-ppo': ('sb3', ['ppo']),
 }
 
 DEFAULT_OUT = os.path.join('benchmarks', 'results', 'learning')
@@ -288,11 +307,12 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
   argv = ['--env', task_name, '--seed', str(seed),
           '--population-size', str(args.population_size),
           '--env-steps', str(task.env_steps),
-          '--warmup-steps', str(task.warmup_steps),
           '--eval-every', str(task.eval_every),
           '--eval-episodes', str(args.eval_episodes),
           '--checkpoint-every', '0', '--no-progress',
           '--run-dir', os.path.join(run_dir, 'run')] + extra
+  if agent_spec(_agent_of(extra)).learns_from == 'replay':
+    argv += ['--warmup-steps', str(task.warmup_steps)]
   if module_name == 'cemrl':  # CEM-RL states its budget for the population
     i = argv.index('--env-steps')
     argv[i:i + 2] = ['--total-env-steps',
@@ -394,7 +414,10 @@ def run_sb3(args, task_name: str, algo: str, seed: int,
                   tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1,
                   policy_kwargs={'net_arch': [256, 256]}, seed=member_seed,
                   verbose=0, device='cpu')
-    if own_defaults:
+    if algo == 'ppo':  # SB3's defaults are our PPO's
+      model = sb3.PPO('MlpPolicy', env, seed=member_seed, verbose=0,
+                      device='cpu')
+    elif own_defaults:
       model = (sb3.TD3 if algo == 'td3' else sb3.SAC)(
           'MlpPolicy', env, seed=member_seed, verbose=0, device='cpu')
     elif algo == 'td3':
@@ -538,6 +561,21 @@ def run_sync(args, task_name: str, agent_name: str, seed: int) -> dict:
           'update_steps': int(np.asarray(state.step)[0]),
           'command': f'our {agent_name} agent in a synchronous loop, '
                      'see benchmarks/learning.py (run_sync)'}
+
+
+@functools.lru_cache(maxsize=None)
+def fits(task_name: str, method: str) -> Optional[str]:
+  """None if ``method``'s agent can act in ``task_name``, else why not
+  (its ``make_agent``'s refusal, e.g. TD3 on a discrete action space)."""
+  module_name, extra = METHODS[method]
+  agent = extra[0] if module_name in ('sb3', 'sync') else _agent_of(extra)
+  if module_name in ('sb3', 'sync') and jax_envs.is_jax_env(task_name):
+    return f'{module_name} steps gymnasium envs only'
+  try:
+    agents_lib.make_agent(agent, build.make_env_spec(task_name))
+  except (ValueError, ConfigError) as e:
+    return str(e).splitlines()[0]
+  return None
 
 
 def run_one(args, task_name: str, method: str, seed: int) -> None:
@@ -1140,6 +1178,10 @@ def main(argv: Optional[list] = None) -> None:
     for task in args.tasks:
       for seed in args.seeds:
         for method in args.methods:
+          why_not = fits(task, method)
+          if why_not is not None:
+            print(f'{task} {method}: skipped ({why_not})', flush=True)
+            continue
           path = result_path(args.out, task, method, seed, args.env_steps)
           if is_current(path) and not args.redo:
             print(f'{task} {method} seed {seed}: kept {path}', flush=True)

@@ -458,3 +458,12 @@ def test_a_row_names_the_gpu_its_learner_ran_on():
     assert learning.learner_device() is None
   else:
     assert learning.learner_device() == f'{device.device_kind} (learner)'
+
+
+def test_methods_are_skipped_where_their_agent_cannot_act():
+  # TD3 refuses CartPole's discrete actions and SB3 steps no JAX env; a
+  # continuous task takes TD3, and its own refusal is what is reported.
+  assert learning.fits('Pendulum-v1', 'seeds-td3') is None
+  assert 'discrete' in learning.fits('CartPole-v1', 'pbt-td3')
+  assert learning.fits('gymnax:CartPole-v1', 'sb3-ppo') == (
+      'sb3 steps gymnasium envs only')
