@@ -250,7 +250,7 @@ def update_obs_stats(stats: ObsStats, obs: jax.Array) -> ObsStats:
 def clip_by_global_norm(grads: Params, max_norm: jax.Array) -> Params:
   """PyTorch's ``clip_grad_norm_`` with a traced bound: ``grads`` times
   ``min(1, max_norm / (norm + 1e-6))``."""
-  norm = optax.global_norm(grads)
+  norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
   scale = jnp.minimum(1.0, max_norm / (norm + GRAD_NORM_EPS))
   return jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
 
