@@ -88,7 +88,8 @@ class PPOConfig:
   epochs: int = 10  # passes over the rollout per iteration (SB3 n_epochs)
   batch_size: int = 64  # minibatch size; must divide T x E
   # env steps per member per learner call, a multiple of T x E (None: one
-  # iteration, T x E)
+  # iteration, T x E; filled in at construction, so dataclasses.replace
+  # of rollout_length or num_envs needs steps_per_call=None again)
   steps_per_call: Optional[int] = None
   normalize_observations: bool = False  # running mean/var of observations
   normalize_advantage: bool = True  # per minibatch, as SB3

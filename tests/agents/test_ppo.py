@@ -229,3 +229,33 @@ def test_without_normalisation_the_statistics_stay_the_identity():
   np.testing.assert_array_equal(state.obs_stats.mean, 0.0)
   np.testing.assert_array_equal(state.obs_stats.var, 1.0)
   np.testing.assert_array_equal(state.obs_stats.count, 0.0)
+
+
+def test_networks_start_as_sb3s_mlp_policy():
+  agent = make('Pendulum-v1', ppo.PPOConfig(
+      hidden_sizes=(32, 32), rollout_length=8, batch_size=8,
+      log_std_init=-0.7))
+  state = agent.init(jax.random.PRNGKey(0), agent.default_hparams())
+  # Orthogonal weights (w [in, out]: orthonormal rows or columns, whichever
+  # are fewer) times the gain: sqrt(2) hidden, 0.01 policy head, 1 value
+  # head; zero biases; the log-std parameter at log_std_init.
+  for params, prefix, head_gain in ((state.policy, 'policy', 0.01),
+                                    (state.value, 'value', 1.0)):
+    for i, gain in enumerate((np.sqrt(2), np.sqrt(2), head_gain)):
+      layer = params[f'{prefix}/~/linear_{i}']
+      w = np.asarray(layer['w'], np.float64)
+      gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+      # float32 entries: a dot of at most 32 terms (rule 1), times gain^2.
+      np.testing.assert_allclose(gram, gain**2 * np.eye(len(gram)),
+                                 atol=gain**2 * numerics.rounding_rtol(64))
+      np.testing.assert_array_equal(layer['b'], 0.0)
+  np.testing.assert_array_equal(state.policy['~']['log_std'],
+                                np.float32(-0.7))
+  # ortho_init=False: PyTorch's nn.Linear default, biases not zero.
+  plain = make('Pendulum-v1', ppo.PPOConfig(
+      hidden_sizes=(32, 32), rollout_length=8, batch_size=8,
+      ortho_init=False, activation='relu'))
+  layer = plain.init(jax.random.PRNGKey(0), plain.default_hparams()).value[
+      'value/~/linear_1']
+  assert np.abs(layer['w']).max() <= 1 / np.sqrt(32)
+  assert np.abs(layer['b']).max() > 0
