@@ -1,6 +1,6 @@
-"""Random search from the prior: the control arm of Population Based
-Training (Jaderberg et al. 2017, "Population Based Training of Neural
-Networks"), host-side (nothing here is jitted beyond the draw itself).
+"""Random search from the prior, the control arm of Population Based
+Training (Jaderberg et al. 2017): hyperparameters drawn once, then trained
+without exploit or explore (host-side; nothing here is jitted).
 
     fastpbrl random                          # TD3, Pendulum-v1, 4 draws
     fastpbrl random --agent ppo --env CartPole-v1 --population-size 8
@@ -11,14 +11,16 @@ search space (``--search-space``, else the agent's registered space), then
 trained to the end without exploit or explore: random search (Bergstra &
 Bengio 2012) run in parallel. Jaderberg et al. measure PBT against "the very
 strong baseline of performing random search with the same number of
-workers" (Sect. 4.1), whose "initial hyperparameter ranges ... were the
+workers" (Sect. 4.1.2), whose "initial hyperparameter ranges ... were the
 same" as PBT's (appendix A.2), and report PBT's gains as "improvement over
 the equivalent random search baseline" (Fig. 5). This rule is that arm:
 its members start from THE SAME draws as ``fastpbrl pbt --init-hparams
 prior`` of the same ``--seed``, ``--population-size`` and search space
 (both sample with ``fastpbrl.search_space.sample`` from the key
 ``fastpbrl.build.initial_population`` gives every rule), so the two runs
-differ only in PBT's decisions. Against ``fastpbrl seeds`` (every member at
+start alike (the same initial parameters too) and differ in PBT's
+decisions. ``--preset paper`` is the arm of ``fastpbrl pbt --preset
+paper`` (its run settings, which draw from the prior). Against ``fastpbrl seeds`` (every member at
 the agent's defaults) it measures what the search space itself gives.
 
 What a run reports is the generic one: every member's hyperparameters in
@@ -38,6 +40,7 @@ from fastpbrl import search_space as ss
 from fastpbrl.config import RunConfig, resolved
 from fastpbrl.rules.base import Rule
 from fastpbrl.rules.common import search_space_of, validate_space
+from fastpbrl.rules.pbt.rule import PRESETS as PBT_PRESETS
 from fastpbrl.rules.registry import register
 
 
@@ -54,6 +57,23 @@ class RandomSearchRunConfig(RunConfig):
   PBT's --init-hparams prior draws them."""
 
 
+def control_arm(pbt_config: RunConfig) -> RandomSearchRunConfig:
+  """The random-search run of a PBT preset: its shared run settings and
+  search space, without PBT's own settings."""
+  shared = {f.name: getattr(pbt_config, f.name)
+            for f in dataclasses.fields(RunConfig)}
+  return RandomSearchRunConfig(**shared,
+                               search_space=pbt_config.search_space)
+
+
+PRESETS = {
+    'small': RandomSearchRunConfig(),
+    # The control arm of ``fastpbrl pbt --preset paper`` (HalfCheetah-v5,
+    # 80 members drawn from the prior): the same draws, never exploited.
+    'paper': control_arm(PBT_PRESETS['paper']),
+}
+
+
 @register
 class RandomSearch(Rule):
   """N members with hyperparameters drawn from the prior, trained
@@ -62,10 +82,10 @@ class RandomSearch(Rule):
   """
 
   name = 'random'
-  help = ('random search: N draws from the prior, no exploit/explore '
-          "(PBT's control arm, Jaderberg et al. 2017)")
+  help = ("Random search from the prior, PBT's control arm (Jaderberg et al. "
+          '2017)')
   config_class = RandomSearchRunConfig
-  presets = {'small': RandomSearchRunConfig()}
+  presets = PRESETS
 
   def __init__(self, config: RandomSearchRunConfig,
                space: Optional[ss.SearchSpace] = None):
