@@ -44,6 +44,12 @@ Methods:
   1, so the term relaxes once members act about as far apart as freshly
   initialised policies do;
 * ``hypertrick``: HyperTrick's search over the same slots;
+* ``random-td3``, ``random-ppo``: random search from the prior, PBT's
+  control arm in Jaderberg et al. 2017 (``experiments.random``): each
+  member's hyperparameters drawn once from the agent's search space, the
+  draws ``pbt --init-hparams prior`` starts from, and never changed; its
+  baseline is ``seeds-<agent>``, and its final values give the share at
+  the edges that draws alone put there;
 * ``sync-td3``: our TD3 agent in a plain synchronous loop (one env step
   per member, then one update, from the warm-up's end; no actor
   processes, rate limiter or prefetch), to tell a gap to SB3 in the data
@@ -189,6 +195,9 @@ METHODS = {
     'dvd-no-diversity': ('dvd', ['--lambda-mode', 'schedule',
                                  '--lambda-start', '0', '--lambda-end', '0']),
     'hypertrick': ('hypertrick', []),
+    # Random search from the prior (Jaderberg et al. 2017's control arm):
+    # the members' draws of PBT's --init-hparams prior, never exploited.
+    'random-td3': ('random', ['--agent', 'td3']),
     # Our TD3 agent (the same pure functions) in a plain synchronous loop:
     # no actor processes, no rate limiter, no prefetch; one env step per
     # member, then one update on a batch sampled from everything so far, as
@@ -204,6 +213,7 @@ METHODS = {
     'seeds-ppo': ('seeds', ['--agent', 'ppo']),
     'pbt-ppo': ('pbt', ['--agent', 'ppo']),
     'pbt-pb2-ppo': ('pbt', ['--agent', 'ppo', '--explore', 'pb2']),
+    'random-ppo': ('random', ['--agent', 'ppo']),
     # SB3's PPO at its own defaults, which are our PPO's defaults.
     'sb3-ppo': ('sb3', ['ppo']),
 }
@@ -692,7 +702,7 @@ def _fmt(values: list) -> str:
   return f'{np.mean(values):.0f} ± {stats.sample_std(values):.0f}'
 
 
-RULE_MODULES = ('pbt', 'cemrl', 'dvd', 'hypertrick')
+RULE_MODULES = ('pbt', 'cemrl', 'dvd', 'hypertrick', 'random')
 
 # Fixes that changed what a method's runs measure: (commit, experiment
 # module, the flags that select the fixed path among that module's methods
@@ -752,7 +762,8 @@ def baseline_of(method: str) -> Optional[str]:
   return f'seeds-{_agent_of(flags)}'
 
 
-SEARCHING_MODULES = ('pbt', 'hypertrick')  # rules that choose hparams
+# Rules that choose hyperparameters (random search: by its draws alone).
+SEARCHING_MODULES = ('pbt', 'hypertrick', 'random')
 # Hyperparameters renamed since runs were recorded: old name -> new. The
 # result files under benchmarks/results/ are history and keep the old names
 # (TD3's policy_delay, a fraction, is policy_update_fraction now, same
