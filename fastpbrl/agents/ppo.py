@@ -52,10 +52,15 @@ Departures from SB3:
   does. Only the learning sees scaled rewards (the data path, its episode
   returns and evaluations keep the raw ones), and gamma is the member's
   traced ``discount`` (rl-zoo sets VecNormalize's own gamma to the
-  agent's). Departures: the prior count is 0, not ``1e-4`` (as for the
-  observations), and the statistics are float32 in training, not float64
-  (measured: the variance drifts by under 1e-4 relative over 3e5 per-step
-  merges);
+  agent's). The iteration's metrics gain ``reward_scale``, the last
+  step's ``1 / sqrt(var + 1e-8)``. It needs each env's rollouts (column
+  ``e`` of ``[T, E]``) to arrive in order, iteration after iteration; after
+  an exploit the member continues its own episodes with its parent's
+  returns until they end. Departures: the prior count is 0, not ``1e-4``
+  (as for the observations), and the statistics are float32 in training,
+  not float64 (measured on a synthetic stream of returns: the float32
+  variance drifts from the float64 one by under 1e-4 relative over 3e5
+  per-step merges);
 * no ``target_kl`` early stop and no learning-rate or clip-range schedule:
   every hyperparameter is a traced per-member scalar that population rules
   set instead;
@@ -287,9 +292,9 @@ def scale_rewards(norm: RewardNorm, reward: jax.Array, done: jax.Array,
   per env, the ``E`` returns merged into the statistics, the step's
   rewards divided by ``sqrt(var + 1e-8)`` of the statistics just updated
   and clipped to ``[-10, 10]``, then the returns of the envs whose episode
-  ended (``done``, terminated or truncated) reset to 0. Float32 counts
-  stop growing exactly past ``2**24`` steps per member: later returns
-  then weigh ``1 / 2**24`` each, which changes nothing visible.
+  ended (``done``, terminated or truncated) reset to 0. A float32 count
+  stops counting exactly past ``2**24`` returns (env steps of the member);
+  later returns then weigh about ``1 / 2**24`` each, as they should.
   """
   dtype = norm.returns.dtype
   discount = jnp.asarray(discount, dtype)
