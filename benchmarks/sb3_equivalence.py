@@ -32,6 +32,8 @@ rest is compared exactly; 1e-6 shows what it changes).
     python -m benchmarks.sb3_equivalence --agent td3 --env Hopper-v5 --steps 1000
     python -m benchmarks.sb3_equivalence --agent sac --env Hopper-v5 --steps 1000
     python -m benchmarks.sb3_equivalence --agent ppo --env Pendulum-v1 --iterations 3
+    python -m benchmarks.sb3_equivalence --agent ppo --env Pendulum-v1 \
+        --normalize-observations --normalize-rewards
 
 PPO (``compare_ppo``) compares whole iterations: each one collects a
 rollout of ``--rollout-length`` steps in ``--num-envs`` envs with OUR
@@ -49,6 +51,22 @@ iteration's mean policy, value and entropy losses, clip fraction and
 explained variance (SB3's ``approx_kl`` is the last epoch's mean, ours
 the iteration's: not compared). Works for discrete and continuous
 actions.
+
+``--normalize-observations`` and ``--normalize-rewards`` turn on our
+member's ``VecNormalize`` equivalents and put SB3's ``VecNormalize``
+(prior count set to ours, 0) on its side. Rewards: SB3's own
+``VecNormalize.step_wait``, replaying the rollout's rewards and episode
+ends step by step, scales the rewards SB3's buffer gets (before its
+timeout bootstrap, as in ``collect_rollouts``); its ``ret_rms`` and
+``returns`` are compared with our member's after each iteration.
+Observations: our member updates the statistics at the end of each
+iteration (a documented departure from VecNormalize's per-step update),
+so SB3's ``obs_rms`` is updated likewise, with ``RunningMeanStd.update``
+on the rollout's raw observations, and the buffer's observations and
+terminal observations are normalised with VecNormalize's formula under
+the statistics the rollout was collected with; SB3's ``obs_rms`` is
+compared with ours. In float64, SB3's float32 cast of normalised
+observations and rewards is skipped (its formulas are used without it).
 
 Exit status 1 if any difference exceeds ``--tolerance``.
 """
@@ -149,6 +167,11 @@ def main(argv=None) -> int:
                       help='PPO: minibatch size')
   parser.add_argument('--epochs', type=int, default=4,
                       help='PPO: passes over each rollout')
+  parser.add_argument('--normalize-observations', action='store_true',
+                      help='PPO: observation normalisation on both sides')
+  parser.add_argument('--normalize-rewards', action='store_true',
+                      help="PPO: VecNormalize's reward scaling on both "
+                      'sides')
   parser.add_argument('--ent-coef', type=float, default=0.01,
                       help="PPO: entropy weight on both sides (SB3's default "
                       '0 leaves the entropy term out of the comparison)')
@@ -432,6 +455,48 @@ def _fill_sb3_buffer(model, data: dict, dtype, gamma: float) -> None:
                                     done[-1])
 
 
+def _sb3_normalizers(venv, gamma: float, float64: bool):
+  """SB3's ``VecNormalize`` for observations (statistics only: the check
+  updates them itself) and one for rewards over a replay of recorded
+  steps (``replay.next``: what ``step_wait`` returns), both with the
+  prior count 0, and a function ``(obs, rms) -> normalised obs``."""
+  from stable_baselines3.common.vec_env import (  # noqa: PLC0415
+      VecEnvWrapper, VecNormalize)
+
+  class Replay(VecEnvWrapper):
+    """Returns ``self.next`` from ``step_wait``: the recorded step."""
+
+    next = None
+
+    def reset(self):
+      return self.venv.reset()
+
+    def step_wait(self):
+      return self.next
+
+  replay = Replay(venv)
+  obs_norm = VecNormalize(venv, norm_obs=True, norm_reward=False)
+  reward_norm = VecNormalize(replay, norm_obs=False, norm_reward=True,
+                             gamma=gamma)
+  obs_norm.obs_rms.count = 0.0
+  reward_norm.ret_rms.count = 0.0
+  if float64:
+    # SB3's normalize_reward without its final cast to float32.
+    reward_norm.normalize_reward = lambda r: np.clip(
+        r / np.sqrt(reward_norm.ret_rms.var + reward_norm.epsilon),
+        -reward_norm.clip_reward, reward_norm.clip_reward)
+    normalize = obs_norm._normalize_obs  # noqa: SLF001 (no float32 cast)
+  else:
+    normalize = lambda obs, _: obs_norm.normalize_obs(obs)  # noqa: E731
+  return obs_norm, reward_norm, replay, normalize
+
+
+def _rel(ours, theirs) -> float:
+  ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+  return float(np.linalg.norm(ours - theirs)
+               / max(np.linalg.norm(theirs), 1e-12))
+
+
 def compare_ppo(args) -> int:
   """One or more PPO iterations, ours against SB3's (module docstring);
   returns the exit status."""
@@ -460,9 +525,11 @@ def compare_ppo(args) -> int:
     sb3_policies.preprocess_obs = lambda obs, *_, **__: obs
   import gymnasium as gym  # noqa: PLC0415
   try:
-    config = ppo.PPOConfig(rollout_length=args.rollout_length,
-                           num_envs=args.num_envs, batch_size=args.batch_size,
-                           epochs=args.epochs)
+    config = ppo.PPOConfig(
+        rollout_length=args.rollout_length, num_envs=args.num_envs,
+        batch_size=args.batch_size, epochs=args.epochs,
+        normalize_observations=args.normalize_observations,
+        normalize_rewards=args.normalize_rewards)
     envs = [make_env(args.env) for _ in range(args.num_envs)]
     spec = make_env_spec(envs[0])
     agent = agents_lib.make_agent('ppo', spec, config)
@@ -479,8 +546,11 @@ def compare_ppo(args) -> int:
   update = jax.jit(lambda st, r: agent.update(st, hp, r))
   behave = jax.jit(lambda p, o, k: agent.behave(p, o, k, hp))
 
+  venv = DummyVecEnv([lambda: make_env(args.env)] * args.num_envs)
+  obs_norm, reward_norm, replay, normalize = _sb3_normalizers(
+      venv, float(hp.discount), not args.float32)
   model = sb3.PPO(
-      'MlpPolicy', DummyVecEnv([lambda: make_env(args.env)] * args.num_envs),
+      'MlpPolicy', venv,
       learning_rate=float(hp.learning_rate), n_steps=args.rollout_length,
       batch_size=args.batch_size, n_epochs=args.epochs,
       gamma=float(hp.discount), gae_lambda=float(hp.gae_lambda),
@@ -515,11 +585,29 @@ def compare_ppo(args) -> int:
   for it in range(args.iterations):
     data, key = _rollout(envs, obs_now, behave, agent.policy_params(state),
                          key, args.rollout_length, dtype)
-    _fill_sb3_buffer(model, data, dtype, float(hp.discount))
+    sb3_data = dict(data)
+    if args.normalize_observations:
+      for k in ('observation', 'next_observation'):
+        sb3_data[k] = normalize(data[k], obs_norm.obs_rms).astype(dtype)
+    if args.normalize_rewards:
+      scaled = []
+      for t in range(args.rollout_length):
+        replay.next = (data['next_observation'][t], data['reward'][t],
+                       np.maximum(data['terminated'][t],
+                                  data['truncated'][t]) > 0,
+                       [{} for _ in range(args.num_envs)])
+        scaled.append(reward_norm.step_wait()[1])
+      sb3_data['reward'] = np.stack(scaled).astype(dtype)
+    _fill_sb3_buffer(model, sb3_data, dtype, float(hp.discount))
+    if args.normalize_observations:
+      # At the end of the iteration, as our member (module docstring).
+      obs_norm.obs_rms.update(data['observation'].reshape(num_samples, -1))
     # The behaviour log-probabilities of the (rounded) actions.
+    obs = jnp.asarray(data['observation'])
+    if args.normalize_observations:
+      obs = ppo.normalize(state.obs_stats, obs)
     log_prob, _ = ppo.log_prob_and_entropy(
-        nets, state.policy, jnp.asarray(data['observation']).reshape(
-            num_samples, -1),
+        nets, state.policy, obs.reshape(num_samples, -1),
         jnp.asarray(data['action']).reshape(
             (num_samples,) + data['action'].shape[2:]))
     rollout = Rollout(**{k: jnp.asarray(v) for k, v in data.items()},
@@ -547,6 +635,15 @@ def compare_ppo(args) -> int:
       theirs = model.policy.log_std.detach().numpy()
       diffs['log_std'] = float(np.linalg.norm(mine - theirs)
                                / max(np.linalg.norm(mine), 1e-12))
+    if args.normalize_observations:
+      diffs['obs mean'] = _rel(state.obs_stats.mean, obs_norm.obs_rms.mean)
+      diffs['obs var'] = _rel(state.obs_stats.var, obs_norm.obs_rms.var)
+    if args.normalize_rewards:
+      rms = reward_norm.ret_rms
+      diffs['return mean'] = _rel(state.reward_norm.stats.mean, rms.mean)
+      diffs['return var'] = _rel(state.reward_norm.stats.var, rms.var)
+      diffs['returns'] = _rel(state.reward_norm.returns, reward_norm.returns)
+      assert float(state.reward_norm.stats.count) == rms.count
     logged = model.logger.name_to_value
     sb3_metrics = {
         'policy_loss': logged['train/policy_gradient_loss'],

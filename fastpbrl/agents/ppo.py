@@ -23,7 +23,9 @@ parameter (continuous actions) or a categorical (discrete ones), one Adam
 lr 3e-4, clip 0.2, entropy 0, value 0.5, lambda 0.95, gamma 0.99, max
 grad norm 0.5, advantages normalised per minibatch with the unbiased std
 plus ``1e-8``, no value clipping. ``benchmarks/sb3_equivalence.py --agent
-ppo`` checks one iteration against SB3's ``PPO.train()`` in float64.
+ppo`` checks iterations against SB3's ``PPO.train()`` in float64, with
+``--normalize-observations`` and ``--normalize-rewards`` against SB3's
+``VecNormalize`` too.
 
 Departures from SB3:
 
@@ -40,6 +42,25 @@ Departures from SB3:
   not SB3's ``1e-4``); VecNormalize updates them at every env step, so
   the rollout's early observations are normalised with older statistics
   there;
+* reward normalisation (``normalize_rewards``, VecNormalize's reward
+  path: each reward divided by ``sqrt(var + 1e-8)`` of the running
+  discounted returns ``ret = gamma ret + r``, clipped to 10) is exact per
+  step: ``update`` scans the rollout in time order, advancing each env's
+  return (kept in the member's state across iterations, reset after an
+  episode end) and merging the ``E`` new returns into the statistics
+  before scaling that step's rewards, as VecNormalize's ``step_wait``
+  does. Only the learning sees scaled rewards (the data path, its episode
+  returns and evaluations keep the raw ones), and gamma is the member's
+  traced ``discount`` (rl-zoo sets VecNormalize's own gamma to the
+  agent's). The iteration's metrics gain ``reward_scale``, the last
+  step's ``1 / sqrt(var + 1e-8)``. It needs each env's rollouts (column
+  ``e`` of ``[T, E]``) to arrive in order, iteration after iteration; after
+  an exploit the member continues its own episodes with its parent's
+  returns until they end. Departures: the prior count is 0, not ``1e-4``
+  (as for the observations), and the statistics are float32 in training,
+  not float64 (measured on a synthetic stream of returns: the float32
+  variance drifts from the float64 one by under 1e-4 relative over 3e5
+  per-step merges);
 * no ``target_kl`` early stop and no learning-rate or clip-range schedule:
   every hyperparameter is a traced per-member scalar that population rules
   set instead;
@@ -75,6 +96,8 @@ ADAM_EPS = 1e-5  # SB3's PPO passes eps=1e-5 to its Adam
 ADVANTAGE_EPS = 1e-8  # SB3: (A - mean) / (std + 1e-8)
 OBS_EPS = 1e-8  # VecNormalize: (obs - mean) / sqrt(var + 1e-8)
 OBS_CLIP = 10.0  # VecNormalize's clip_obs
+REWARD_EPS = 1e-8  # VecNormalize: r / sqrt(var(returns) + 1e-8)
+REWARD_CLIP = 10.0  # VecNormalize's clip_reward
 GRAD_NORM_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_
 
 
@@ -92,6 +115,8 @@ class PPOConfig:
   # of rollout_length or num_envs needs steps_per_call=None again)
   steps_per_call: Optional[int] = None
   normalize_observations: bool = False  # running mean/var of observations
+  # rewards over the running std of discounted returns (VecNormalize's)
+  normalize_rewards: bool = False
   normalize_advantage: bool = True  # per minibatch, as SB3
   ortho_init: bool = True  # SB3's orthogonal init; False: PyTorch's default
   activation: str = 'tanh'  # hidden activation: 'tanh' or 'relu'
@@ -143,6 +168,14 @@ class ObsStats(NamedTuple):
   count: jax.Array  # [] float, observations seen
 
 
+class RewardNorm(NamedTuple):
+  """VecNormalize's reward-scaling state (zeros and the identity
+  statistics, never updated, when reward normalisation is off)."""
+
+  returns: jax.Array  # [E] float: discounted return of each env's episode
+  stats: ObsStats  # [] shaped: running mean/var/count of those returns
+
+
 class PPOState(NamedTuple):
   """One member's full training state (what PBT's exploit copies)."""
 
@@ -150,6 +183,7 @@ class PPOState(NamedTuple):
   value: Params  # value MLP
   opt_state: optax.OptState  # one Adam over (policy, value)
   obs_stats: ObsStats
+  reward_norm: RewardNorm
   key: PRNGKey  # minibatch shuffles
   step: jax.Array  # int32 [], iterations done
 
@@ -234,7 +268,8 @@ def normalize(stats: ObsStats, obs: jax.Array) -> jax.Array:
 
 def update_obs_stats(stats: ObsStats, obs: jax.Array) -> ObsStats:
   """``stats`` merged with a batch ``obs [..., *obs_shape]`` (the parallel
-  variance formula of Chan et al. 1979, as SB3's ``RunningMeanStd``)."""
+  variance formula of Chan et al. 1979, as SB3's ``RunningMeanStd``; also
+  the returns' statistics, of shape ``[]``)."""
   shape = stats.mean.shape
   x = obs.astype(stats.mean.dtype).reshape((-1, *shape))
   n = jnp.asarray(x.shape[0], stats.count.dtype)
@@ -246,6 +281,36 @@ def update_obs_stats(stats: ObsStats, obs: jax.Array) -> ObsStats:
   m2 = (stats.var * stats.count + batch_var * n
         + jnp.square(delta) * stats.count * n / total)
   return ObsStats(mean=mean, var=m2 / total, count=total)
+
+
+def scale_rewards(norm: RewardNorm, reward: jax.Array, done: jax.Array,
+                  discount: jax.Array) -> tuple[jax.Array, RewardNorm]:
+  """VecNormalize's reward path over a rollout ``[T, E]``, in time order:
+  the scaled rewards ``[T, E]`` and the state to continue from.
+
+  At each step, as ``VecNormalize.step_wait``: ``ret = gamma ret + r``
+  per env, the ``E`` returns merged into the statistics, the step's
+  rewards divided by ``sqrt(var + 1e-8)`` of the statistics just updated
+  and clipped to ``[-10, 10]``, then the returns of the envs whose episode
+  ended (``done``, terminated or truncated) reset to 0. A float32 count
+  stops counting exactly past ``2**24`` returns (env steps of the member);
+  later returns then weigh about ``1 / 2**24`` each, as they should.
+  """
+  dtype = norm.returns.dtype
+  discount = jnp.asarray(discount, dtype)
+
+  def step(carry, x):
+    returns, stats = carry
+    r, d = x
+    returns = returns * discount + r
+    stats = update_obs_stats(stats, returns)
+    scaled = jnp.clip(r / jnp.sqrt(stats.var + REWARD_EPS), -REWARD_CLIP,
+                      REWARD_CLIP)
+    return (jnp.where(d > 0, jnp.zeros_like(returns), returns), stats), scaled
+
+  (returns, stats), scaled = jax.lax.scan(
+      step, (norm.returns, norm.stats), (reward.astype(dtype), done))
+  return scaled, RewardNorm(returns=returns, stats=stats)
 
 
 def clip_by_global_norm(grads: Params, max_norm: jax.Array) -> Params:
@@ -374,9 +439,15 @@ def make_agent(env_spec: specs.EnvironmentSpec,
     stats = ObsStats(mean=jnp.zeros(nets.obs_shape, jnp.float32),
                      var=jnp.ones(nets.obs_shape, jnp.float32),
                      count=jnp.zeros((), jnp.float32))
+    reward_norm = RewardNorm(
+        returns=jnp.zeros((config.num_envs,), jnp.float32),
+        stats=ObsStats(mean=jnp.zeros((), jnp.float32),
+                       var=jnp.ones((), jnp.float32),
+                       count=jnp.zeros((), jnp.float32)))
     return PPOState(policy=params[0], value=params[1],
                     opt_state=_adam(1.0).init(params), obs_stats=stats,
-                    key=k_state, step=jnp.zeros((), jnp.int32))
+                    reward_norm=reward_norm, key=k_state,
+                    step=jnp.zeros((), jnp.int32))
 
   def prepare(stats: ObsStats, obs: jax.Array) -> jax.Array:
     if config.normalize_observations:
@@ -414,10 +485,19 @@ def make_agent(env_spec: specs.EnvironmentSpec,
     next_values = nets.value.apply(
         state.value, next_obs.reshape(flat_shape)).reshape(
             rollout.reward.shape)
-    advantage = gae(rollout.reward.astype(values.dtype), values, next_values,
-                    rollout.terminated.astype(values.dtype),
-                    rollout.truncated.astype(values.dtype), hp.discount,
-                    hp.gae_lambda)
+    terminated = rollout.terminated.astype(values.dtype)
+    truncated = rollout.truncated.astype(values.dtype)
+    reward = rollout.reward.astype(values.dtype)
+    reward_norm = state.reward_norm
+    if config.normalize_rewards:
+      # VecNormalize's per-step scaling, continuing each env's return from
+      # the previous iteration (its rollouts are consecutive).
+      reward, reward_norm = scale_rewards(
+          reward_norm, reward, jnp.maximum(terminated, truncated),
+          hp.discount)
+      reward = reward.astype(values.dtype)
+    advantage = gae(reward, values, next_values, terminated, truncated,
+                    hp.discount, hp.gae_lambda)
     returns = advantage + values
     data = _Minibatch(
         observation=obs.reshape(flat_shape),
@@ -436,12 +516,16 @@ def make_agent(env_spec: specs.EnvironmentSpec,
     metrics = {k: jnp.mean(v) for k, v in metrics.items()}
     metrics['explained_variance'] = explained_variance(
         values.reshape(-1), returns.reshape(-1))
+    if config.normalize_rewards:
+      metrics['reward_scale'] = 1.0 / jnp.sqrt(reward_norm.stats.var
+                                               + REWARD_EPS)
     stats = state.obs_stats
     if config.normalize_observations:
       # At the END of the iteration (VecNormalize: at every env step).
       stats = update_obs_stats(stats, rollout.observation)
     new_state = PPOState(policy=params[0], value=params[1],
-                         opt_state=opt_state, obs_stats=stats, key=key,
+                         opt_state=opt_state, obs_stats=stats,
+                         reward_norm=reward_norm, key=key,
                          step=state.step + 1)
     return new_state, metrics
 

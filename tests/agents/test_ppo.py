@@ -1,6 +1,10 @@
 """PPO: GAE and the clipped surrogate against hand-worked values, the
 population update against a per-member loop, traced hyperparameters,
-observation statistics, acting, for discrete and continuous actions."""
+observation statistics, reward normalisation against a numpy
+re-implementation of SB3's VecNormalize, acting, for discrete and
+continuous actions."""
+
+import dataclasses
 
 import chex
 import jax
@@ -21,7 +25,8 @@ pytestmark = pytest.mark.numeric
 # T=8 steps in E=2 envs, minibatches of 8: 2 minibatch steps per epoch, 3
 # epochs, so an iteration is 6 Adam steps.
 SMALL = ppo.PPOConfig(hidden_sizes=(16, 16), rollout_length=8, num_envs=2,
-                      epochs=3, batch_size=8, normalize_observations=True)
+                      epochs=3, batch_size=8, normalize_observations=True,
+                      normalize_rewards=True)
 ENVS = ('CartPole-v1', 'Pendulum-v1')  # discrete, continuous
 
 
@@ -138,9 +143,11 @@ def test_act_and_behave(env_id):
                                rtol=numerics.rounding_rtol(10))
 
 
-@pytest.mark.parametrize('env_id', ENVS)
-def test_population_call_matches_per_member_loop(env_id):
-  agent = make(env_id)
+@pytest.mark.parametrize('env_id,normalize_rewards', [
+    ('CartPole-v1', True), ('Pendulum-v1', True), ('Pendulum-v1', False)])
+def test_population_call_matches_per_member_loop(env_id, normalize_rewards):
+  agent = make(env_id, dataclasses.replace(
+      SMALL, normalize_rewards=normalize_rewards))
   n, iterations = 3, 2
   hparams = population_hparams(
       agent, n, learning_rate=[1e-4, 3e-4, 1e-3], clip_range=[0.1, 0.2, 0.3],
@@ -217,6 +224,126 @@ def test_observation_statistics_are_those_of_every_observation_seen():
   # The actors get the statistics with the policy.
   policy, stats = agent.policy_params(state)
   chex.assert_trees_all_equal(stats, state.obs_stats)
+
+
+class NumpyVecNormalizeRewards:
+  """SB3's ``VecNormalize`` reward path (``vec_normalize.py``: ``step_wait``,
+  ``_update_reward``, ``normalize_reward``; ``RunningMeanStd``), written
+  again in float64 numpy, with the prior count 0 (SB3's is 1e-4)."""
+
+  def __init__(self, num_envs, gamma):
+    self.returns = np.zeros(num_envs)
+    self.mean, self.var, self.count = 0.0, 1.0, 0.0
+    self.gamma = gamma
+
+  def step(self, reward, done):
+    """One vector step: the scaled rewards ``[E]``."""
+    self.returns = self.returns * self.gamma + reward
+    # RunningMeanStd.update on the batch of E returns.
+    batch_mean, batch_var, n = self.returns.mean(), self.returns.var(), len(
+        self.returns)
+    delta = batch_mean - self.mean
+    total = self.count + n
+    self.mean = self.mean + delta * n / total
+    self.var = (self.var * self.count + batch_var * n
+                + delta**2 * self.count * n / total) / total
+    self.count = total
+    scaled = np.clip(reward / np.sqrt(self.var + 1e-8), -10.0, 10.0)
+    self.returns[done] = 0.0  # dones: terminated or truncated
+    return scaled
+
+
+def _reward_rollouts(seed=0):
+  """Two consecutive rollouts [T=6, E=3] of rewards and episode ends."""
+  rng = np.random.default_rng(seed)
+  reward = rng.normal(1.0, 2.0, (2, 6, 3))
+  # The first step: equal returns in every env, variance 0, so the scale
+  # is 1e4 and the clip at 10 decides.
+  reward[0, 0] = 0.5
+  terminated = np.zeros((2, 6, 3))
+  truncated = np.zeros((2, 6, 3))
+  terminated[0, 2, 0] = terminated[1, 0, 1] = 1.0
+  truncated[0, 4, 1] = truncated[1, 3, 2] = 1.0
+  truncated[0, 5, 2] = 1.0  # at the end of a rollout: reset before the next
+  return reward, terminated, truncated
+
+
+def test_reward_scaling_is_vecnormalizes_across_two_rollouts():
+  reward, terminated, truncated = _reward_rollouts()
+  gamma = 0.9
+  reference = NumpyVecNormalizeRewards(3, gamma)
+  expected = [[reference.step(r, np.maximum(te, tr) > 0)
+               for r, te, tr in zip(*rollout)]
+              for rollout in zip(reward, terminated, truncated)]
+  with numerics.float64():
+    norm = ppo.RewardNorm(
+        returns=np.zeros(3), stats=ppo.ObsStats(
+            mean=np.float64(0), var=np.float64(1), count=np.float64(0)))
+    scale = jax.jit(ppo.scale_rewards)
+    for i in range(2):
+      scaled, norm = scale(norm, reward[i],
+                           np.maximum(terminated[i], truncated[i]), gamma)
+      # Dozens of float64 operations per step (rule 1 of tests/numerics.py).
+      np.testing.assert_allclose(scaled, expected[i],
+                                 rtol=numerics.rounding_rtol(200, np.float64))
+      if i == 0:
+        # Env 2's episode ended at the rollout's last step: its return
+        # restarts at 0; the others carry theirs into the next rollout.
+        assert norm.returns[2] == 0.0
+        assert np.all(np.asarray(norm.returns[:2]) != 0.0)
+  assert np.all(np.asarray(expected[0][0]) == 10.0)  # the clip was reached
+  np.testing.assert_allclose(
+      [norm.stats.mean, norm.stats.var],
+      [reference.mean, reference.var],
+      rtol=numerics.rounding_rtol(200, np.float64))
+  assert float(norm.stats.count) == reference.count == 36
+  np.testing.assert_allclose(norm.returns, reference.returns,
+                             rtol=numerics.rounding_rtol(200, np.float64))
+
+
+def test_update_learns_from_the_scaled_rewards_and_keeps_raw_ones_out():
+  # An update with reward normalisation equals one without it on the
+  # rewards the numpy VecNormalize scaled: the scaled rewards are those of
+  # GAE and the value targets, and nothing else changes.
+  on = make('Pendulum-v1', dataclasses.replace(
+      SMALL, rollout_length=6, num_envs=3, batch_size=6, steps_per_call=None))
+  off = make('Pendulum-v1', dataclasses.replace(on.config,
+                                                normalize_rewards=False))
+  reward, terminated, truncated = _reward_rollouts(seed=1)
+  hp = on.default_hparams()
+  reference = NumpyVecNormalizeRewards(3, 0.95)
+  with numerics.float64():
+    # gamma 0.95 in float64 on both sides (not float32's 0.949999988).
+    hp = numerics.as_float64(hp)._replace(discount=jnp.float64(0.95))
+    state_on = state_off = numerics.as_float64(
+        on.init(jax.random.PRNGKey(0), hp))
+    for i in range(2):
+      rollout = numerics.as_float64(random_rollout(on, (6, 3), seed=i))
+      rollout = rollout._replace(reward=reward[i], terminated=terminated[i],
+                                 truncated=truncated[i])
+      scaled = np.stack([reference.step(r, np.maximum(te, tr) > 0)
+                         for r, te, tr in zip(reward[i], terminated[i],
+                                              truncated[i])])
+      state_on, metrics_on = jax.jit(on.update)(state_on, hp, rollout)
+      state_off, metrics_off = jax.jit(off.update)(
+          state_off, hp, rollout._replace(reward=scaled))
+      # Scaled rewards equal to rounding; 6 Adam steps (rule 2).
+      chex.assert_trees_all_close(
+          (state_on.policy, state_on.value, state_on.obs_stats),
+          (state_off.policy, state_off.value, state_off.obs_stats),
+          **numerics.TRAJECTORY)
+      for name in metrics_off:
+        np.testing.assert_allclose(metrics_on[name], metrics_off[name],
+                                   err_msg=name, **numerics.TRAJECTORY)
+  np.testing.assert_allclose(metrics_on['reward_scale'],
+                             1 / np.sqrt(reference.var + 1e-8),
+                             rtol=numerics.rounding_rtol(200, np.float64))
+  assert 'reward_scale' not in metrics_off
+  # Off: the accumulator and statistics never move.
+  np.testing.assert_array_equal(state_off.reward_norm.returns, 0.0)
+  np.testing.assert_array_equal(state_off.reward_norm.stats.var, 1.0)
+  np.testing.assert_array_equal(state_off.reward_norm.stats.count, 0.0)
+  assert float(state_on.reward_norm.stats.count) == 36
 
 
 def test_without_normalisation_the_statistics_stay_the_identity():
