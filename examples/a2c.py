@@ -7,11 +7,11 @@ on the whole rollout (``batch_size = T x E``; no epochs, no minibatches) on
 V(s)``, ``A`` by GAE (``gae_lambda`` 1: the paper's n-step returns), which
 bootstraps from ``V(next_observation)``, never through a termination. RMSprop
 (decay 0.99, eps 1e-5 outside the root, as PyTorch's): the paper's optimizer
-and SB3's default, so runs compare with SB3's A2C. SB3's defaults: lr 7e-4,
-T 5, gamma 0.99, value 0.5, entropy 0, grad norm 0.5, separate 64x64 MLPs, a
-state-independent log-std from 0. Departures: ReLU MLPs with haiku's
-initialisation (SB3: tanh, orthogonal); E 8 (SB3: the user's); no importance
-ratio, so a rollout one learner call old is learned as on-policy (as A3C's).
+and SB3's default. SB3's defaults too: lr 7e-4, T 5, gamma 0.99, value 0.5,
+entropy 0, grad norm 0.5, its MlpPolicy (separate 64x64 tanh MLPs,
+orthogonal init, a state-independent log-std from 0: PPO's networks).
+Departures: E 8 (SB3: the user's); no importance ratio, so a rollout one
+learner call old is learned as on-policy (as A3C's workers do).
 """
 
 import dataclasses
@@ -62,7 +62,7 @@ class A2CHParams(NamedTuple):
 
 
 class A2CState(NamedTuple):
-  params: dict  # {'pi': policy MLP, 'v': value MLP, 'log_std': [A] if continuous}
+  params: dict  # {'pi': policy (a Gaussian's log-std in it), 'v': value}
   opt_state: optax.OptState  # RMSprop's over all of params
   step: jax.Array  # iterations learned, int32
 
@@ -94,75 +94,76 @@ def gae(rollout, value, next_value, discount, lam):
                       reverse=True)[1]
 
 
-def log_prob_entropy(out, log_std, action):
-  """Log-probability of ``action`` and entropy: a categorical over logits
-  ``out`` (``log_std`` None) or a diagonal Gaussian of mean ``out``."""
+def log_prob_entropy(dist, action):
+  """Log-probability of ``action`` and entropy: ``dist`` is a categorical's
+  ``(logits, None)`` or a diagonal Gaussian's ``(mean, log_std)``."""
+  out, log_std = dist
   if log_std is None:
     logp = jax.nn.log_softmax(out)
     return (jnp.take_along_axis(logp, action[..., None], -1)[..., 0],
             -jnp.sum(jnp.exp(logp) * logp, -1))
   z = (action - out) * jnp.exp(-log_std)
-  entropy = jnp.sum(0.5 + 0.5 * LOG_2PI + log_std) * jnp.ones(out.shape[:-1])
-  return jnp.sum(-0.5 * z ** 2 - log_std - 0.5 * LOG_2PI, -1), entropy
+  return (jnp.sum(-0.5 * z ** 2 - log_std - 0.5 * LOG_2PI, -1),
+          jnp.sum(0.5 + 0.5 * LOG_2PI + log_std, -1))
 
 
 def make_agent(env_spec, config: A2CConfig = A2CConfig()) -> Agent:
   if len(env_spec.observations.shape) != 1:
     raise ValueError('A2C\'s MLPs need vector observations')
   discrete = isinstance(env_spec.actions, specs.DiscreteArray)
-  outputs = (env_spec.actions.num_values if discrete
-             else env_spec.actions.shape[0])
-  # mlp_q_network is a plain MLP: here it gives logits (or a mean) and V.
-  pi = nets_lib.mlp_q_network(outputs, config.hidden_sizes)
-  v = nets_lib.mlp_q_network(1, config.hidden_sizes)
-  value = lambda p, obs: v.apply(p['v'], obs)[..., 0]  # noqa: E731
+  # SB3's MlpPolicy, as PPO's: tanh, orthogonal init, separate MLPs.
+  pi = (nets_lib.categorical_policy(env_spec.actions.num_values,
+                                    config.hidden_sizes) if discrete else
+        nets_lib.diagonal_gaussian_policy(env_spec.actions.shape[0],
+                                          config.hidden_sizes))
+  v = nets_lib.state_value(config.hidden_sizes)
+
+  def dist(pp, obs):
+    return (pi.apply(pp, obs), None) if discrete else pi.apply(pp, obs)
 
   def init(key, hp):
     obs = nets_lib.dummy_input(env_spec.observations.shape, jnp.float32)
     k_pi, k_v = jax.random.split(key)
     params = {'pi': pi.init(k_pi, obs), 'v': v.init(k_v, obs)}
-    if not discrete:
-      params['log_std'] = jnp.zeros((outputs,), jnp.float32)
     return A2CState(params, optimizer(hp).init(params), jnp.int32(0))
 
-  def policy_params(state):
-    return {k: x for k, x in state.params.items() if k != 'v'}
-
   def sample(pp, obs, key):
-    out = pi.apply(pp['pi'], obs)
+    out, log_std = d = dist(pp, obs)
     if discrete:
-      return out, jax.random.categorical(key, out)
-    return out, out + jnp.exp(pp['log_std']) * jax.random.normal(key, out.shape)
+      return d, jax.random.categorical(key, out)
+    return d, out + jnp.exp(log_std) * jax.random.normal(key, out.shape)
 
   def behave(pp, obs, key, hp):
-    out, action = sample(pp, obs, key)
-    return action, log_prob_entropy(out, pp.get('log_std'), action)[0]
+    d, action = sample(pp, obs, key)
+    return action, log_prob_entropy(d, action)[0]
 
   def act(pp, obs, key, hp, explore):
-    out, action = sample(pp, obs, key)
+    d, action = sample(pp, obs, key)
     if not explore:
-      action = jnp.argmax(out, -1) if discrete else out
+      action = jnp.argmax(d[0], -1) if discrete else d[0]
     return action if discrete else jnp.clip(action, -1.0, 1.0)
 
-  def loss(params, rollout, advantage, returns, hp):
-    logp, entropy = log_prob_entropy(pi.apply(params['pi'], rollout.observation),
-                                     params.get('log_std'), rollout.action)
+  def loss(params, batch, advantage, returns, hp):
+    logp, entropy = log_prob_entropy(dist(params['pi'], batch.observation),
+                                     batch.action)
     policy_loss = -jnp.mean(advantage * logp)
-    value_loss = jnp.mean(jnp.square(returns - value(params,
-                                                     rollout.observation)))
+    value_loss = jnp.mean(jnp.square(returns - v.apply(params['v'],
+                                                       batch.observation)))
     total = (policy_loss + hp.value_coef * value_loss
              - hp.entropy_coef * jnp.mean(entropy))
     return total, {'policy_loss': policy_loss, 'value_loss': value_loss,
                    'entropy': jnp.mean(entropy)}
 
   def update(state: A2CState, hp: A2CHParams, rollout):
-    v_obs = value(state.params, rollout.observation)
-    advantage = jax.lax.stop_gradient(gae(
-        rollout, v_obs, value(state.params, rollout.next_observation),
-        hp.discount, hp.gae_lambda))
-    returns = jax.lax.stop_gradient(advantage + v_obs)
+    t, e = rollout.reward.shape
+    # [T, E, ...] -> [T x E, ...]: the networks take one batch axis.
+    batch = jax.tree.map(lambda x: x.reshape((t * e, *x.shape[2:])), rollout)
+    v_obs = v.apply(state.params['v'], batch.observation).reshape(t, e)
+    v_next = v.apply(state.params['v'], batch.next_observation).reshape(t, e)
+    advantage = gae(rollout, v_obs, v_next, hp.discount, hp.gae_lambda)
     (total, metrics), grads = jax.value_and_grad(loss, has_aux=True)(
-        state.params, rollout, advantage, returns, hp)
+        state.params, batch, advantage.reshape(-1),
+        (advantage + v_obs).reshape(-1), hp)
     updates, opt_state = optimizer(hp).update(grads, state.opt_state)
     new = A2CState(optax.apply_updates(state.params, updates), opt_state,
                    state.step + 1)
@@ -170,7 +171,7 @@ def make_agent(env_spec, config: A2CConfig = A2CConfig()) -> Agent:
 
   return Agent(name='a2c', env_spec=env_spec, config=config,
                default_hparams=default_hparams, init=init, act=act,
-               update=update, policy_params=policy_params,
+               update=update, policy_params=lambda state: state.params['pi'],
                learns_from='rollout', behave=behave)
 
 

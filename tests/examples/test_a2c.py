@@ -34,24 +34,27 @@ def test_gae_worked_out_by_hand():
   # still bootstraps from V(s'_1) = 4 but A_2 is not carried back; step 2
   # terminates: no bootstrap.
   rollout = Rollout(observation=None, action=None,
-                    reward=jnp.array([[1.0], [2.0], [3.0]]),
+                    reward=jnp.array([[1.0], [2.0], [5.0]]),
                     next_observation=None,
                     terminated=jnp.array([[0.0], [0.0], [1.0]]),
                     truncated=jnp.array([[0.0], [1.0], [0.0]]), log_prob=None)
   value = jnp.array([[1.0], [2.0], [3.0]])
   next_value = jnp.array([[2.0], [4.0], [8.0]])
   adv = a2c.gae(rollout, value, next_value, 0.5, 0.5)
-  # delta = [1 + 0.5*2 - 1, 2 + 0.5*4 - 2, 3 - 3] = [1, 2, 0]
-  # A_2 = 0; A_1 = 2 (done: nothing carried); A_0 = 1 + 0.25 * 2 = 1.5
-  np.testing.assert_allclose(adv[:, 0], [1.5, 2.0, 0.0], rtol=0)
+  # delta = [1 + 0.5*2 - 1, 2 + 0.5*4 - 2, 5 - 3] = [1, 2, 2] (step 2 would
+  # be 6 if it bootstrapped through its termination)
+  # A_2 = 2; A_1 = 2 (done: A_2 not carried, or 2.5); A_0 = 1 + 0.25 * 2
+  np.testing.assert_allclose(adv[:, 0], [1.5, 2.0, 2.0], rtol=0)
 
 
 def _mlp(params, x):
-  names = sorted(params, key=lambda k: int(k.rsplit('_', 1)[1]))
+  """SB3's MlpPolicy written out by hand: tanh between linear layers."""
+  names = sorted((k for k in params if 'linear' in k),
+                 key=lambda k: int(k.rsplit('_', 1)[1]))
   for i, name in enumerate(names):
     x = x @ params[name]['w'] + params[name]['b']
     if i < len(names) - 1:
-      x = jnp.maximum(x, 0.0)
+      x = jnp.tanh(x)
   return x
 
 
@@ -66,7 +69,7 @@ def test_update_matches_an_independent_computation(env_id):
         entropy_coef=f64(0.01), max_grad_norm=f64(1e6))
     state = numerics.as_float64(agent.init(jax.random.PRNGKey(0), hp))
     if not discrete:  # a log-std apart from 0, so a wrong sign shows
-      state.params['log_std'] = jnp.full((1,), -0.5)
+      state.params['pi']['~']['log_std'] = jnp.full((1,), -0.5)
     r = jax.tree.map(jnp.asarray, numerics.as_float64(
         random_rollout(agent.env_spec, (3, 2), seed=1)))
     new, metrics = jax.jit(agent.update)(state, hp, r)
@@ -93,7 +96,7 @@ def test_update_matches_an_independent_computation(env_id):
         logp = jnp.take_along_axis(logits, r.action[..., None], -1)[..., 0]
         entropy = -jnp.sum(jnp.exp(logits) * logits, -1)
       else:
-        s = params['log_std']
+        s = params['pi']['~']['log_std']
         logp = jax.scipy.stats.norm.logpdf(r.action, out, jnp.exp(s))[..., 0]
         entropy = (0.5 * jnp.log(2 * jnp.pi * jnp.e) + s[0]) * jnp.ones((3, 2))
       value_loss = jnp.mean((returns - _mlp(params['v'], r.observation)[..., 0])
@@ -150,10 +153,10 @@ def test_behave_and_act():
   pp, hp = agent.policy_params(state), agent.default_hparams()
   obs = jnp.ones((4, 3)) * 3.0
   action, logp = agent.behave(pp, obs, jax.random.PRNGKey(1), hp)
-  out = _mlp(pp['pi'], obs)
+  out = _mlp(pp, obs)
   np.testing.assert_allclose(  # a unit Gaussian around the mean
       logp, jax.scipy.stats.norm.logpdf(action, out, 1.0)[:, 0], rtol=1e-5)
-  assert 'v' not in pp
+  assert pp is state.params['pi']  # the value network stays out
   greedy = agent.act(pp, obs, jax.random.PRNGKey(1), hp, False)
   np.testing.assert_allclose(greedy, jnp.clip(out, -1, 1), rtol=1e-6)
 
