@@ -7,11 +7,11 @@ on the whole rollout (``batch_size = T x E``; no epochs, no minibatches) on
 V(s)``, ``A`` by GAE (``gae_lambda`` 1: the paper's n-step returns), which
 bootstraps from ``V(next_observation)``, never through a termination. RMSprop
 (decay 0.99, eps 1e-5 outside the root, as PyTorch's): the paper's optimizer
-and SB3's default. SB3's defaults too: lr 7e-4, T 5, gamma 0.99, value 0.5,
-entropy 0, grad norm 0.5, its MlpPolicy (separate 64x64 tanh MLPs,
+and SB3's default. SB3's defaults too: lr 7e-4, T 5, E 1, gamma 0.99, value
+0.5, entropy 0, grad norm 0.5, its MlpPolicy (separate 64x64 tanh MLPs,
 orthogonal init, a state-independent log-std from 0: PPO's networks).
-Departures: E 8 (SB3: the user's); no importance ratio, so a rollout one
-learner call old is learned as on-policy (as A3C's workers do).
+Departure: no importance ratio, so a rollout one learner call old is
+learned as on-policy (as A3C's workers do).
 """
 
 import dataclasses
@@ -36,7 +36,7 @@ class A2CConfig:
   """Static A2C settings (changing one recompiles)."""
   hidden_sizes: Sequence[int] = (64, 64)  # policy and value MLP widths
   rollout_length: int = 5  # T: steps per env per iteration
-  num_envs: int = 8  # E: envs each member acts in at once
+  num_envs: int = 1  # E: envs each member acts in at once
   batch_size: Optional[int] = None  # must be T x E (None: T x E)
   steps_per_call: Optional[int] = None  # env steps per call (None: T x E)
 
