@@ -39,6 +39,11 @@ def test_agent_settings_set_fields_of_any_agent_parsed_to_their_types():
       dataclasses.replace(rollout, steps_per_call=128)) == 128
   agent = build.make_agent(rollout, build.make_env_spec('CartPole-v1'))
   assert agent.config == made and agent.learns_from == 'rollout'
+  # The built-in PPO: its own minibatch size, T x E steps per call.
+  ppo = config_lib.agent_config(RunConfig(agent='ppo', agent_settings=(
+      'rollout_length=128', 'num_envs=8', 'epochs=4', 'activation=relu')))
+  assert (ppo.rollout_length, ppo.num_envs, ppo.epochs, ppo.activation,
+          ppo.batch_size, ppo.steps_per_call) == (128, 8, 4, 'relu', 64, 1024)
 
 
 @pytest.mark.parametrize('settings, message', [
@@ -72,6 +77,7 @@ def test_hidden_sizes_default_to_the_agents_own():
   assert config_lib.hidden_sizes_of(RunConfig(agent='td3')) == (256, 256)
   assert config_lib.hidden_sizes_of(RunConfig(agent='dqn')) == (256, 256)
   assert config_lib.hidden_sizes_of(RunConfig(agent=A2C)) == (64, 64)
+  assert config_lib.hidden_sizes_of(RunConfig(agent='ppo')) == (64, 64)
   assert config_lib.hidden_sizes_of(RunConfig(agent='examples.ddpg:DDPG')) == (
       400, 300)
   assert config_lib.hidden_sizes_of(RunConfig(agent=A2C,
