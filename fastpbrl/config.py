@@ -531,7 +531,7 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
   check_bounds(config)  # each setting in its declared range (``bounded``)
   rollout = agent_spec(config.agent).learns_from == 'rollout'
   if rollout:
-    check_rollout_settings(config)
+    check_on_policy_settings(config)
   else:
     check(config.warmup_steps < config.env_steps,
           f'--warmup-steps ({config.warmup_steps}) must be below --env-steps '
@@ -584,7 +584,7 @@ REPLAY_ONLY_SETTINGS = {
                    '(rollout_length x num_envs env steps)')}
 
 
-def check_rollout_settings(config: RunConfig) -> None:
+def check_on_policy_settings(config: RunConfig) -> None:
   """Refuses (one line naming the flag) the settings that mean nothing, or
   something else, for an agent that learns from its own rollouts
   (``AgentSpec.learns_from == 'rollout'``): its update steps are the env
