@@ -25,7 +25,7 @@ from acme import specs
 
 from fastpbrl import agents
 from fastpbrl import search_space as ss
-from fastpbrl.agents import networks as nets_lib
+from fastpbrl.agents import networks as nets_lib, ppo
 from fastpbrl.agents.base import Agent, rollout_steps, scalar_hparams
 
 LOG_2PI = math.log(2.0 * math.pi)  # a Python float: float64 tests stay so
@@ -77,21 +77,6 @@ def optimizer(hp: A2CHParams) -> optax.GradientTransformation:
   return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm),
                      optax.rmsprop(hp.learning_rate, decay=0.99, eps=1e-5,
                                    eps_in_sqrt=False))
-
-
-def gae(rollout, value, next_value, discount, lam):
-  """``[T, E]`` advantages: ``A_t = delta_t + gamma lam (1 - done_t) A_{t+1}``,
-  ``delta_t = r_t + gamma (1 - terminated_t) V(s'_t) - V(s_t)``."""
-  delta = (rollout.reward + discount * (1.0 - rollout.terminated) * next_value
-           - value)
-  done = jnp.maximum(rollout.terminated, rollout.truncated)
-
-  def back(next_adv, x):
-    adv = x[0] + discount * lam * (1.0 - x[1]) * next_adv
-    return adv, adv
-
-  return jax.lax.scan(back, jnp.zeros_like(delta[0]), (delta, done),
-                      reverse=True)[1]
 
 
 def log_prob_entropy(dist, action):
@@ -160,7 +145,10 @@ def make_agent(env_spec, config: A2CConfig = A2CConfig()) -> Agent:
     batch = jax.tree.map(lambda x: x.reshape((t * e, *x.shape[2:])), rollout)
     v_obs = v.apply(state.params['v'], batch.observation).reshape(t, e)
     v_next = v.apply(state.params['v'], batch.next_observation).reshape(t, e)
-    advantage = gae(rollout, v_obs, v_next, hp.discount, hp.gae_lambda)
+    # PPO's GAE (public in fastpbrl.agents.ppo): it bootstraps from
+    # V(next_observation), truncations included, never through a termination.
+    advantage = ppo.gae(rollout.reward, v_obs, v_next, rollout.terminated,
+                        rollout.truncated, hp.discount, hp.gae_lambda)
     (total, metrics), grads = jax.value_and_grad(loss, has_aux=True)(
         state.params, batch, advantage.reshape(-1),
         (advantage + v_obs).reshape(-1), hp)

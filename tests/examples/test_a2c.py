@@ -10,6 +10,7 @@ import pytest
 
 from examples import a2c
 from fastpbrl import agents
+from fastpbrl.agents import ppo
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.types import Rollout
 from tests import numerics
@@ -33,14 +34,13 @@ def test_gae_worked_out_by_hand():
   # One env, T = 3, gamma 0.5, lambda 0.5. Step 1 is truncated: its delta
   # still bootstraps from V(s'_1) = 4 but A_2 is not carried back; step 2
   # terminates: no bootstrap.
-  rollout = Rollout(observation=None, action=None,
-                    reward=jnp.array([[1.0], [2.0], [5.0]]),
-                    next_observation=None,
-                    terminated=jnp.array([[0.0], [0.0], [1.0]]),
-                    truncated=jnp.array([[0.0], [1.0], [0.0]]), log_prob=None)
-  value = jnp.array([[1.0], [2.0], [3.0]])
-  next_value = jnp.array([[2.0], [4.0], [8.0]])
-  adv = a2c.gae(rollout, value, next_value, 0.5, 0.5)
+  # A2C takes PPO's gae: checked here as A2C's update uses it.
+  adv = ppo.gae(reward=jnp.array([[1.0], [2.0], [5.0]]),
+                value=jnp.array([[1.0], [2.0], [3.0]]),
+                next_value=jnp.array([[2.0], [4.0], [8.0]]),
+                terminated=jnp.array([[0.0], [0.0], [1.0]]),
+                truncated=jnp.array([[0.0], [1.0], [0.0]]), discount=0.5,
+                gae_lambda=0.5)
   # delta = [1 + 0.5*2 - 1, 2 + 0.5*4 - 2, 5 - 3] = [1, 2, 2] (step 2 would
   # be 6 if it bootstrapped through its termination)
   # A_2 = 2; A_1 = 2 (done: A_2 not carried, or 2.5); A_0 = 1 + 0.25 * 2
