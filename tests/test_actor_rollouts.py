@@ -1,0 +1,131 @@
+"""The on-policy actor path (``fastpbrl.actor_rollouts``): each rollout is
+``T`` consecutive steps of one env collected by the newest published
+policy, runs through ``fastpbrl.train`` finish and resume, and nothing
+leaks."""
+
+import functools
+import os
+
+import gymnasium as gym
+import jax
+import numpy as np
+import pytest
+
+from fastpbrl import agents, datapath
+from fastpbrl.actor_rollouts import ActorRollouts, check_rollout_settings
+from fastpbrl.config import RunConfig
+from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.pipeline import PipelineConfig
+from fastpbrl.types import make_env_spec
+from tests import rollout_agent_for_tests as test_agent
+
+REF = 'tests.rollout_agent_for_tests:ROLLOUT_TEST'
+T = 16
+
+
+def our_segments():
+  return [f for f in os.listdir('/dev/shm')
+          if f.startswith(f'fpbrl_{os.getpid()}_')]
+
+
+def population(n=2, seed=0):
+  agent = agents.make_agent(REF, make_env_spec(gym.make('CartPole-v1')))
+  hparams = population_hparams(agent, n)
+  learner = PopulationLearner(agent)
+  state = learner.init(jax.random.PRNGKey(seed), hparams)
+  return agent, learner, state, hparams
+
+
+def open_rollouts(agent, learner, state, hparams, processes=1, **config):
+  path = ActorRollouts(
+      'CartPole-v1', functools.partial(agents.make_agent, REF),
+      # Layouts only: the actors wait for the first publish.
+      jax.eval_shape(learner.policy_params, state),
+      jax.eval_shape(lambda h: h, hparams),
+      PipelineConfig(num_steps=T, num_actor_processes=processes,
+                     stall_timeout_s=60.0, **config),
+      rollout_length=T, seed=3, agent=agent)
+  return path
+
+
+def check_consecutive(rollout):
+  """Each member's steps follow one another in its env."""
+  obs, next_obs = rollout.observation, rollout.next_observation
+  done = np.maximum(rollout.terminated, rollout.truncated) > 0
+  for m in range(obs.shape[0]):
+    for t in range(obs.shape[1] - 1):
+      if not done[m, t]:
+        np.testing.assert_array_equal(next_obs[m, t], obs[m, t + 1])
+      else:  # the env reset: a new episode's first observation
+        assert not np.array_equal(next_obs[m, t], obs[m, t + 1])
+
+
+def behave_log_probs(params, rollout):
+  """``[N, T]`` log-probs of the rollout's actions, recomputed here from
+  the published ``params`` of each member."""
+  return np.stack([
+      np.asarray(test_agent.log_prob(
+          jax.tree.map(lambda x: x[m], params), rollout.observation[m],
+          rollout.action[m]))
+      for m in range(rollout.action.shape[0])])
+
+
+@pytest.mark.parametrize('processes', [1, 2])
+def test_each_rollout_is_consecutive_steps_of_the_version_it_learns(
+    processes):
+  agent, learner, state, hparams = population()
+  with open_rollouts(agent, learner, state, hparams, processes) as path:
+    for version in (1, 2, 3):
+      params = learner.policy_params(state)
+      assert path.publish(params, hparams) == version
+      rollout = path.next_rollout(timeout=60)
+      assert rollout.observation.shape == (2, T, 4)
+      check_consecutive(rollout)
+      # Exactly the published version's log-probs: nothing stale. The
+      # actor's jitted CPU call and this one round alike up to float32.
+      np.testing.assert_allclose(rollout.log_prob,
+                                 behave_log_probs(params, rollout),
+                                 rtol=0, atol=1e-5)
+      np.testing.assert_array_equal(path.env_steps, [T * version] * 2)
+      # The learner's call on this very rollout: its first step's ratio
+      # is the behaviour's, 1 (float32 recomputation as above).
+      state, metrics = learner.update(
+          state, hparams, jax.tree.map(lambda x: x[:, None, :, None],
+                                       rollout))
+      assert float(np.max(metrics['stale_ratio'])) < 1e-5
+  assert not our_segments()
+
+
+def test_learn_needs_a_publish_between_calls():
+  agent, learner, state, hparams = population()
+  with open_rollouts(agent, learner, state, hparams) as path:
+    path.publish(learner.policy_params(state), hparams)
+    call = path.learn(learner, state, hparams, hparams, shared_critic=False)
+    np.testing.assert_array_equal(call.member_update_steps, [T, T])
+    assert float(np.max(call.metrics['stale_ratio'])) < 1e-5
+    with pytest.raises(RuntimeError, match='publish after every learner'):
+      path.learn(learner, call.state, hparams, hparams, shared_critic=False)
+  assert not our_segments()
+
+
+def test_the_actor_path_refuses_what_it_cannot_do_in_one_line():
+  config = test_agent.RolloutTestConfig
+  with pytest.raises(ValueError, match='^--steps-per-call must be'):
+    check_rollout_settings(config(steps_per_call=2 * T), 2 * T)
+  with pytest.raises(ValueError, match='^num_envs'):
+    check_rollout_settings(config(num_envs=2, steps_per_call=2 * T), 2 * T)
+
+
+def test_datapath_create_picks_the_actor_rollouts():
+  agent, learner, _, _ = population()
+  config = RunConfig(env='CartPole-v1', agent=REF, population_size=2,
+                     num_actors=1, env_steps=10 * T)
+  path = datapath.create(config, agent, learner, shared_replay=False)
+  try:
+    assert isinstance(path, ActorRollouts)
+    assert isinstance(path, datapath.DataPath)
+    assert path.replay.state_rows(path.replay.state_dict()) == 0
+    assert path.checkpoint_state() is None and not path.restored_exactly
+  finally:
+    path.close()
+  assert not our_segments()
