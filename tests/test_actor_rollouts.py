@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+import fastpbrl
 from fastpbrl import agents, datapath
 from fastpbrl.actor_rollouts import ActorRollouts, check_rollout_settings
 from fastpbrl.config import RunConfig
@@ -18,6 +19,7 @@ from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.pipeline import PipelineConfig
 from fastpbrl.types import make_env_spec
 from tests import rollout_agent_for_tests as test_agent
+from tests.test_preemption import LINE, last_line, stopped_by_sigterm
 
 REF = 'tests.rollout_agent_for_tests:ROLLOUT_TEST'
 T = 16
@@ -128,4 +130,53 @@ def test_datapath_create_picks_the_actor_rollouts():
     assert path.checkpoint_state() is None and not path.restored_exactly
   finally:
     path.close()
+  assert not our_segments()
+
+
+TINY = dict(agent=REF, env='CartPole-v1', population_size=2,
+            hidden_sizes=(16, 16), steps_per_call=T, batch_size=16,
+            num_actors=1, eval_every=10 * T, eval_episodes=1,
+            progress=False)
+
+
+@pytest.mark.parametrize('rule, settings', [
+    ('seeds', {}), ('pbt', {'ready_after': 10 * T, 'fraction': 0.5})])
+def test_a_run_through_train_finishes_and_writes_its_logs(
+    tmp_path, rule, settings):
+  run_dir = str(tmp_path / rule)
+  result = fastpbrl.train(rule, env_steps=20 * T, run_dir=run_dir, seed=1,
+                          **TINY, **settings)
+  # Every call learns one rollout of T env steps per member: the update
+  # steps are the env steps, exactly.
+  assert result.run.calls == 20
+  assert result.run.env_steps == result.run.update_steps == 20 * T
+  assert os.path.exists(os.path.join(run_dir, 'summary.txt'))
+  assert os.path.exists(os.path.join(run_dir, 'hparams.csv'))
+  assert len(result.run.final_returns) == 2
+  if rule == 'pbt':
+    events = [e['event'] for e in result.lineage]
+    assert events.count('init') == 2 and 'exploit' in events
+  assert not our_segments()
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_the_resumed_run_continues(tmp_path):
+  run_dir = str(tmp_path / 'run')
+  flags = ['--agent', REF, '--env', 'CartPole-v1', '--population-size', '2',
+           '--hidden-sizes', '16', '16', '--steps-per-call', str(T),
+           '--batch-size', '16', '--num-actors', '1', '--eval-every',
+           str(10 * T), '--checkpoint-every', str(2 * T), '--no-progress',
+           '--env-steps', '10000000',
+           # No warm-up on this path; the setting's check still reads it.
+           '--warmup-steps', str(T)]
+  err = stopped_by_sigterm(flags, run_dir)
+  match = LINE.match(last_line(err))
+  assert match, err
+  assert 'Traceback' not in err and 'leaked' not in err
+  calls, env_steps = int(match.group(2)), int(match.group(3))
+  assert env_steps == calls * T  # whole rollouts, one per call
+  result = fastpbrl.train(resume=run_dir, env_steps=env_steps + 4 * T,
+                          progress=False)
+  assert result.run.calls == calls + 4
+  assert result.run.env_steps == env_steps + 4 * T
   assert not our_segments()
