@@ -153,6 +153,10 @@ def test_a_run_through_train_finishes_and_writes_its_logs(
   assert os.path.exists(os.path.join(run_dir, 'summary.txt'))
   assert os.path.exists(os.path.join(run_dir, 'hparams.csv'))
   assert len(result.run.final_returns) == 2
+  for m in range(2):  # training and evaluation episodes, as the actors'
+    with open(os.path.join(run_dir, 'members', f'member_00{m}.csv')) as f:
+      kinds = {line.rstrip().rsplit(',', 1)[1] for line in f.readlines()[1:]}
+    assert kinds == {'False', 'True'}
   if rule == 'pbt':
     events = [e['event'] for e in result.lineage]
     assert events.count('init') == 2 and 'exploit' in events
