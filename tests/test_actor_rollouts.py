@@ -5,6 +5,7 @@ leaks."""
 
 import functools
 import os
+import signal
 
 import gymnasium as gym
 import jax
@@ -183,4 +184,24 @@ def test_sigterm_checkpoints_and_the_resumed_run_continues(tmp_path):
                           progress=False)
   assert result.run.calls == calls + 4
   assert result.run.env_steps == env_steps + 4 * T
+  assert not our_segments()
+
+
+
+def test_a_killed_actor_is_restarted_and_rollouts_stay_on_version():
+  agent, learner, state, hparams = population()
+  with open_rollouts(agent, learner, state, hparams) as path:
+    path.publish(learner.policy_params(state), hparams)
+    rollout = path.next_rollout(timeout=60)
+    os.kill(path.pool.pids()[0], signal.SIGKILL)  # waiting for version 2
+    state, _ = learner.update(
+        state, hparams, jax.tree.map(lambda x: x[:, None, :, None], rollout))
+    params = learner.policy_params(state)
+    assert path.publish(params, hparams) == 2
+    rollout = path.next_rollout(timeout=120)
+    check_consecutive(rollout)
+    np.testing.assert_allclose(rollout.log_prob,
+                               behave_log_probs(params, rollout),
+                               rtol=0, atol=1e-5)
+    assert [f.restarted for f in path.pool.failures] == [True]
   assert not our_segments()
