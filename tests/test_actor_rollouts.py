@@ -205,3 +205,30 @@ def test_a_killed_actor_is_restarted_and_rollouts_stay_on_version():
                                rtol=0, atol=1e-5)
     assert [f.restarted for f in path.pool.failures] == [True]
   assert not our_segments()
+
+
+def test_rollouts_continue_the_episodes_and_a_restart_starts_new_ones():
+  agent, learner, state, hparams = population()
+  params = learner.policy_params(state)
+  with open_rollouts(agent, learner, state, hparams) as path:
+    path.publish(params, hparams)
+    first = path.next_rollout(timeout=60)
+    path.drain_episodes()
+    path.restart_members([0])  # goes out with the next publish
+    path.publish(params, hparams)
+    second = path.next_rollout(timeout=60)
+    # Seed 3's first rollouts end no episode on their last step, so the
+    # envs' next observations are mid-episode.
+    assert not (np.maximum(first.terminated, first.truncated)[:, -1]).any()
+    # Member 1 goes on where its last rollout stopped; member 0 starts a
+    # new episode.
+    np.testing.assert_array_equal(second.observation[1, 0],
+                                  first.next_observation[1, -1])
+    assert not np.array_equal(second.observation[0, 0],
+                              first.next_observation[0, -1])
+    # Its cut episode is not reported: member 0's training episodes all
+    # started in the second rollout.
+    records = [r for r in path.drain_episodes()
+               if r.member == 0 and not r.evaluation]
+    assert all(r.episode_length <= T for r in records)
+  assert not our_segments()
