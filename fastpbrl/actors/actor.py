@@ -245,6 +245,11 @@ class Actor:
     self._seeds = [member_seeds(seed, int(i), restart) for i in self.members]
     self._make_envs(env_fn, agent_fn, vectorized_envs)
     self._init_counters(env_steps, warmup_steps, random_until)
+    if self._on_policy and (self._warmup_length.any()
+                            or (self._warmup > self._steps).any()):
+      # A random action has no log-prob of the behaviour policy.
+      raise ValueError('on-policy actors take no warm-up: warmup_steps and '
+                       'random_until must be 0')
     self._init_evaluation(eval_interval, eval_episodes)
     self._init_policy(prng_impl)
 
