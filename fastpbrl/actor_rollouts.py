@@ -96,12 +96,14 @@ def rollout_fields(env_spec) -> dict:
   return {**transition_fields(env_spec), 'log_prob': ((), np.dtype(np.float32))}
 
 
-def check_rollout_settings(agent_config, num_steps: int) -> None:
-  """Raises ValueError (one line, naming the setting) for what this path
-  refuses: ``num_envs`` > 1 and more than one iteration per call."""
+def check_rollout_settings(agent_config, num_steps: int,
+                           agent: str = 'the agent') -> None:
+  """Raises ValueError (one line, starting with the flag to change) for
+  what this path refuses: ``num_envs`` > 1 (an agent setting, so the
+  line names ``--agent``) and more than one iteration per call."""
   if int(agent_config.num_envs) != 1:
     raise ValueError(
-        f'num_envs (agent setting) must be 1 with actor processes (one env '
+        f'--agent {agent}: num_envs must be 1 with actor processes (one env '
         f'per member), got {agent_config.num_envs}; JAX envs run several')
   per_iteration = rollout_steps(agent_config)
   if num_steps != per_iteration:

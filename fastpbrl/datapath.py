@@ -355,8 +355,8 @@ def _store_layout(agent, n: int) -> tuple[Any, Any]:
 def _actor_rollouts(run_config, agent, learner, processes, *, seed: int,
                     resume_env_steps) -> ActorRollouts:
   """This process's on-policy actors (``fastpbrl.actor_rollouts``)."""
-  check_rollout_settings(agent.config, learner.num_steps)
   ref = _actor_agent_ref(run_config, agent)
+  check_rollout_settings(agent.config, learner.num_steps, ref)
   n = processes.local_count
   policy_layout, hparams_layout = _store_layout(agent, n)
   config = pipeline_config(

@@ -115,8 +115,9 @@ def test_the_actor_path_refuses_what_it_cannot_do_in_one_line():
   config = test_agent.RolloutTestConfig
   with pytest.raises(ValueError, match='^--steps-per-call must be'):
     check_rollout_settings(config(steps_per_call=2 * T), 2 * T)
-  with pytest.raises(ValueError, match='^num_envs'):
-    check_rollout_settings(config(num_envs=2, steps_per_call=2 * T), 2 * T)
+  with pytest.raises(ValueError, match='^--agent ppo: num_envs must be 1'):
+    check_rollout_settings(config(num_envs=2, steps_per_call=2 * T), 2 * T,
+                           'ppo')
 
 
 def test_datapath_create_picks_the_actor_rollouts():
