@@ -14,11 +14,13 @@ import pytest
 
 import fastpbrl
 from fastpbrl import agents, datapath
-from fastpbrl.actor_rollouts import ActorRollouts, check_rollout_settings
+from fastpbrl.actor_rollouts import (ActorRollouts, check_rollout_settings,
+                                     rollout_fields)
+from fastpbrl.actors import Actor, ParamStore, chunk_layout
 from fastpbrl.config import RunConfig
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.pipeline import PipelineConfig
-from fastpbrl.types import make_env_spec
+from fastpbrl.types import Rollout, make_env_spec
 from tests import rollout_agent_for_tests as test_agent
 from tests.test_preemption import LINE, last_line, stopped_by_sigterm
 
@@ -233,3 +235,38 @@ def test_rollouts_continue_the_episodes_and_a_restart_starts_new_ones():
                if r.member == 0 and not r.evaluation]
     assert all(r.episode_length <= T for r in records)
   assert not our_segments()
+
+
+def test_an_on_policy_actor_waits_for_each_new_version_and_can_stop():
+  agent, learner, state, hparams = population()
+  params = learner.policy_params(state)
+  tree = (jax.device_get(params), jax.device_get(hparams),
+          np.zeros(2, np.int64))
+  layout = chunk_layout(rollout_fields(agent.env_spec), 2, T)
+  out = layout.views(bytearray(layout.nbytes))
+  stop = []
+  with ParamStore.create(tree) as store:
+    store.write(tree)
+    actor = Actor(members=[0, 1], env_fn=functools.partial(
+        gym.make, 'CartPole-v1'), agent_fn=functools.partial(
+            agents.make_agent, REF), store=store, seed=0,
+        should_stop=lambda: bool(stop), on_policy=True)
+    try:
+      assert actor.fill(out)
+      assert out['meta'][2] == 1  # the version it collected with
+      np.testing.assert_allclose(
+          out['log_prob'], behave_log_probs(params, Rollout(**{
+              k: out[k] for k in Rollout._fields})), rtol=0, atol=1e-5)
+      # Version 1 again: it waits, and a stop ends the wait (no chunk).
+      stop.append(True)
+      assert not actor.fill(out)
+      stop.clear()
+      store.write(tree)
+      assert actor.fill(out) and out['meta'][2] == 2
+      np.testing.assert_array_equal(actor.env_steps, [2 * T, 2 * T])
+    finally:
+      actor.close()
+  with pytest.raises(ValueError, match='no warm-up'):
+    Actor(members=[0], env_fn=functools.partial(gym.make, 'CartPole-v1'),
+          agent_fn=functools.partial(agents.make_agent, REF), store=None,
+          seed=0, warmup_steps=5, on_policy=True)
