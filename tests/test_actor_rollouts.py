@@ -17,6 +17,7 @@ from fastpbrl import agents, datapath
 from fastpbrl.actor_rollouts import (ActorRollouts, check_rollout_settings,
                                      rollout_fields)
 from fastpbrl.actors import Actor, ParamStore, chunk_layout
+from fastpbrl.agents import ppo
 from fastpbrl.config import RunConfig
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.pipeline import PipelineConfig
@@ -270,3 +271,44 @@ def test_an_on_policy_actor_waits_for_each_new_version_and_can_stop():
     Actor(members=[0], env_fn=functools.partial(gym.make, 'CartPole-v1'),
           agent_fn=functools.partial(agents.make_agent, REF), store=None,
           seed=0, warmup_steps=5, on_policy=True)
+
+
+def test_ppo_rollouts_carry_raw_samples_and_each_versions_log_probs():
+  config = ppo.PPOConfig(rollout_length=T, batch_size=8, hidden_sizes=(16,),
+                         normalize_observations=True, epochs=2)
+  spec = make_env_spec(gym.make('Pendulum-v1'))
+  agent = agents.make_agent('ppo', spec, config)
+  nets = ppo.make_networks(spec, config)
+  hparams = population_hparams(agent, 2)
+  learner = PopulationLearner(agent)
+  state = learner.init(jax.random.PRNGKey(0), hparams)
+  with ActorRollouts(
+      'Pendulum-v1', functools.partial(agents.make_agent, 'ppo',
+                                       config=config),
+      jax.eval_shape(learner.policy_params, state),
+      jax.eval_shape(lambda h: h, hparams),
+      PipelineConfig(num_steps=T, num_actor_processes=1,
+                     stall_timeout_s=60.0),
+      rollout_length=T, seed=1, agent=agent) as path:
+    for version in (1, 2):
+      policy, stats = params = learner.policy_params(state)
+      assert path.publish(params, hparams) == version
+      rollout = path.next_rollout(timeout=60)
+      check_consecutive(rollout)
+      # The Gaussian's raw samples (the env got them clipped).
+      assert (np.abs(rollout.action) > 1).any()
+      # The version's own network and observation statistics (the second
+      # version's moved with the first iteration's rollout).
+      expected = [ppo.log_prob_and_entropy(
+          nets, jax.tree.map(lambda x: x[m], policy),
+          ppo.normalize(jax.tree.map(lambda x: x[m], stats),
+                        rollout.observation[m]), rollout.action[m])[0]
+                  for m in range(2)]
+      np.testing.assert_allclose(rollout.log_prob, np.stack(expected),
+                                 rtol=0, atol=1e-5)
+      state, metrics = learner.update(
+          state, hparams, jax.tree.map(lambda x: x[:, None, :, None],
+                                       rollout))
+      assert np.asarray(metrics['finite']).all()
+    assert float(np.abs(stats.mean).max()) > 0  # used moved statistics
+  assert not our_segments()
