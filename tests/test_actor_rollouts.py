@@ -312,3 +312,21 @@ def test_ppo_rollouts_carry_raw_samples_and_each_versions_log_probs():
       assert np.asarray(metrics['finite']).all()
     assert float(np.abs(stats.mean).max()) > 0  # used moved statistics
   assert not our_segments()
+
+
+def test_ppo_members_learn_cartpole_through_pbt(tmp_path):
+  run_dir = str(tmp_path / 'ppo')
+  result = fastpbrl.train(
+      'pbt', agent='ppo', env='CartPole-v1', population_size=2,
+      env_steps=3 * 2048, hidden_sizes=(16, 16), num_actors=1,
+      # SB3's n_steps; steps_per_call is given because the run's config
+      # reads PPOConfig's class default (None) for it.
+      steps_per_call=2048, eval_every=2048, eval_episodes=1,
+      warmup_steps=1, ready_after=2048, fraction=0.5, run_dir=run_dir,
+      progress=False, seed=1)
+  assert result.run.calls == 3 and result.run.env_steps == 3 * 2048
+  assert 'exploit' in [e['event'] for e in result.lineage]
+  # A random CartPole policy lasts ~22 steps; three PPO iterations of
+  # 2,048 steps take the best member past 100 (seed 1: 270).
+  assert result.best_final_return > 100
+  assert not our_segments()
