@@ -19,6 +19,7 @@ import jax
 
 from fastpbrl import agents as agents_lib
 from fastpbrl import distributed, jax_envs, sharding
+from fastpbrl.actor_rollouts import check_rollout_settings
 from fastpbrl.config import (ConfigError, RunConfig, agent_config,
                              agent_spec, check, parse_hparams, resolved)
 from fastpbrl.envs import make_env
@@ -70,8 +71,16 @@ def make_agent(config: RunConfig, env_spec):
     warn_warmup_ignored(config)
   try:
     agent = agents_lib.make_agent(config.agent, env_spec, agent_settings)
+    if spec.learns_from == 'rollout' and not is_jax_env(config.env):
+      # What the actor processes' rollouts take, refused before the run
+      # folder is made rather than when the actors start.
+      check_rollout_settings(agent.config, agent.config.steps_per_call,
+                             config.agent)
   except ValueError as e:
-    raise ConfigError(f'--agent {config.agent} on --env {config.env}: {e}') from None
+    message = str(e)
+    raise ConfigError(message if message.startswith('--') else
+                      f'--agent {config.agent} on --env {config.env}: '
+                      f'{message}') from None
   if spec.image_run_settings and len(env_spec.observations.shape) == 3:
     warn_image_run_settings(config, spec)
   values = parse_hparams(config.hparams)

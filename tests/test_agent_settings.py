@@ -26,8 +26,8 @@ def test_agent_settings_set_fields_of_any_agent_parsed_to_their_types():
       agent='td3', agent_settings=('batch_size=64', 'hidden_sizes=32,16')))
   assert td3.batch_size == 64 and td3.hidden_sizes == (32, 16)
   assert td3.steps_per_call == 50  # a replay agent's stays its own
-  rollout = RunConfig(agent=A2C, agent_settings=('rollout_length=16',
-                                                 'num_envs=4'))
+  rollout = RunConfig(agent=A2C, env='gymnax:CartPole-v1',
+                      agent_settings=('rollout_length=16', 'num_envs=4'))
   made = config_lib.agent_config(rollout)
   # steps_per_call=None reaches the rollout agent's config: it derives T x E,
   # and so does every interval that counts learner calls.
@@ -37,7 +37,7 @@ def test_agent_settings_set_fields_of_any_agent_parsed_to_their_types():
   assert config_lib.as_learner_calls(640, rollout) == 10
   assert config_lib.steps_per_call_of(
       dataclasses.replace(rollout, steps_per_call=128)) == 128
-  agent = build.make_agent(rollout, build.make_env_spec('CartPole-v1'))
+  agent = build.make_agent(rollout, build.make_env_spec(rollout.env))
   assert agent.config == made and agent.learns_from == 'rollout'
   # The built-in PPO: its own minibatch size, T x E steps per call.
   ppo = config_lib.agent_config(RunConfig(agent='ppo', agent_settings=(
@@ -155,3 +155,21 @@ def test_train_takes_agent_settings_as_a_mapping():
     fastpbrl.train('seeds', agent=A2C, env='CartPole-v1', progress=False,
                    agent_settings={'num_envs': 2, 'hidden_sizes': (8, 8),
                                    'batch_size': 7})
+
+
+def test_the_actor_paths_rollout_shapes_are_refused_before_the_run(tmp_path):
+  # Gymnasium envs: one env per member, one iteration per learner call
+  # (fastpbrl.actor_rollouts), refused when the agent is built, before the
+  # run folder is made.
+  run_dir = tmp_path / 'run'
+  with pytest.raises(ConfigError, match=r'^--agent ppo: num_envs must be 1 '
+                     'with actor processes'):
+    fastpbrl.train('seeds', agent='ppo', env='CartPole-v1', progress=False,
+                   run_dir=str(run_dir),
+                   agent_settings={'num_envs': 4, 'rollout_length': 16})
+  assert not run_dir.exists()
+  # JAX envs take several.
+  config = RunConfig(agent='ppo', env='gymnax:CartPole-v1',
+                     agent_settings=('num_envs=4', 'rollout_length=16'))
+  assert build.make_agent(config, build.make_env_spec(config.env)).config \
+      .num_envs == 4
