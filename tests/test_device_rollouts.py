@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import fastpbrl
-from fastpbrl import agents, collect, datapath, jax_envs
+from fastpbrl import agents, collect, datapath, jax_envs, sharding
 from fastpbrl import search_space as ss
 from fastpbrl.agents.base import Agent, scalar_hparams
 from fastpbrl.device_rollouts import DeviceRollouts
@@ -239,10 +239,10 @@ def test_the_fused_call_is_collect_then_update_each_iteration():
   assert learner.compilations == 1  # new hyperparameters: no new trace
 
 
-def rollouts(n=2, iterations=2, seed=0, **kw):
+def rollouts(n=2, iterations=2, seed=0, mesh=None, **kw):
   env = jax_envs.make(CARTPOLE)
   agent = make_reinforce(env.env_spec)
-  learner = PopulationLearner(agent, num_steps=iterations * T * E)
+  learner = PopulationLearner(agent, num_steps=iterations * T * E, mesh=mesh)
   return DeviceRollouts(env, agent, learner, n,
                         pipeline_config(learner.num_steps), seed=seed,
                         **kw), learner
@@ -354,23 +354,33 @@ def test_pbt_with_rollouts_resumes_bit_for_bit(tmp_path):
     assert any(json.loads(line)['event'] == 'exploit' for line in f)
 
 
+def compare_one_and_two_devices():
+  """Run in a process with two (CPU) devices: three calls of the path
+  with the population split over both are the one-device calls, to the
+  float tolerance of a partitioned program (it may sum in another order),
+  with the same episodes; the envs stay split by member."""
+  assert jax.device_count() >= 2, jax.devices()
+  results = []
+  for mesh in (None, sharding.make_mesh(jax.devices()[:2])):
+    path, learner = rollouts(n=4, mesh=mesh)
+    hparams = population_hparams(path.agent, 4, lr=[1e-2, 2e-2, 3e-2, 4e-2])
+    state = learn(path, learner, learner.init(jax.random.PRNGKey(0), hparams),
+                  hparams, 3)
+    results.append((jax.tree.map(np.asarray, state), path.drain_episodes()))
+    if mesh is not None:
+      assert len(path.envs.observation.sharding.device_set) == 2
+  (one, one_episodes), (two, two_episodes) = results
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
+                                                       atol=1e-6), one, two)
+  assert one_episodes == two_episodes
+
+
 @pytest.mark.slow
-def test_rollouts_sharded_over_two_devices_are_the_one_device_run(tmp_path):
-  code = (
-      'import json, fastpbrl\n'
-      f'kw = {dict(TINY, population_size=2)!r}\n'
-      "kw['hidden_sizes'] = tuple(kw['hidden_sizes'])\n"
-      "for d in ('1', '2'):\n"
-      f"  fastpbrl.train('seeds', run_dir='{tmp_path}/d' + d, devices=d, **kw)\n"
-      f"print(json.dumps([json.load(open('{tmp_path}/d' + d + "
-      "'/final_returns.json'))['final_returns'] for d in '12']))\n")
+def test_rollouts_sharded_over_two_devices_are_the_one_device_run():
   env = {**os.environ, 'XLA_FLAGS': os.environ.get('XLA_FLAGS', '') +
          ' --xla_force_host_platform_device_count=2'}
-  out = subprocess.run([sys.executable, '-c', code], env=env,
-                       capture_output=True, text=True, timeout=900)
+  out = subprocess.run(
+      [sys.executable, '-c', 'from tests import test_device_rollouts as t; '
+       't.compare_one_and_two_devices()'],
+      env=env, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
-  one, two = json.loads(out.stdout.strip().splitlines()[-1])
-  # A partitioned program sums in another order: the same run to float
-  # tolerance (CartPole's returns are whole steps, so they agree exactly
-  # unless a rounding flips an action).
-  np.testing.assert_allclose(one, two, rtol=0.05)
