@@ -17,6 +17,13 @@ envs, what an actor process does for one member on the host
    (``fastpbrl.replay.device.insert``, the same rings and order as the
    actors' inserts).
 
+:func:`rollout_step` is the step of an agent that learns from its own
+rollouts (``Agent.learns_from == 'rollout'``): 1. is ``agent.behave`` (no
+warm-up), 2. and 3. are the same code (``_step_envs``), and 4. stores
+nothing: the step's ``Rollout`` fields come back, for the learner to scan
+into a ``[T, E]`` rollout (:func:`rollout`). Its envs have no ring
+(``EnvsState.replay`` is None).
+
 Every array is ``[N, E, ...]``; the members' keys, envs and rings are
 independent, so the functions are ``vmap``-ed over members and envs and
 nothing couples members. :func:`evaluate` plays whole noise-free episodes

@@ -52,6 +52,12 @@ checkpoints do not know which path runs. What differs, by design:
   its rows (member numbers from 0), ``restart_members`` and
   ``copy_member_data`` take its rows, ``publish`` its rows of the
   policies; the pipeline gathers them into the global arrays.
+
+The host-side parts that do not touch the replay (counters, episode
+records, evaluations, restarts, checkpoints of the envs and counters,
+wait statistics) are :class:`DeviceEnvs`, which
+``fastpbrl.device_rollouts.DeviceRollouts`` (the on-device path of agents
+that learn from their own rollouts) shares.
 """
 
 from __future__ import annotations
