@@ -142,29 +142,6 @@ class _CompiledPopulationStep:
 
     self._step_with_envs = self._fused(group, groups)
 
-  def compile_with_rollouts(self, agent: Agent, env, iterations: int) -> None:
-    """Jits one learner call of an agent that learns from its own rollouts
-    (``agent.learns_from == 'rollout'``): ``iterations`` times, every
-    member acts ``T = rollout_length`` steps in each of its ``E =
-    num_envs`` envs with its current policy (``fastpbrl.collect.rollout``:
-    the policy that learns is the one that acted), then runs one
-    iteration of ``agent.update`` on that ``[T, E]`` rollout (members not
-    ``active``, or whose update is not finite, keep their state). Only the
-    episode statistics leave the device. Run it with
-    :meth:`update_with_rollouts`; traces count in ``compilations``."""
-    length = int(agent.config.rollout_length)
-    inner = self._step_of(rollout_steps(agent.config))
-
-    def iteration(state, hparams, actor_hparams, active, envs):
-      envs, (steps, episodes) = collect.rollout(
-          env, agent, self._policy_fn(state), actor_hparams, envs, length)
-      # [T, N, E, ...] -> [N, 1, T, E, ...]: one iteration per member.
-      steps = jax.tree.map(lambda x: jnp.moveaxis(x, 1, 0)[:, None], steps)
-      state, metrics = inner(state, hparams, self._step_input(steps, active))
-      return state, envs, episodes, metrics
-
-    self._step_with_rollouts = self._fused(iteration, iterations)
-
   def _fused(self, part: Callable, repeats: int) -> Callable:
     """The jitted call of ``part(state, hparams, actor_hparams, active,
     envs) -> (state, envs, episodes, metrics)`` scanned ``repeats`` times:
@@ -212,20 +189,6 @@ class _CompiledPopulationStep:
       env_steps, N, E]``.
     """
     return self._call_fused(self._step_with_envs, state, hparams,
-                            actor_hparams, envs, active)
-
-  def update_with_rollouts(self, state, hparams, actor_hparams, envs,
-                           active=None):
-    """Runs the :meth:`compile_with_rollouts` call; arguments as
-    :meth:`update_with_envs`'s (``actor_hparams``: what ``behave`` reads;
-    ``envs`` hold no replay).
-
-    Returns:
-      ``((state, metrics), envs, episodes)``: metrics ``[N, iterations]``
-      (``finite``: ``[N]``), episodes ``fastpbrl.collect.Episodes`` of
-      ``[iterations, T, N, E]``.
-    """
-    return self._call_fused(self._step_with_rollouts, state, hparams,
                             actor_hparams, envs, active)
 
   def _call_fused(self, call, state, hparams, actor_hparams, envs, active):
@@ -414,6 +377,43 @@ class PopulationLearner(_CompiledPopulationStep):
       raise ValueError(f'num_steps {num_steps} is not a multiple of an '
                        f'iteration\'s {per_iteration} env steps')
     return num_steps // per_iteration
+
+  def compile_with_rollouts(self, agent: Agent, env, iterations: int) -> None:
+    """Jits one learner call of an agent that learns from its own rollouts
+    (``agent.learns_from == 'rollout'``): ``iterations`` times, every
+    member acts ``T = rollout_length`` steps in each of its ``E =
+    num_envs`` envs with its current policy (``fastpbrl.collect.rollout``:
+    the policy that learns is the one that acted), then runs one
+    iteration of ``agent.update`` on that ``[T, E]`` rollout (members not
+    ``active``, or whose update is not finite, keep their state). Only the
+    episode statistics leave the device. Run it with
+    :meth:`update_with_rollouts`; traces count in ``compilations``."""
+    length = int(agent.config.rollout_length)
+    inner = self._step_of(rollout_steps(agent.config))
+
+    def iteration(state, hparams, actor_hparams, active, envs):
+      envs, (steps, episodes) = collect.rollout(
+          env, agent, self._policy_fn(state), actor_hparams, envs, length)
+      # [T, N, E, ...] -> [N, 1, T, E, ...]: one iteration per member.
+      steps = jax.tree.map(lambda x: jnp.moveaxis(x, 1, 0)[:, None], steps)
+      state, metrics = inner(state, hparams, self._step_input(steps, active))
+      return state, envs, episodes, metrics
+
+    self._step_with_rollouts = self._fused(iteration, iterations)
+
+  def update_with_rollouts(self, state, hparams, actor_hparams, envs,
+                           active=None):
+    """Runs the :meth:`compile_with_rollouts` call; arguments as
+    :meth:`update_with_envs`'s (``actor_hparams``: what ``behave`` reads;
+    ``envs`` hold no replay).
+
+    Returns:
+      ``((state, metrics), envs, episodes)``: metrics ``[N, iterations]``
+      (``finite``: ``[N]``), episodes ``fastpbrl.collect.Episodes`` of
+      ``[iterations, T, N, E]``.
+    """
+    return self._call_fused(self._step_with_rollouts, state, hparams,
+                            actor_hparams, envs, active)
 
   def update(self, state, hparams, batch: Transition, active=None):
     """As ``_CompiledPopulationStep.update``; ``active`` (``[N]`` bool,
