@@ -44,7 +44,6 @@ import numpy as np
 
 from benchmarks.provenance import cpu_machine, git_commit
 from fastpbrl import agents, jax_envs
-from fastpbrl.agents.base import rollout_steps
 from fastpbrl.device_rollouts import DeviceRollouts
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.pipeline import PipelineConfig
@@ -72,6 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help='T (default: the agent\'s)')
   parser.add_argument('--num-envs', type=int, default=None,
                       help='E (default: the agent\'s)')
+  parser.add_argument('--batch-size', type=int, default=None,
+                      help='minibatch size (default: the agent\'s)')
   parser.add_argument('--iterations-per-call', type=int, default=1,
                       help='PPO iterations in one compiled learner call')
   parser.add_argument('--seed', type=int, default=0)
@@ -93,13 +94,16 @@ def agent_config(args):
     raise SystemExit(f'--agent {args.agent}: learns from replay; this '
                      'benchmark needs an agent that learns from rollouts')
   config = spec.config()
-  changes = {k: v for k, v in (('rollout_length', args.rollout_length),
-                               ('num_envs', args.num_envs)) if v is not None}
+  length = args.rollout_length or config.rollout_length
+  envs = args.num_envs or config.num_envs
+  # One replace: a config may check or derive fields from the others.
+  changes = {'rollout_length': length, 'num_envs': envs,
+             'steps_per_call': args.iterations_per_call * length * envs}
+  if args.batch_size is not None:
+    changes['batch_size'] = args.batch_size
   if args.hidden is not None:
     changes[spec.hidden_sizes_field] = tuple(args.hidden)
-  config = dataclasses.replace(config, **changes)
-  return dataclasses.replace(config, steps_per_call=(
-      args.iterations_per_call * rollout_steps(config)))
+  return dataclasses.replace(config, **changes)
 
 
 def run_fastpbrl(args, n: int) -> dict:

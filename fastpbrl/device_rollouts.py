@@ -69,8 +69,6 @@ class DeviceRollouts(DeviceEnvs):
   built by ``fastpbrl.datapath.create`` for a JAX env and an agent that
   learns from its own rollouts."""
 
-  replay_on_device = True
-
   def __init__(self, env: jax_envs.JaxEnv, agent, learner, num_members: int,
                config, *, seed: int = 0,
                resume_env_steps: Sequence[int] | None = None,
