@@ -31,18 +31,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import logging
 import os
 import resource
-import subprocess
 import sys
 import time
 
 import jax
 import numpy as np
 
-from benchmarks.provenance import cpu_machine, git_commit
+from benchmarks.provenance import (answered_one_row, cpu_machine,
+                                   git_commit, row_in_process, write_record)
 from fastpbrl import agents, jax_envs
 from fastpbrl.device_rollouts import DeviceRollouts
 from fastpbrl.learner import PopulationLearner, population_hparams
@@ -190,46 +188,36 @@ def table(rows: list[dict]) -> str:
                  and r['members'] == 1 and 'error' not in r), None)
   sb3 = next((r['seconds'] for r in rows if r['mode'] == 'sb3'
               and 'error' not in r), None)
+  fmt = lambda x: '' if x is None else f'{x:,.1f}'
   lines = ['| N | path | env | seconds | warm seconds | env steps/s '
            '| N x fastpbrl N=1 (s) | N x SB3 (s) | speed-up over N x SB3 |',
            '|---:|---|---|---:|---:|---:|---:|---:|---:|']
   for r in rows:
-    if 'error' in r:
-      lines.append(f'| {r["members"]} | {r["mode"]} | {r.get("env", "")} '
-                   f'| {r["error"]} | | | | | |')
-      continue
     n = r['members']
-    fmt = lambda x: '' if x is None else f'{x:,.1f}'
-    lines.append(
-        f'| {n} | {r["mode"]} | {r["env"]} | {r["seconds"]:,.1f} | '
-        f'{fmt(r.get("warm_seconds"))} | {r["env_steps_per_s"]:,.0f} | '
-        f'{fmt(None if single is None else n * single)} | '
-        f'{fmt(None if sb3 is None else n * sb3)} | '
-        + ('' if sb3 is None else f'{n * sb3 / r["seconds"]:,.1f}x') + ' |')
+    cells = [n, r['mode'], r.get('env', '')]
+    if 'error' in r:
+      cells += [r['error']] + [''] * 5
+    else:
+      cells += [fmt(r['seconds']), fmt(r.get('warm_seconds')),
+                f'{r["env_steps_per_s"]:,.0f}',
+                fmt(None if single is None else n * single),
+                fmt(None if sb3 is None else n * sb3),
+                '' if sb3 is None else f'{n * sb3 / r["seconds"]:,.1f}x']
+    lines.append('| ' + ' | '.join(map(str, cells)) + ' |')
   return '\n'.join(lines)
 
 
 def main(argv=None) -> None:
   args = parse_args(argv)
-  logging.basicConfig(level=logging.WARNING,
-                      format='%(asctime)s %(name)s: %(message)s')
-  if args.one:
-    print(json.dumps(one(args, int(args.one[0]), args.one[1])))
+  if answered_one_row(args, one):
     return
   argv = argv if argv is not None else sys.argv[1:]
   runs = [(n, 'fastpbrl') for n in args.members] + (
       [] if args.no_sb3 else [(1, 'sb3')])
   rows = []
   for n, mode in runs:
-    done = subprocess.run(
-        [sys.executable, '-m', 'benchmarks.ppo_speed', '--one', str(n), mode,
-         *argv], capture_output=True, text=True)
-    if done.returncode != 0:
-      tail = done.stderr.strip().splitlines()[-1:] or ['(no output)']
-      rows.append({'members': n, 'mode': mode,
-                   'error': f'failed: {tail[0][:200]}'})
-    else:
-      rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    rows.append({'members': n, 'mode': mode, **row_in_process(
+        'benchmarks.ppo_speed', [str(n), mode], argv)})
     print(table(rows).splitlines()[-1], flush=True)
   record = {'command': ' '.join(['python', '-m', 'benchmarks.ppo_speed',
                                  *argv]),
@@ -239,16 +227,12 @@ def main(argv=None) -> None:
             'settings': {k: v for k, v in vars(args).items()
                          if k not in ('out', 'one')},
             'rows': rows}
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out, 'w') as f:
-    json.dump(record, f, indent=1)
-  with open(os.path.splitext(args.out)[0] + '.md', 'w') as f:
-    f.write(f'PPO populations ({args.agent}, {args.jax_env}) against one '
-            f'SB3 PPO ({args.gym_env}), {args.env_steps:,} env steps per '
-            f'member; {record["machine"]["device"]}, '
-            f'{record["machine"]["cpus"]} CPUs; {record["date"]}, commit '
-            f'{record["commit"][:8]}.\nCommand: `{record["command"]}`\n\n'
-            f'{table(rows)}\n')
+  write_record(args.out, record, (
+      f'PPO populations ({args.agent}, {args.jax_env}) against one SB3 PPO '
+      f'({args.gym_env}), {args.env_steps:,} env steps per member; '
+      f'{record["machine"]["device"]}, {record["machine"]["cpus"]} CPUs; '
+      f'{record["date"]}, commit {record["commit"][:8]}.\n'
+      f'Command: `{record["command"]}`\n\n{table(rows)}\n'))
   print(f'rows in {args.out}')
 
 
