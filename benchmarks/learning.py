@@ -44,6 +44,12 @@ Methods:
   1, so the term relaxes once members act about as far apart as freshly
   initialised policies do;
 * ``hypertrick``: HyperTrick's search over the same slots;
+* ``random-td3``, ``random-ppo``: random search from the prior, PBT's
+  control arm in Jaderberg et al. 2017 (``experiments.random``): each
+  member's hyperparameters drawn once from the agent's search space, the
+  draws ``pbt --init-hparams prior`` starts from, and never changed; its
+  baseline is ``seeds-<agent>``, and its final values give the share at
+  the edges that draws alone put there;
 * ``sync-td3``: our TD3 agent in a plain synchronous loop (one env step
   per member, then one update, from the warm-up's end; no actor
   processes, rate limiter or prefetch), to tell a gap to SB3 in the data
@@ -54,7 +60,12 @@ Methods:
   episodes as the baseline, so "best of N SB3 seeds" is comparable to "best
   of N of our seeds";
 * ``sb3-td3-own-defaults``: SB3's TD3 with SB3's own defaults, to tell a gap
-  in the implementation from one in the settings.
+  in the implementation from one in the settings;
+* ``seeds-ppo``, ``pbt-ppo``, ``pbt-pb2-ppo``: on-policy members (PPO at
+  Stable-Baselines3's defaults), through the actors on gymnasium tasks and
+  on the device on JAX ones; ``sb3-ppo``: SB3's PPO at the same defaults,
+  one agent per member slot, as ``sb3-td3``. A method whose agent cannot
+  act in a task (TD3 on CartPole's discrete actions) is skipped there.
 
 Every result lands in ``--out`` as one JSON per run
 (``runs/<task>/<method>/seed<k>.json``), so an interrupted benchmark
@@ -96,7 +107,9 @@ import jax
 import numpy as np
 
 from benchmarks import stats
-from fastpbrl.config import agent_spec
+from fastpbrl import agents as agents_lib
+from fastpbrl import build, jax_envs
+from fastpbrl.config import ConfigError, agent_spec
 from fastpbrl.rules.pbt import pb2
 from fastpbrl.rules.pbt.lineage import LINEAGE, founders
 
@@ -126,6 +139,13 @@ TASKS = {
     'Ant-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),
 }
 HELD_OUT = ('Walker2d-v5', 'Ant-v5')
+# Discrete-action tasks for the on-policy rows (PPO): no warm-up, and
+# evaluations and PBT decisions at whole multiples of PPO's default
+# iteration of 2,048 env steps per member.
+TASKS.update({
+    'CartPole-v1': Task(100_000, 0, 10_240, 20_480, 25_600),
+    'gymnax:CartPole-v1': Task(500_000, 0, 20_480, 61_440, 122_880),
+})
 
 METHODS = {
     # name: (experiment module, extra flags)
@@ -175,6 +195,9 @@ METHODS = {
     'dvd-no-diversity': ('dvd', ['--lambda-mode', 'schedule',
                                  '--lambda-start', '0', '--lambda-end', '0']),
     'hypertrick': ('hypertrick', []),
+    # Random search from the prior (Jaderberg et al. 2017's control arm):
+    # the members' draws of PBT's --init-hparams prior, never exploited.
+    'random-td3': ('random', ['--agent', 'td3']),
     # Our TD3 agent (the same pure functions) in a plain synchronous loop:
     # no actor processes, no rate limiter, no prefetch; one env step per
     # member, then one update on a batch sampled from everything so far, as
@@ -187,6 +210,12 @@ METHODS = {
     # steps, no exploration noise), to tell a gap in the implementation from
     # one in the settings.
     'sb3-td3-own-defaults': ('sb3', ['td3', 'own-defaults']),
+    'seeds-ppo': ('seeds', ['--agent', 'ppo']),
+    'pbt-ppo': ('pbt', ['--agent', 'ppo']),
+    'pbt-pb2-ppo': ('pbt', ['--agent', 'ppo', '--explore', 'pb2']),
+    'random-ppo': ('random', ['--agent', 'ppo']),
+    # SB3's PPO at its own defaults, which are our PPO's defaults.
+    'sb3-ppo': ('sb3', ['ppo']),
 }
 
 DEFAULT_OUT = os.path.join('benchmarks', 'results', 'learning')
@@ -288,11 +317,12 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
   argv = ['--env', task_name, '--seed', str(seed),
           '--population-size', str(args.population_size),
           '--env-steps', str(task.env_steps),
-          '--warmup-steps', str(task.warmup_steps),
           '--eval-every', str(task.eval_every),
           '--eval-episodes', str(args.eval_episodes),
           '--checkpoint-every', '0', '--no-progress',
           '--run-dir', os.path.join(run_dir, 'run')] + extra
+  if agent_spec(_agent_of(extra)).learns_from == 'replay':
+    argv += ['--warmup-steps', str(task.warmup_steps)]
   if module_name == 'cemrl':  # CEM-RL states its budget for the population
     i = argv.index('--env-steps')
     argv[i:i + 2] = ['--total-env-steps',
@@ -394,7 +424,10 @@ def run_sb3(args, task_name: str, algo: str, seed: int,
                   tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1,
                   policy_kwargs={'net_arch': [256, 256]}, seed=member_seed,
                   verbose=0, device='cpu')
-    if own_defaults:
+    if algo == 'ppo':  # SB3's defaults are our PPO's
+      model = sb3.PPO('MlpPolicy', env, seed=member_seed, verbose=0,
+                      device='cpu')
+    elif own_defaults:
       model = (sb3.TD3 if algo == 'td3' else sb3.SAC)(
           'MlpPolicy', env, seed=member_seed, verbose=0, device='cpu')
     elif algo == 'td3':
@@ -540,6 +573,21 @@ def run_sync(args, task_name: str, agent_name: str, seed: int) -> dict:
                      'see benchmarks/learning.py (run_sync)'}
 
 
+@functools.lru_cache(maxsize=None)
+def fits(task_name: str, method: str) -> Optional[str]:
+  """None if ``method``'s agent can act in ``task_name``, else why not
+  (its ``make_agent``'s refusal, e.g. TD3 on a discrete action space)."""
+  module_name, extra = METHODS[method]
+  agent = extra[0] if module_name in ('sb3', 'sync') else _agent_of(extra)
+  if module_name in ('sb3', 'sync') and jax_envs.is_jax_env(task_name):
+    return f'{module_name} steps gymnasium envs only'
+  try:
+    agents_lib.make_agent(agent, build.make_env_spec(task_name))
+  except (ValueError, ConfigError) as e:
+    return str(e).splitlines()[0]
+  return None
+
+
 def run_one(args, task_name: str, method: str, seed: int) -> None:
   path = result_path(args.out, task_name, method, seed, args.env_steps)
   code = code_version()  # at the start: the code the run imports
@@ -654,7 +702,7 @@ def _fmt(values: list) -> str:
   return f'{np.mean(values):.0f} ± {stats.sample_std(values):.0f}'
 
 
-RULE_MODULES = ('pbt', 'cemrl', 'dvd', 'hypertrick')
+RULE_MODULES = ('pbt', 'cemrl', 'dvd', 'hypertrick', 'random')
 
 # Fixes that changed what a method's runs measure: (commit, experiment
 # module, the flags that select the fixed path among that module's methods
@@ -714,7 +762,8 @@ def baseline_of(method: str) -> Optional[str]:
   return f'seeds-{_agent_of(flags)}'
 
 
-SEARCHING_MODULES = ('pbt', 'hypertrick')  # rules that choose hparams
+# Rules that choose hyperparameters (random search: by its draws alone).
+SEARCHING_MODULES = ('pbt', 'hypertrick', 'random')
 # Hyperparameters renamed since runs were recorded: old name -> new. The
 # result files under benchmarks/results/ are history and keep the old names
 # (TD3's policy_delay, a fraction, is policy_update_fraction now, same
@@ -1140,6 +1189,10 @@ def main(argv: Optional[list] = None) -> None:
     for task in args.tasks:
       for seed in args.seeds:
         for method in args.methods:
+          why_not = fits(task, method)
+          if why_not is not None:
+            print(f'{task} {method}: skipped ({why_not})', flush=True)
+            continue
           path = result_path(args.out, task, method, seed, args.env_steps)
           if is_current(path) and not args.redo:
             print(f'{task} {method} seed {seed}: kept {path}', flush=True)

@@ -1,4 +1,4 @@
-"""Standard PyTorch TD3, SAC and DQN update steps: the baselines of the
+"""Standard PyTorch TD3, SAC, DQN and PPO updates: the baselines of the
 update-speed benchmark (``benchmarks/update_speed/``).
 
 Host-side benchmark code only: nothing in ``fastpbrl`` imports this module,
@@ -58,14 +58,16 @@ class StackedLinear(nn.Module):
     return torch.baddbmm(self.bias, x, self.weight)
 
 
-def mlp(sizes: Sequence[int], population: Optional[int]) -> nn.Sequential:
-  """ReLU MLP ``sizes[0] -> ... -> sizes[-1]``, one member or ``N`` stacked."""
+def mlp(sizes: Sequence[int], population: Optional[int],
+        activation=nn.ReLU) -> nn.Sequential:
+  """MLP ``sizes[0] -> ... -> sizes[-1]`` (ReLU between layers unless
+  ``activation`` says otherwise), one member or ``N`` stacked."""
   layers = []
   for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
     layers.append(nn.Linear(n_in, n_out) if population is None
                   else StackedLinear(population, n_in, n_out))
     if i < len(sizes) - 2:
-      layers.append(nn.ReLU())
+      layers.append(activation())
   return nn.Sequential(*layers)
 
 
@@ -319,22 +321,148 @@ class DQN(TorchAgent):
       self.target.load_state_dict(self.online.state_dict())
 
 
+class PPO(TorchAgent):
+  """Stable-Baselines3's PPO iteration (``PPO.train()`` after
+  ``compute_returns_and_advantage``) on a continuous-action rollout:
+  separate tanh MLPs for the Gaussian's mean and the value, a
+  state-independent log-std, GAE through truncations (from ``V`` of the
+  real next observation), ``epochs`` passes of shuffled minibatches, the
+  clipped surrogate, value MSE and entropy bonus, the global-norm clip
+  (per member when stacked), one Adam (eps 1e-5) over both networks.
+  ``update`` is ONE iteration on a rollout ``[T, E, ...]`` (``[N, T, E,
+  ...]`` stacked): what ``fastpbrl.agents.ppo``'s ``update`` does."""
+
+  modules = ('policy', 'value')
+
+  def __init__(self, obs_dim: int, action_dim: int,
+               hidden: Sequence[int] = (64, 64),
+               population: Optional[int] = None, device: str = 'cpu',
+               minibatch_size: int = 64, epochs: int = 10,
+               lr: float = 3e-4, clip_range: float = 0.2,
+               ent_coef: float = 0.0, vf_coef: float = 0.5,
+               gae_lambda: float = 0.95, discount: float = 0.99,
+               max_grad_norm: float = 0.5):
+    self.population = population
+    self.settings = dict(
+        obs_dim=obs_dim, action_dim=action_dim, hidden=tuple(hidden),
+        device=device, minibatch_size=minibatch_size, epochs=epochs, lr=lr,
+        clip_range=clip_range, ent_coef=ent_coef, vf_coef=vf_coef,
+        gae_lambda=gae_lambda, discount=discount, max_grad_norm=max_grad_norm)
+    self.policy = mlp([obs_dim, *hidden, action_dim], population,
+                      nn.Tanh).to(device)
+    self.value = mlp([obs_dim, *hidden, 1], population, nn.Tanh).to(device)
+    shape = (action_dim,) if population is None else (population, 1,
+                                                      action_dim)
+    self.log_std = nn.Parameter(torch.zeros(shape, device=device))
+    self.params = [*self.policy.parameters(), *self.value.parameters(),
+                   self.log_std]
+    self.opt = torch.optim.Adam(self.params, lr=lr, eps=1e-5)
+    self.minibatch_size, self.epochs = minibatch_size, epochs
+    self.clip_range, self.ent_coef, self.vf_coef = clip_range, ent_coef, vf_coef
+    self.gae_lambda, self.discount = gae_lambda, discount
+    self.max_grad_norm = max_grad_norm
+    self.step = 0
+
+  def _gae(self, batch: Batch, samples: int) -> tuple:
+    """Flattened observations, actions, behaviour log-probs, advantages
+    and returns, ``[(N,) T E, ...]``."""
+    lead = batch['reward'].shape[:-2]  # () or (N,)
+    steps, envs = batch['reward'].shape[-2:]
+    flat = lambda x: x.reshape(*lead, samples, *x.shape[len(lead) + 2:])  # noqa: E731
+    with torch.no_grad():
+      obs = flat(batch['observation'])
+      values = self.value(obs).squeeze(-1).reshape(batch['reward'].shape)
+      next_values = self.value(flat(batch['next_observation'])).squeeze(
+          -1).reshape(batch['reward'].shape)
+      term = batch['terminated']
+      done = torch.maximum(term, batch['truncated'])
+      delta = (batch['reward'] + self.discount * (1.0 - term) * next_values
+               - values)
+      advantages = torch.zeros_like(delta)
+      last = torch.zeros_like(delta[..., 0, :])
+      for t in reversed(range(steps)):  # SB3's loop, over time
+        last = delta[..., t, :] + self.discount * self.gae_lambda * (
+            1.0 - done[..., t, :]) * last
+        advantages[..., t, :] = last
+      returns = advantages + values
+    return (obs, flat(batch['action']), flat(batch['log_prob']),
+            flat(advantages), flat(returns))
+
+  def _clip_grads(self) -> None:
+    if self.population is None:
+      nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+      return
+    # clip_grad_norm_ per member: each one's norm over its own slices.
+    norms = torch.sqrt(sum(p.grad.pow(2).flatten(1).sum(1)
+                           for p in self.params))
+    scale = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+    for p in self.params:
+      p.grad.mul_(scale.view(-1, *[1] * (p.dim() - 1)))
+
+  def update(self, batch: Batch) -> None:
+    """One PPO iteration on the rollout ``batch``."""
+    steps, envs = batch['reward'].shape[-2:]
+    samples = steps * envs
+    obs, action, old_log_prob, advantages, returns = self._gae(batch, samples)
+    device = obs.device
+    for _ in range(self.epochs):
+      if self.population is None:
+        order = torch.randperm(samples, device=device)
+      else:  # one permutation per member
+        order = torch.argsort(torch.rand(self.population, samples,
+                                         device=device), dim=1)
+      for start in range(0, samples, self.minibatch_size):
+        idx = order[..., start:start + self.minibatch_size]
+        if self.population is None:
+          take = lambda x, i=idx: x[i]  # noqa: E731
+        else:
+          rows = torch.arange(self.population, device=device)[:, None]
+          take = lambda x, i=idx, r=rows: x[r, i]  # noqa: E731
+        mb_obs, adv = take(obs), take(advantages)
+        adv = (adv - adv.mean(-1, keepdim=True)) / (
+            adv.std(-1, keepdim=True) + 1e-8)
+        mean = self.policy(mb_obs)
+        log_std = self.log_std.expand_as(mean)
+        log_prob = (-0.5 * ((take(action) - mean) * torch.exp(-log_std)) ** 2
+                    - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
+        ratio = torch.exp(log_prob - take(old_log_prob))
+        surrogate = torch.minimum(
+            adv * ratio, adv * ratio.clamp(1 - self.clip_range,
+                                           1 + self.clip_range))
+        value = self.value(mb_obs).squeeze(-1)
+        loss = (-self._loss(surrogate)
+                + self.vf_coef * self._loss((take(returns) - value) ** 2)
+                - self.ent_coef * self._loss(entropy))
+        self.opt.zero_grad()
+        loss.backward()
+        self._clip_grads()
+        self.opt.step()
+    self.step += 1
+
+
 def make_agent(name: str, *, obs_dim: int = 0, action_dim: int = 0,
                num_actions: int = 0, hidden: Sequence[int] = (256, 256),
                population: Optional[int] = None,
-               device: str = 'cpu') -> TorchAgent:
-  """The torch agent ``name`` (``td3``, ``sac`` or ``dqn``) in one layout."""
+               device: str = 'cpu', minibatch_size: int = 64) -> TorchAgent:
+  """The torch agent ``name`` (``td3``, ``sac``, ``dqn`` or ``ppo``) in one
+  layout (``minibatch_size``: PPO's)."""
+  if name == 'ppo':
+    return PPO(obs_dim, action_dim, hidden, population, device,
+               minibatch_size=minibatch_size)
   if name == 'td3':
     return TD3(obs_dim, action_dim, hidden, population, device)
   if name == 'sac':
     return SAC(obs_dim, action_dim, hidden, population, device)
   if name == 'dqn':
     return DQN(num_actions, population, device)
-  raise ValueError(f'unknown torch agent {name!r}; known: td3, sac, dqn')
+  raise ValueError(f'unknown torch agent {name!r}; known: td3, sac, dqn, '
+                   'ppo')
 
 
 def to_torch(batch, device: str, image: bool) -> Batch:
-  """A batch of numpy arrays (a ``Transition``) as torch tensors on ``device``.
+  """A batch of numpy arrays (a ``Transition``, or a ``Rollout``: its
+  ``truncated`` and ``log_prob`` too) as torch tensors on ``device``.
 
   Image observations ``[..., 84, 84, 4]`` become channels-first
   ``[..., 4, 84, 84]``; integer actions become int64 (what ``gather`` takes).
@@ -348,7 +476,7 @@ def to_torch(batch, device: str, image: bool) -> Batch:
   action = np.asarray(batch.action)
   action = action.astype(np.int64) if np.issubdtype(action.dtype, np.integer) \
       else action.astype(np.float32)
-  return {
+  out = {
       'observation': obs(batch.observation),
       'action': torch.from_numpy(action).to(device),
       'reward': torch.from_numpy(np.asarray(batch.reward, np.float32)).to(device),
@@ -356,6 +484,11 @@ def to_torch(batch, device: str, image: bool) -> Batch:
       'terminated': torch.from_numpy(
           np.asarray(batch.terminated, np.float32)).to(device),
   }
+  if hasattr(batch, 'log_prob'):  # a Rollout
+    for name in ('truncated', 'log_prob'):
+      out[name] = torch.from_numpy(
+          np.asarray(getattr(batch, name), np.float32)).to(device)
+  return out
 
 
 @torch.no_grad()
@@ -381,5 +514,7 @@ def stack_members(members: Sequence[TorchAgent]) -> TorchAgent:
         module.bias.copy_(torch.cat([p.bias for p in parts]))
   if isinstance(first, SAC):
     population.log_alpha.copy_(torch.stack([m.log_alpha for m in members]))
+  if isinstance(first, PPO):
+    population.log_std.copy_(torch.stack([m.log_std[None] for m in members]))
   population.step = first.step
   return population

@@ -91,7 +91,7 @@ def train(rule: Union[str, type, None] = None, *,
 
   Args:
     rule: ``pbt`` (the default for a new run), ``cemrl``, ``dvd``,
-      ``hypertrick``, ``seeds``, a rule of your own as ``module:Class``, or
+      ``hypertrick``, ``seeds``, ``random``, a rule of your own as ``module:Class``, or
       its (registered) class. With ``resume`` it defaults to the run's own,
       with ``config`` to the rule whose config class it is.
     config: the settings as the rule's typed config (``PBTRunConfig``,

@@ -35,13 +35,13 @@ def test_console_script_is_declared_and_resolves():
 def test_help_lists_every_command(capsys):
   assert commands.main(['--help']) == 0
   out = capsys.readouterr().out
-  for name in ('pbt', 'cemrl', 'dvd', 'hypertrick', 'seeds', 'evaluate',
-               'bench'):
+  for name in ('pbt', 'cemrl', 'dvd', 'hypertrick', 'seeds', 'random',
+               'evaluate', 'bench'):
     assert re.search(rf'^  {name} ', out, re.M), name
 
 
 @pytest.mark.parametrize('name', ['pbt', 'cemrl', 'dvd', 'hypertrick',
-                                  'seeds'])
+                                  'seeds', 'random'])
 def test_rule_help_is_the_scripts_help(name, capsys):
   """``fastpbrl X --help`` has the flags of ``python -m experiments.X``."""
   import importlib

@@ -64,7 +64,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = [os.path.join(ROOT, 'README.md'),
          *sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'),
                            recursive=True))]
-RULES = ('pbt', 'cemrl', 'dvd', 'hypertrick', 'seeds')
+RULES = ('pbt', 'cemrl', 'dvd', 'hypertrick', 'seeds', 'random')
 SHELLS = ('bash', 'shell', 'sh')
 # A fenced block, indented or not (inside a list item): its indent,
 # language and body.

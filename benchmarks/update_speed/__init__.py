@@ -16,7 +16,10 @@ device, for several implementations of the same update:
 for TD3 and SAC on HalfCheetah-v5 shapes (17-d observations, 6-d actions,
 256x256 MLPs, batch 256) and DQN on Atari shapes (84x84x4 uint8 frames, 18
 actions, Nature CNN, batch 32), with 1 and 50 (10 for DQN) update steps per
-call, over a list of population sizes. ``--shared-critic`` adds the CEM-RL /
+call, over a list of population sizes. ``--agents ppo`` adds PPO on
+HalfCheetah-v5 shapes at SB3's defaults (64x64 tanh MLPs, one iteration
+of a 2048-step rollout, 10 epochs of minibatches of 64, per call; its
+update steps are env steps, see ``config.py``). ``--shared-critic`` adds the CEM-RL /
 DvD case of Figure 4: one TD3 critic shared by the population,
 ``SharedCriticLearner`` against CEM-RL's sequential order.
 
@@ -59,11 +62,12 @@ import jax
 # module, re-exported for code that imports them from here (the tests do).
 from benchmarks.update_speed.config import (  # noqa: F401
     _AGENT_MODULES, AGENTS, ATARI_FRAME_SHAPE, ATARI_NUM_ACTIONS,
-    BARRIER_TIMEOUT_S, COLUMNS, DEFAULT_POPULATION_SIZES,
+    BARRIER_TIMEOUT_S, COLUMNS, DEFAULT_AGENTS, DEFAULT_POPULATION_SIZES,
     HALF_CHEETAH_ACTION_DIM, HALF_CHEETAH_OBS_DIM, IMPLEMENTATIONS, LABELS,
     MIN_SAMPLES, SHARED_CRITIC_IMPLEMENTATIONS, TORCH_AVAILABLE,
     TORCH_IMPLEMENTATIONS, BenchmarkConfig, Case, available_cores,
-    build_cases, default_batch_size, default_steps, env_spec, make_agent)
+    build_cases, default_batch_size, default_steps, env_spec, iterations,
+    make_agent, random_data, whole_steps)
 from benchmarks.update_speed.implementations import (  # noqa: F401
     PARALLEL_MEMBER_RUNNERS, RUNNERS, JaxSequential, JaxVectorized,
     SharedCriticSequential, SharedCriticVectorized, TorchSequential,
@@ -137,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
           '      --batch-size 8 --hidden 16 --out /tmp/smoke'))
   parser.add_argument(
       '--agents', nargs='*', choices=AGENTS, default=list(defaults.agents),
-      help='agents to time (default: all); may be empty with --shared-critic')
+      help='agents to time (default: td3 sac dqn; ppo when named); may be '
+      'empty with --shared-critic')
   parser.add_argument(
       '--implementations', nargs='+', choices=IMPLEMENTATIONS,
       default=list(defaults.implementations),
@@ -177,10 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
       '(default: %(default)s)')
   parser.add_argument(
       '--batch-size', type=_positive_int, default=None,
-      help='batch size for every agent instead of 256 (TD3/SAC) and 32 (DQN)')
+      help='batch size for every agent instead of 256 (TD3/SAC) and 32 (DQN) '
+      "(PPO: its minibatch size instead of 64; it must divide 2048)")
   parser.add_argument(
       '--hidden', type=_positive_int, default=None,
-      help='hidden width of the two TD3/SAC MLP layers instead of 256')
+      help='hidden width of the two TD3/SAC MLP layers instead of 256 (PPO: '
+      'of its 64)')
   parser.add_argument(
       '--isolation', choices=('process', 'none'), default=defaults.isolation,
       help="'process' (default): each sweep in a fresh process; 'none': "
@@ -219,6 +226,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> BenchmarkConfig:
       SHARED_CRITIC_IMPLEMENTATIONS):
     parser.error('--shared-critic needs jax-vectorized or jax-sequential in '
                  '--implementations')
+  ppo_iteration = default_steps('ppo')  # one iteration's env steps
+  if ('ppo' in args.agents and args.batch_size is not None
+      and ppo_iteration % args.batch_size):
+    parser.error(f'--batch-size {args.batch_size} must divide PPO\'s '
+                 f'{ppo_iteration}-step rollout (its minibatch size)')
   if args.out is not None and os.path.exists(args.out) and not os.path.isdir(
       args.out):
     parser.error(f'--out {args.out} exists and is not a folder')

@@ -1,7 +1,15 @@
 """What a benchmark run measures (host-side): the implementations, agents
 and population sizes it knows, the ``BenchmarkConfig`` that the command
-line fills in, the agents at benchmark shapes (HalfCheetah-v5 for TD3/SAC,
-Atari for DQN), and the list of sweeps (``Case``) a config expands into.
+line fills in, the agents at benchmark shapes (HalfCheetah-v5 for
+TD3/SAC/PPO, Atari for DQN), their inputs (``random_data``), and the list
+of sweeps (``Case``) a config expands into.
+
+PPO (``--agents ppo``, not in the default run) learns from rollouts: its
+"update steps" are the env steps of the rollouts it learns from, so a
+call of ``S`` steps is ``S / 2048`` iterations of SB3's defaults (a
+2048-step rollout in one env, 10 epochs of minibatches of 64), each
+``S`` is rounded up to whole iterations (``1`` and ``default`` are both
+one iteration), and the time per update step is per env step learned.
 """
 
 from __future__ import annotations
@@ -14,10 +22,13 @@ from typing import Optional
 import numpy as np
 from acme import specs
 
-from fastpbrl.agents import dqn, sac, td3
+from fastpbrl.agents import dqn, ppo, sac, td3
+from fastpbrl.agents.base import rollout_steps
+from fastpbrl.types import Rollout, random_transitions
 
 
-AGENTS = ('td3', 'sac', 'dqn')
+AGENTS = ('td3', 'sac', 'dqn', 'ppo')
+DEFAULT_AGENTS = ('td3', 'sac', 'dqn')  # the paper's Figure 2
 IMPLEMENTATIONS = ('jax-vectorized', 'jax-sequential', 'jax-parallel',
                    'torch-sequential', 'torch-vectorized', 'torch-parallel')
 TORCH_IMPLEMENTATIONS = tuple(i for i in IMPLEMENTATIONS if i.startswith('torch'))
@@ -62,7 +73,7 @@ def available_cores() -> int:
 class BenchmarkConfig:
   """Everything a benchmark run depends on (logged at start, saved in JSON)."""
 
-  agents: tuple = AGENTS
+  agents: tuple = DEFAULT_AGENTS
   """Agents whose independent-member population update is timed."""
   implementations: tuple = IMPLEMENTATIONS
   """Implementations to time (torch ones are skipped without torch)."""
@@ -129,11 +140,48 @@ def env_spec(agent_name: str) -> specs.EnvironmentSpec:
 
 
 _AGENT_MODULES = {'td3': (td3, td3.TD3Config), 'sac': (sac, sac.SACConfig),
-                  'dqn': (dqn, dqn.DQNConfig)}
+                  'dqn': (dqn, dqn.DQNConfig), 'ppo': (ppo, ppo.PPOConfig)}
 
 
 def default_steps(agent_name: str) -> int:
   return _AGENT_MODULES[agent_name][1]().steps_per_call
+
+
+def whole_steps(agent_name: str, steps: int) -> int:
+  """``steps`` per call as the agent can take them: a rollout agent's
+  rounded up to whole iterations (``rollout_length x num_envs`` env
+  steps), a replay agent's as they are."""
+  config = _AGENT_MODULES[agent_name][1]()
+  if not hasattr(config, 'rollout_length'):
+    return steps
+  per_iteration = rollout_steps(config)
+  return -(-steps // per_iteration) * per_iteration
+
+
+def random_data(agent, leading: tuple, steps: int, batch_size: int,
+                seed: int):
+  """Random inputs of ``steps`` update steps of ``agent`` after the
+  ``leading`` axes: a ``Transition`` ``[*leading, steps, batch_size]`` for
+  a replay agent, a ``Rollout`` ``[*leading, I, T, E]`` of ``I = steps /
+  (T x E)`` iterations for a rollout agent (``batch_size`` is then its
+  config's minibatch size, not an input shape)."""
+  if agent.learns_from != 'rollout':
+    return random_transitions(agent.env_spec, (*leading, steps, batch_size),
+                              seed)
+  config = agent.config
+  shape = (*leading, steps // rollout_steps(config), config.rollout_length,
+           config.num_envs)
+  t = random_transitions(agent.env_spec, shape, seed)
+  log_prob = np.random.default_rng(seed).normal(-1.0, 0.3, shape)
+  return Rollout(*t, log_prob=log_prob.astype(np.float32))
+
+
+def iterations(agent, steps: int) -> int:
+  """What one call of ``steps`` update steps scans ``agent.update`` over
+  (``PopulationLearner.iterations``)."""
+  if agent.learns_from != 'rollout':
+    return steps
+  return steps // rollout_steps(agent.config)
 
 
 def default_batch_size(agent_name: str) -> int:
@@ -145,6 +193,9 @@ def make_agent(agent_name: str, steps: int, batch_size: int,
   """The fastpbrl agent at benchmark settings."""
   module, config_cls = _AGENT_MODULES[agent_name]
   fields = dict(batch_size=batch_size, steps_per_call=steps)
+  if agent_name == 'ppo':
+    steps = whole_steps(agent_name, steps)
+    fields['steps_per_call'] = steps
   if hidden is not None and agent_name != 'dqn':
     fields['hidden_sizes'] = (hidden, hidden)
   return module.make_agent(env_spec(agent_name), config_cls(**fields))
@@ -171,7 +222,8 @@ def build_cases(cfg: BenchmarkConfig) -> list[Case]:
   cases = []
 
   def steps_for(agent_name):
-    return sorted({default_steps(agent_name) if s == 'default' else int(s)
+    return sorted({whole_steps(agent_name, default_steps(agent_name)
+                               if s == 'default' else int(s))
                    for s in cfg.steps_per_call})
 
   def width(agent_name):

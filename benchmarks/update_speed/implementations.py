@@ -19,7 +19,8 @@ from benchmarks.update_speed.config import (ATARI_NUM_ACTIONS,
                                             HALF_CHEETAH_ACTION_DIM,
                                             HALF_CHEETAH_OBS_DIM, Case,
                                             available_cores, env_spec,
-                                            make_agent)
+                                            iterations, make_agent,
+                                            random_data)
 from benchmarks.update_speed.measurements import (_jax_device_peak_bytes,
                                                   calls_per_sample, xla_flops)
 from fastpbrl.agents import td3
@@ -52,12 +53,14 @@ class _LearnerRunner(_Runner):
 
   compiles_on_first_call = True
 
-  def _setup(self, learner, hparams, env_spec, case: Case, n: int,
+  def _setup(self, learner, hparams, agent, case: Case, n: int,
              seed: int) -> None:
-    self.learner, self.hparams, self.steps = learner, hparams, case.steps
+    self.learner, self.hparams = learner, hparams
+    # Scanned updates per call: steps, or a rollout agent's iterations.
+    self.steps = iterations(agent, case.steps)
     self.state = learner.init(jax.random.PRNGKey(seed), hparams)
-    self.batch = jax.device_put(random_batch(
-        env_spec, (n, case.steps, case.batch_size), seed))
+    self.batch = jax.device_put(random_data(agent, (n,), case.steps,
+                                            case.batch_size, seed))
     jax.block_until_ready((self.state, self.batch))
 
   def call(self) -> None:
@@ -78,8 +81,7 @@ class JaxVectorized(_LearnerRunner):
     del cache
     self.agent = make_agent(case.agent, case.steps, case.batch_size, case.hidden)
     self._setup(PopulationLearner(self.agent, case.steps),
-                population_hparams(self.agent, n), self.agent.env_spec, case,
-                n, seed)
+                population_hparams(self.agent, n), self.agent, case, n, seed)
 
   def flops_per_call(self) -> Optional[float]:
     # A plain vmap: the delayed policy step counts on every step (an upper
@@ -101,20 +103,20 @@ class JaxSequential(_Runner):
       cache['init'] = jax.jit(agent.init)
     keys = jax.random.split(jax.random.PRNGKey(seed), n)
     self.states = [cache['init'](k, self.hparams) for k in keys]
-    self.batches = [jax.device_put(random_batch(
-        agent.env_spec, (case.steps, case.batch_size), seed + i))
-                    for i in range(n)]
+    self.batches = [jax.device_put(random_data(
+        agent, (), case.steps, case.batch_size, seed + i)) for i in range(n)]
+    scanned = iterations(agent, case.steps)  # a rollout agent's iterations
     jax.block_until_ready((self.states, self.batches))
     if 'step' not in cache:
       start = time.perf_counter()
-      cache['step'] = jax.jit(multi_step(agent.update, case.steps),
+      cache['step'] = jax.jit(multi_step(agent.update, scanned),
                               donate_argnums=0).lower(
                                   self.states[0], self.hparams,
                                   self.batches[0]).compile()
       cache['compile_s'] = time.perf_counter() - start
       one_step = jax.tree.map(lambda x: x[0], self.batches[0])
       flops = xla_flops(agent.update, self.states[0], self.hparams, one_step)
-      cache['member_flops'] = None if flops is None else flops * case.steps
+      cache['member_flops'] = None if flops is None else flops * scanned
     self.step = cache['step']
     self.compile_s = cache['compile_s']
     self.member_flops = cache['member_flops']
@@ -139,7 +141,7 @@ class SharedCriticVectorized(_LearnerRunner):
     agent = make_agent(case.agent, case.steps, case.batch_size, case.hidden)
     self.shared = agent.shared_critic
     self._setup(SharedCriticLearner(self.shared, case.steps),
-                population_hparams(agent, n), agent.env_spec, case, n, seed)
+                population_hparams(agent, n), agent, case, n, seed)
 
   def flops_per_call(self) -> Optional[float]:
     return self._flops(self.shared.update)
@@ -253,6 +255,11 @@ class _TorchRunner(_Runner):
       self.dims = dict(obs_dim=HALF_CHEETAH_OBS_DIM,
                        action_dim=HALF_CHEETAH_ACTION_DIM,
                        hidden=(case.hidden, case.hidden))
+    if case.agent == 'ppo':
+      self.dims['minibatch_size'] = case.batch_size
+    # The fastpbrl agent, for the shapes of its inputs (nothing compiled).
+    self.agent = make_agent(case.agent, case.steps, case.batch_size,
+                            case.hidden)
     return spec
 
   def _sync(self) -> None:
@@ -279,17 +286,18 @@ class TorchSequential(_TorchRunner):
   def __init__(self, case: Case, n: int, seed: int, cache: dict,
                threads: Optional[int] = None):
     del cache
-    spec = self._setup_torch(case, threads or available_cores(), seed)
+    self._setup_torch(case, threads or available_cores(), seed)
     self.members = [self.torch_agents.make_agent(case.agent, device=self.device,
                                                  **self.dims)
                     for _ in range(n)]
     self.batches = []
+    scanned = iterations(self.agent, case.steps)  # PPO: its iterations
     for i in range(n):
       batch = self.torch_agents.to_torch(
-          random_batch(spec, (case.steps, case.batch_size), seed + i),
+          random_data(self.agent, (), case.steps, case.batch_size, seed + i),
           self.device, self.image)
       self.batches.append([{k: v[s] for k, v in batch.items()}
-                           for s in range(case.steps)])
+                           for s in range(scanned)])
     self.steps = case.steps
     self._sync()
 
@@ -316,17 +324,17 @@ class TorchVectorized(_TorchRunner):
   def __init__(self, case: Case, n: int, seed: int, cache: dict,
                threads: Optional[int] = None):
     del cache
-    spec = self._setup_torch(case, threads or available_cores(), seed)
+    self._setup_torch(case, threads or available_cores(), seed)
     self.agent_name = case.agent
     self.population = self.torch_agents.make_agent(
         case.agent, device=self.device, population=n, **self.dims)
-    batch = random_batch(spec, (n, case.steps, case.batch_size), seed)
+    batch = random_data(self.agent, (n,), case.steps, case.batch_size, seed)
     # Step axis first, so that each step's [N, B, ...] slice is contiguous.
     batch = jax.tree.map(lambda x: np.ascontiguousarray(np.swapaxes(x, 0, 1)),
                          batch)
     batch = self.torch_agents.to_torch(batch, self.device, self.image)
     self.batches = [{k: v[s] for k, v in batch.items()}
-                    for s in range(case.steps)]
+                    for s in range(iterations(self.agent, case.steps))]
     self.steps = case.steps
     self._sync()
 

@@ -1,4 +1,4 @@
-"""Agents: TD3, SAC and DQN as pure functions, and the registry that adds
+"""Agents: TD3, SAC, DQN and PPO as pure functions, and the registry that adds
 others, from user code too (see ``base.py`` for the contract)."""
 
 from fastpbrl.agents.base import Agent, SharedCritic, with_defaults

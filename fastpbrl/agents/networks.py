@@ -161,3 +161,112 @@ def mlp_q_network(num_actions: int, hidden: Sequence[int]) -> Network:
 def dummy_input(shape: Sequence[int], dtype) -> jnp.ndarray:
   """A batch of one zero input of the given per-example shape."""
   return jnp.zeros((1, *shape), dtype=np.dtype(dtype))
+
+
+# --------------------------------------------------------------------------
+# PPO (Stable-Baselines3's MlpPolicy): separate policy and value MLPs
+# --------------------------------------------------------------------------
+
+# Hidden activations of the PPO networks (``PPOConfig.activation``).
+ACTIVATIONS = {'tanh': jnp.tanh, 'relu': jax.nn.relu}
+
+
+class _ActorCriticMLP(hk.Module):
+  """Linear layers with ``activation`` between them (none after the last),
+  initialised as Stable-Baselines3's ``ActorCriticPolicy``: with
+  ``ortho_init``, orthogonal weights of gain ``sqrt(2)`` in the hidden
+  layers and ``head_gain`` in the last one (0.01 for the policy head, 1 for
+  the value head), zero biases; without it, PyTorch's ``nn.Linear`` default
+  (weights and biases uniform in ``+-1/sqrt(fan_in)``), which SB3 keeps
+  then. Layers are named ``linear_<i>`` in order."""
+
+  def __init__(self, sizes: Sequence[int], input_size: int, activation: str,
+               ortho_init: bool, head_gain: float, name: str | None = None):
+    super().__init__(name=name)
+    self.activation = ACTIVATIONS[activation]
+    fan_ins = [input_size, *sizes[:-1]]
+    self.layers = []
+    for i, (size, fan_in) in enumerate(zip(sizes, fan_ins)):
+      if ortho_init:
+        gain = head_gain if i == len(sizes) - 1 else float(np.sqrt(2.0))
+        w_init, b_init = (hk.initializers.Orthogonal(scale=gain),
+                          hk.initializers.Constant(0.0))
+      else:
+        w_init = b_init = hk.initializers.RandomUniform(
+            -1.0 / np.sqrt(fan_in), 1.0 / np.sqrt(fan_in))
+      self.layers.append(hk.Linear(size, w_init=w_init, b_init=b_init,
+                                   name=f'linear_{i}'))
+
+  def __call__(self, x):
+    for i, layer in enumerate(self.layers):
+      x = layer(x)
+      if i < len(self.layers) - 1:
+        x = self.activation(x)
+    return x
+
+
+def _check_activation(activation: str) -> None:
+  if activation not in ACTIVATIONS:
+    raise ValueError(f'activation must be one of {tuple(ACTIVATIONS)}, got '
+                     f'{activation!r}')
+
+
+def _flat(obs):
+  """Observations as one float vector per example (JAX's default float)."""
+  x = obs.reshape(obs.shape[:1] + (-1,)) if obs.ndim > 2 else obs
+  return x.astype(jax.dtypes.canonicalize_dtype(jnp.float64)) if not (
+      jnp.issubdtype(x.dtype, jnp.floating)) else x
+
+
+def categorical_policy(num_actions: int, hidden: Sequence[int],
+                       activation: str = 'tanh',
+                       ortho_init: bool = True) -> Network:
+  """PPO's discrete policy: an MLP giving the logits ``[B, num_actions]``
+  of a categorical (SB3's ``mlp_extractor.policy_net`` + ``action_net``,
+  head gain 0.01)."""
+  _check_activation(activation)
+
+  def forward(obs):
+    x = _flat(obs)
+    return _ActorCriticMLP([*hidden, num_actions], x.shape[-1], activation,
+                           ortho_init, 0.01, name='policy')(x)
+
+  return _pure(forward)
+
+
+def diagonal_gaussian_policy(action_dim: int, hidden: Sequence[int],
+                             activation: str = 'tanh',
+                             ortho_init: bool = True,
+                             log_std_init: float = 0.0) -> Network:
+  """PPO's continuous policy: an MLP giving the mean ``[B, action_dim]`` of
+  a diagonal Gaussian whose log-std is a state-independent parameter
+  ``log_std [action_dim]`` starting at ``log_std_init`` (SB3's
+  ``DiagGaussianDistribution``); returns ``(mean, log_std)``, the log-std
+  broadcast to the mean's shape. No tanh: actions are the Gaussian's
+  samples (the env side clips them)."""
+  _check_activation(activation)
+
+  def forward(obs):
+    x = _flat(obs)
+    mean = _ActorCriticMLP([*hidden, action_dim], x.shape[-1], activation,
+                           ortho_init, 0.01, name='policy')(x)
+    log_std = hk.get_parameter('log_std', [action_dim], mean.dtype,
+                               init=hk.initializers.Constant(log_std_init))
+    return mean, jnp.broadcast_to(log_std, mean.shape)
+
+  return _pure(forward)
+
+
+def state_value(hidden: Sequence[int], activation: str = 'tanh',
+                ortho_init: bool = True) -> Network:
+  """PPO's value function ``V(s)``, shape ``[B]``: an MLP apart from the
+  policy's (SB3's ``mlp_extractor.value_net`` + ``value_net``, head gain
+  1)."""
+  _check_activation(activation)
+
+  def forward(obs):
+    x = _flat(obs)
+    return _ActorCriticMLP([*hidden, 1], x.shape[-1], activation, ortho_init,
+                           1.0, name='value')(x)[..., 0]
+
+  return _pure(forward)

@@ -6,7 +6,7 @@ hparam_domains=..., shared_critic=...)`` records an ``AgentSpec``; ``get(ref)`` 
 ``make_agent(ref, env_spec, config)`` builds the agent. A *ref* is what
 ``--agent`` takes:
 
-* a registered name: ``td3``, ``sac``, ``dqn`` (their modules are imported
+* a registered name: ``td3``, ``sac``, ``dqn``, ``ppo`` (their modules are imported
   on first use, so ``import fastpbrl.agents`` does not import haiku), or any
   name registered earlier in this process;
 * ``module:attribute``, e.g. ``mypkg.ddpg:DDPG`` or ``examples.ddpg:DDPG``:
@@ -34,7 +34,7 @@ from fastpbrl.imports import find, known_names
 
 # Built-in agents: name -> the module whose import registers it.
 BUILTIN = {'td3': 'fastpbrl.agents.td3', 'sac': 'fastpbrl.agents.sac',
-           'dqn': 'fastpbrl.agents.dqn'}
+           'dqn': 'fastpbrl.agents.dqn', 'ppo': 'fastpbrl.agents.ppo'}
 
 # Fields every agent config needs: the learner and the pipeline read them.
 REQUIRED_CONFIG_FIELDS = ('batch_size', 'steps_per_call')

@@ -4,7 +4,8 @@ A rule of the registry (``fastpbrl.rules``) is a command of its own, its
 flags generated from its config class; the other commands are modules of
 this package with a ``main(argv)``:
 
-    fastpbrl pbt|cemrl|dvd|hypertrick|seeds [flags]   train (``--help`` lists the flags)
+    fastpbrl pbt|cemrl|dvd|hypertrick|seeds|random [flags]
+                                                       train (``--help`` lists the flags)
     fastpbrl mymod:MyRule [flags]                      train with a rule of your own
     fastpbrl info [AGENT|RULE] [--env ENV]            agents, rules, hyperparameters, presets
     fastpbrl evaluate RUN_DIR [--member best|INDEX] [--episodes K] [--video-dir DIR]

@@ -8,8 +8,8 @@ per rule (host-side; the array work inside a rule may be jitted).
   folder each: the rule (``rule.py``: settings, presets, bookkeeping,
   decisions) beside the pure math it calls (``pbt/exploit.py``,
   ``pbt/pb2.py``, ``cemrl/cem.py``, ``dvd/diversity.py``, ``dvd/bandit.py``,
-  ``hypertrick/scheduler.py``); ``seeds``, a rule without math of its own,
-  is one module;
+  ``hypertrick/scheduler.py``); ``seeds`` and ``random_search`` (``random``),
+  rules without math of their own, are one module each;
 * ``common``: what several rules share (search spaces, config checks).
 
 The rules sit below the run loop: they import the settings

@@ -18,7 +18,8 @@ BUILTIN = {'pbt': 'fastpbrl.rules.pbt.rule',
            'cemrl': 'fastpbrl.rules.cemrl.rule',
            'dvd': 'fastpbrl.rules.dvd.rule',
            'hypertrick': 'fastpbrl.rules.hypertrick.rule',
-           'seeds': 'fastpbrl.rules.seeds'}
+           'seeds': 'fastpbrl.rules.seeds',
+           'random': 'fastpbrl.rules.random_search'}
 
 
 def help_lines() -> dict[str, str]:

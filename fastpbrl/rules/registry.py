@@ -5,8 +5,8 @@ user code (host-side; imports modules, nothing here is jittable).
 its ``name``; ``get(ref)`` finds one, where a *ref* is what the command
 line takes (``fastpbrl <ref> [flags]``) and ``fastpbrl.train(ref, ...)``:
 
-* a registered name: ``pbt``, ``cemrl``, ``dvd``, ``hypertrick``, ``seeds``
-  (their modules are imported on first use), or any name registered
+* a registered name: ``pbt``, ``cemrl``, ``dvd``, ``hypertrick``, ``seeds``,
+  ``random`` (their modules are imported on first use), or any name registered
   earlier in this process;
 * ``module:attribute``, e.g. ``examples.halving:Halving``: the module is
   imported (it must be on ``sys.path``), and the attribute is the rule

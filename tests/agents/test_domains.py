@@ -9,7 +9,8 @@ from fastpbrl import search_space as ss
 from fastpbrl.build import make_env_spec
 
 # An env each built-in agent can act in (DQN's defaults depend on frames).
-ENVS = {'td3': 'Pendulum-v1', 'sac': 'Pendulum-v1', 'dqn': 'CartPole-v1'}
+ENVS = {'td3': 'Pendulum-v1', 'sac': 'Pendulum-v1', 'dqn': 'CartPole-v1',
+        'ppo': 'CartPole-v1'}
 
 
 def _defaults(name):

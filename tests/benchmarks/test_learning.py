@@ -1,5 +1,6 @@
 """The learning benchmark end to end at a tiny budget, and its flag checks."""
 
+import csv
 import json
 import os
 import subprocess
@@ -87,6 +88,32 @@ def test_tiny_no_copy_benchmark_decides_nothing(tmp_path):
   inits = [e for e in events if e['event'] == 'init']
   assert [e['member'] for e in inits] == [0, 1]
   assert inits[0]['hparams'] == inits[1]['hparams']  # both at the defaults
+
+
+def test_tiny_random_search_benchmark_keeps_its_draws(tmp_path):
+  """``random-td3`` runs through ``experiments.random``: its members end
+  with distinct hyperparameters, the draws of its seed (no decision
+  changes them), and no lineage."""
+  out, runs = str(tmp_path / 'learning'), tmp_path / 'runs'
+  runs.mkdir()
+  learning.main(['--tasks', 'Pendulum-v1', '--methods', 'random-td3',
+                 '--seeds', '0', '--env-steps', '400', '--population-size',
+                 '2', '--eval-episodes', '1', '--out', out, '--run-root',
+                 str(runs)])
+  with open(learning.result_path(out, 'Pendulum-v1', 'random-td3', 0,
+                                 400)) as f:
+    result = json.load(f)
+  assert result['command'].startswith('python -m experiments.random ')
+  first, second = result['hparams']
+  assert first['policy_lr'] != second['policy_lr']
+  (run_dir,) = runs.iterdir()
+  assert not (run_dir / 'run' / 'lineage.jsonl').exists()
+  with open(run_dir / 'run' / 'hparams.csv') as f:
+    rows = list(csv.DictReader(f))
+  for row in rows:  # every row set is the final one: the draws, unchanged
+    final = result['hparams'][int(row['member'])]
+    assert float(row['policy_lr']) == final['policy_lr']
+  assert learning.edge_share(result) is not None
 
 
 @pytest.mark.parametrize('argv, message', [
@@ -319,6 +346,8 @@ def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
   assert learning.baseline_of('pbt-td3') == 'seeds-td3'
   assert learning.baseline_of('pbt-sac') == 'seeds-sac'
   assert learning.baseline_of('dvd') == 'seeds-td3'
+  assert learning.baseline_of('random-td3') == 'seeds-td3'
+  assert learning.baseline_of('random-ppo') == 'seeds-ppo'
   assert learning.baseline_of('seeds-td3') is None
   assert learning.baseline_of('sb3-td3') is None
 
@@ -342,6 +371,9 @@ def test_edge_share_counts_values_in_the_outer_tenth_of_their_range():
           for k, v in h.items()} for h in run['hparams']]
   assert learning.edge_share(dict(run, hparams=old)) == pytest.approx(3 / 14)
   assert learning.edge_share(dict(run, method='seeds-td3')) is None
+  # Random search chooses hyperparameters too (by its draws alone).
+  assert learning.edge_share(dict(run, method='random-td3')) == (
+      pytest.approx(3 / 14))
   assert learning.edge_share(dict(
       run, command=run['command'] + ' --search-space s.json')) is None
 
@@ -458,3 +490,12 @@ def test_a_row_names_the_gpu_its_learner_ran_on():
     assert learning.learner_device() is None
   else:
     assert learning.learner_device() == f'{device.device_kind} (learner)'
+
+
+def test_methods_are_skipped_where_their_agent_cannot_act():
+  # TD3 refuses CartPole's discrete actions and SB3 steps no JAX env; a
+  # continuous task takes TD3, and its own refusal is what is reported.
+  assert learning.fits('Pendulum-v1', 'seeds-td3') is None
+  assert 'discrete' in learning.fits('CartPole-v1', 'pbt-td3')
+  assert learning.fits('gymnax:CartPole-v1', 'sb3-ppo') == (
+      'sb3 steps gymnasium envs only')

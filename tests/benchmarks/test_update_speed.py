@@ -131,6 +131,29 @@ def test_smoke_every_implementation_in_own_processes(tmp_path):
              for r in parallel)
 
 
+@pytest.mark.slow
+def test_smoke_ppo(tmp_path):
+  impls = _in_process_impls()
+  # Minibatches of 512: one call is one iteration of 4 x 10 Adam steps on a
+  # 2048-step rollout; '1' and 'default' both round to that iteration.
+  result, csv_rows, summary = _run(
+      tmp_path, '--agents', 'ppo', '--steps-per-call', '1', 'default',
+      '--implementations', *impls, '--isolation', 'none',
+      '--population-sizes', '2', '--batch-size', '512')
+  _assert_complete(result, csv_rows,
+                   [('independent', 'ppo', i, 2048, 2) for i in impls])
+  assert '### PPO' in summary
+
+
+def test_ppo_batch_size_must_divide_its_rollout(capsys):
+  with pytest.raises(SystemExit):
+    update_speed.parse_args(['--agents', 'ppo', '--batch-size', '100'])
+  assert "--batch-size 100 must divide PPO's 2048-step rollout" in (
+      capsys.readouterr().err)
+  # Replay agents take any batch size.
+  update_speed.parse_args(['--agents', 'td3', '--batch-size', '100'])
+
+
 def test_without_torch_rows_are_skipped_with_a_message(tmp_path, monkeypatch,
                                                        capsys):
   monkeypatch.setattr(update_speed, 'TORCH_AVAILABLE', False)
@@ -189,7 +212,7 @@ def test_out_of_memory_stops_the_sweep(monkeypatch):
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--agents', 'ppo'], "invalid choice: 'ppo'"),
+    (['--agents', 'a2c'], "invalid choice: 'a2c'"),
     (['--population-sizes', '0'], '0 must be >= 1'),
     (['--steps-per-call', 'many'], "'many' is not an integer"),
     (['--repeats', '-1'], '-1 must be >= 1'),
@@ -291,6 +314,43 @@ def test_torch_vectorized_takes_the_members_own_steps(agent):
       assert got[name].dtype == dtype
       torch.testing.assert_close(got[name], value, **tolerance,
                                  msg=f'{attr}.{name}')
+
+
+def test_torch_vectorized_ppo_takes_the_members_own_iterations():
+  torch = pytest.importorskip('torch')
+  from benchmarks import torch_agents  # pylint: disable=import-outside-toplevel
+  from fastpbrl.agents import ppo  # pylint: disable=import-outside-toplevel
+  default = torch.get_default_dtype()
+  torch.set_default_dtype(torch.float64)  # rule 2 of tests/numerics.py
+  try:
+    torch.manual_seed(0)
+    # One minibatch of the whole rollout per epoch: the shuffle (drawn
+    # differently by the two layouts) then only reorders a mean's terms.
+    settings = dict(obs_dim=17, action_dim=6, hidden=(16, 16),
+                    minibatch_size=32)
+    members = [torch_agents.make_agent('ppo', **settings) for _ in range(3)]
+    for m in members:
+      m.epochs, m.ent_coef = 2, 0.01
+    population = torch_agents.stack_members(members)
+    population.epochs, population.ent_coef = 2, 0.01
+    agent = ppo.make_agent(update_speed.env_spec('ppo'), ppo.PPOConfig(
+        rollout_length=16, num_envs=2, batch_size=32))
+    rollout = update_speed.random_data(agent, (3,), 32, 32, 0)
+    batch = torch_agents.to_torch(rollout, 'cpu', image=False)
+    batch = {k: v.double()[:, 0] for k, v in batch.items()}  # iteration 0
+    population.update(batch)
+    for i, m in enumerate(members):
+      m.update({k: v[i] for k, v in batch.items()})
+    expected = torch_agents.stack_members(members)
+  finally:
+    torch.set_default_dtype(default)
+  for attr in population.modules:  # 2 Adam steps in float64 (rule 2)
+    got = dict(getattr(population, attr).named_parameters())
+    for name, value in getattr(expected, attr).named_parameters():
+      torch.testing.assert_close(got[name], value, **numerics.TRAJECTORY,
+                                 msg=f'{attr}.{name}')
+  torch.testing.assert_close(population.log_std, expected.log_std,
+                             **numerics.TRAJECTORY)
 
 
 def _gone(pid: int) -> bool:

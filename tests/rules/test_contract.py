@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fastpbrl import build, rules
+from fastpbrl import search_space as ss
 from fastpbrl.build import initial_population, make_agent, make_env_spec
 from fastpbrl.config import ConfigError, RunConfig
 from fastpbrl.rules import registry
@@ -141,7 +142,8 @@ def test_hparams_flag_sets_every_members_defaults(name):
   """``--hparams`` replaces the agent's defaults for every rule: a field
   outside the search space (tau) is the given value in every member;
   a searched one (policy_lr) is every member's where the rule trains at
-  the defaults, member 0's under PBT's near-defaults start."""
+  the defaults, member 0's under PBT's near-defaults start, and no
+  member's under random search, which draws it from the prior."""
   rule_cls = rules.get(name)
   fields = {f.name for f in dataclasses.fields(rule_cls.config_class)}
   config = rule_cls.config_class(
@@ -162,3 +164,6 @@ def test_hparams_flag_sets_every_members_defaults(name):
     assert policy_lr[0] == np.float32(0.001)
     assert np.all((policy_lr >= 0.001 / 1.25 * (1 - 1e-6))
                   & (policy_lr <= 0.001 * 1.25 * (1 + 1e-6))), policy_lr
+  elif name == 'random':  # drawn from the prior, the given value unused
+    assert not np.any(policy_lr == np.float32(0.001)), policy_lr
+    assert np.asarray(ss.within_bounds(rule.space, agent_hparams)).all()
