@@ -5,7 +5,7 @@ A data path turns the members' policies into what the learner learns
 from, and tells the loop what happened on the way: finished episodes and
 env steps. The loop (``fastpbrl.loop``), the rules, the logs and the
 checkpoints talk to it only through :class:`DataPath`, so they never know
-which path runs. Three implement it today:
+which path runs. Four implement it today:
 
 ==========================================  ==============================
 ``fastpbrl.pipeline.Pipeline``              off-policy, gymnasium envs:
@@ -17,6 +17,10 @@ which path runs. Three implement it today:
 ``fastpbrl.device_rollouts.DeviceRollouts`` on-policy, JAX envs: envs,
                                             rollouts and updates inside
                                             the learner's compiled call
+``fastpbrl.actor_rollouts.ActorRollouts``   on-policy, gymnasium envs:
+                                            actor processes -> one
+                                            synchronous rollout per member
+                                            -> learner call
 ==========================================  ==============================
 
 :func:`create` picks one from the env kind and what the agent learns
@@ -66,6 +70,7 @@ import numpy as np
 from fastpbrl import agents as agents_lib
 from fastpbrl import jax_envs
 from fastpbrl.actors.actor import EpisodeRecord
+from fastpbrl.actor_rollouts import ActorRollouts, check_rollout_settings
 from fastpbrl.config import resolved
 from fastpbrl.device_pipeline import DevicePipeline
 from fastpbrl.device_rollouts import DeviceRollouts
@@ -292,6 +297,11 @@ def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
         resume_env_steps=resume_env_steps, replay_state=replay_state,
         processes=processes, carried_env_steps=carried_env_steps,
         saved_state=saved_state)
+  if agent.learns_from == 'rollout':  # on-policy, actor processes
+    return _actor_rollouts(
+        run_config, agent, learner, processes,
+        seed=pipeline_seed(run_config.seed, calls, processes.index),
+        resume_env_steps=resume_env_steps)
   return _actors(run_config, agent, learner, processes,
                  shared_replay=shared_replay,
                  seed=pipeline_seed(run_config.seed, calls, processes.index),
@@ -309,18 +319,9 @@ def _actors(run_config, agent, learner, processes, *, shared_replay: bool,
   local, several = processes.local, processes.several
   if several:
     run_config = dataclasses.replace(run_config, replay_location='host')
-  ref = run_config.agent
-  if agents_lib.get(ref).name != agent.name:
-    raise ValueError(f'the actors rebuild agents from the registry, and '
-                     f'{ref!r} names agent {agents_lib.get(ref).name!r}, '
-                     f'not {agent.name!r}')
+  ref = _actor_agent_ref(run_config, agent)
   n = processes.local_count
-  hparams = population_hparams(agent, n)
-
-  def policy_layout(hp):
-    keys = jax.random.split(jax.random.PRNGKey(0), n)
-    return jax.vmap(agent.policy_params)(jax.vmap(agent.init)(keys, hp))
-
+  policy_layout, hparams_layout = _store_layout(agent, n)
   config = pipeline_config(
       dataclasses.replace(run_config, population_size=n), agent, learner,
       shared_replay=shared_replay, refill_steps=refill_steps,
@@ -328,8 +329,7 @@ def _actors(run_config, agent, learner, processes, *, shared_replay: bool,
   pipeline = Pipeline(
       run_config.env,
       functools.partial(agents_lib.make_agent, ref, config=agent.config),
-      jax.eval_shape(policy_layout, hparams),
-      jax.eval_shape(lambda hp: hp, hparams), config, seed=seed,
+      policy_layout, hparams_layout, config, seed=seed,
       # Several processes: host batches, made global by learn.
       device=jax.local_devices(backend='cpu')[0] if several else None,
       resume_env_steps=(None if resume_env_steps is None
@@ -341,3 +341,49 @@ def _actors(run_config, agent, learner, processes, *, shared_replay: bool,
       processes=processes, agent=agent)
   pipeline.publish_every_version = several
   return pipeline
+
+
+def _actor_agent_ref(run_config, agent) -> str:
+  """The ``--agent`` string the actor processes rebuild ``agent`` from."""
+  ref = run_config.agent
+  if agents_lib.get(ref).name != agent.name:
+    raise ValueError(f'the actors rebuild agents from the registry, and '
+                     f'{ref!r} names agent {agents_lib.get(ref).name!r}, '
+                     f'not {agent.name!r}')
+  return ref
+
+
+def _store_layout(agent, n: int) -> tuple[Any, Any]:
+  """The ``[n]`` layouts (``jax.ShapeDtypeStruct``) of the policies and
+  hyperparameters the actors read."""
+  hparams = population_hparams(agent, n)
+
+  def policy_layout(hp):
+    keys = jax.random.split(jax.random.PRNGKey(0), n)
+    return jax.vmap(agent.policy_params)(jax.vmap(agent.init)(keys, hp))
+
+  return (jax.eval_shape(policy_layout, hparams),
+          jax.eval_shape(lambda hp: hp, hparams))
+
+
+def _actor_rollouts(run_config, agent, learner, processes, *, seed: int,
+                    resume_env_steps) -> ActorRollouts:
+  """This process's on-policy actors (``fastpbrl.actor_rollouts``)."""
+  ref = _actor_agent_ref(run_config, agent)
+  check_rollout_settings(agent.config, learner.num_steps, ref)
+  n = processes.local_count
+  policy_layout, hparams_layout = _store_layout(agent, n)
+  config = pipeline_config(
+      dataclasses.replace(run_config, population_size=n), agent, learner,
+      shared_replay=False, replay_location='host')
+  data = ActorRollouts(
+      run_config.env,
+      functools.partial(agents_lib.make_agent, ref, config=agent.config),
+      policy_layout, hparams_layout, config,
+      rollout_length=agent.config.rollout_length, seed=seed,
+      resume_env_steps=(None if resume_env_steps is None
+                        else np.asarray(resume_env_steps)[processes.local]),
+      processes=processes, agent=agent)
+  # Over several processes every version counts alike in all of them.
+  data.publish_every_version = processes.several
+  return data

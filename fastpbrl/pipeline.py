@@ -188,6 +188,84 @@ class PipelineConfig:
 REPLAY_STREAM = 0  # spawn_key[0] of the replay sampler's seed sequence
 
 
+def chunk_episodes(chunk) -> list[EpisodeRecord]:
+  """The episodes an actor's chunk (``fastpbrl.actors.channel``) ended,
+  as records (copied out of the chunk's views)."""
+  k = int(chunk['meta'][1])
+  return [EpisodeRecord(int(m), float(r), int(l), bool(e), int(s), int(v),
+                        int(v0), float(o))
+          for m, r, l, e, s, v, v0, o in zip(
+              chunk['episode_member'][:k], chunk['episode_return'][:k],
+              chunk['episode_length'][:k], chunk['episode_evaluation'][:k],
+              chunk['episode_env_steps'][:k],
+              chunk['episode_policy_version'][:k],
+              chunk['episode_start_version'][:k],
+              chunk['episode_objective'][:k])]
+
+
+class EpisodeBuffer:
+  """Host-side: the episode records not drained yet, filled by reader
+  threads, drained by the loop's; the oldest are dropped (and counted)
+  beyond ``maxlen``."""
+
+  def __init__(self, maxlen: int):
+    self._records: collections.deque = collections.deque(maxlen=maxlen)
+    self._lock = threading.Lock()
+    self.dropped = 0
+
+  def extend(self, records: Sequence[EpisodeRecord]) -> None:
+    with self._lock:
+      overflow = len(self._records) + len(records) - self._records.maxlen
+      if overflow > 0:
+        if not self.dropped:
+          logger.warning('episode records are not being drained; keeping '
+                         'the newest %d', self._records.maxlen)
+        self.dropped += overflow
+      self._records.extend(records)
+
+  def drain(self) -> list[EpisodeRecord]:
+    """Every record since the last drain, oldest first."""
+    with self._lock:
+      records = list(self._records)
+      self._records.clear()
+    return records
+
+
+def evaluate_local(agent, env_fn, processes, policy_params: Any,
+                   actor_hparams: Any, episodes: int, seed: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+  """``[N, episodes]`` returns and lengths (every member's, in every
+  process) of noise-free episodes of ``policy_params`` (this process's
+  rows), played here on the host by ``evaluation.evaluate_population``,
+  each member seeded by its population index."""
+  local = processes.local
+  return processes.members(evaluate_population(
+      agent, env_fn, policy_params, actor_hparams, episodes, seed,
+      members=list(range(local.start, local.stop))))
+
+
+def random_states(env_fn, num_states: int, seed: int) -> np.ndarray:
+  """``[num_states, *obs]`` float32 observations of one env visited by
+  uniformly random actions (``numpy`` generator of ``seed``) from a reset
+  seeded by ``seed``, each later reset by a seed that generator draws:
+  the same states for the same env and seed. Played here on the host."""
+  rng = np.random.default_rng(seed)
+  env = env_fn()
+  states = []
+  try:
+    obs, _ = env.reset(seed=seed)
+    space = env.action_space
+    while len(states) < num_states:
+      states.append(np.asarray(obs, np.float32))
+      obs, _, terminated, truncated, _ = env.step(
+          rng.uniform(space.low, space.high).astype(space.dtype))
+      if terminated or truncated:
+        obs, _ = env.reset(seed=int(rng.integers(2**31)))
+  finally:
+    env.close()
+  return np.stack(states)
+
+
 def replay_call(learner, state, hparams, batch,
                 active: np.ndarray | None) -> LearnerCall:
   """The learner's call on a replay ``batch`` (or a device replay's key),
@@ -202,7 +280,66 @@ def replay_call(learner, state, hparams, batch,
   return LearnerCall(state, metrics, learner.num_steps * active)
 
 
-class Pipeline:
+class PolicyPublisher:
+  """Host-side: the ``publish`` half of a data path whose actors read a
+  ``ParamStore`` of ``(policy_params, actor_hparams, restart_requests)``
+  (``Pipeline``, ``fastpbrl.actor_rollouts.ActorRollouts``). Needs
+  ``_store``, ``_publisher`` (None until the first ``publish_async``),
+  ``_lock``, ``_restart_requests``, ``publish_every_version`` and
+  ``_check()``."""
+
+  def publish(self, policy_params: Any, actor_hparams: Any) -> int:
+    """Writes the members' newest parameters for the actors.
+
+    Call after each learner call. Copies to the host (so it waits for that
+    call to finish) and returns the new version number.
+    """
+    self._check()
+    if self._publisher is not None:
+      self._publisher.wait(None)  # an older asynchronous one lands first
+    with self._lock:
+      restarts = self._restart_requests.copy()
+    return self._store.write(
+        (*jax.device_get((policy_params, actor_hparams)), restarts))
+
+  def publish_async(self, policy_params: Any, actor_hparams: Any) -> None:
+    """:meth:`publish` off the caller's critical path.
+
+    Starts the device-to-host copies (``copy_to_host_async``) and returns at
+    once; a publisher thread waits for them and writes the store. So the
+    training loop can dispatch learner call ``k + 1`` while call ``k``'s
+    parameters are still being computed and copied: actors then act, for
+    up to one call longer, with parameters one call older, which
+    off-policy learning (TD3, SAC, DQN; the replay holds far older data)
+    tolerates (the on-policy actors wait for the new version instead).
+    Only the newest submission counts: one the thread has not taken yet
+    is replaced by the next (the mailbox holds one), so nothing queues up. The restart requests (:meth:`restart_members`) go out with
+    the parameters submitted after them, as with :meth:`publish`.
+
+    Raises (on a later call, or in :meth:`wait_published`) what the
+    publisher thread failed with.
+    """
+    self._check()
+    with self._lock:
+      restarts = self._restart_requests.copy()
+    if self._publisher is None:
+      self._publisher = _AsyncPublisher(self._store.write,
+                                        keep_every=self.publish_every_version)
+    self._publisher.submit((policy_params, actor_hparams, restarts))
+
+  def wait_published(self, timeout: float | None = None) -> bool:
+    """Waits until the newest :meth:`publish_async` is in the store (True),
+    or ``timeout`` seconds passed (False)."""
+    if self._publisher is None:
+      return True
+    return self._publisher.wait(timeout)
+
+  @property
+  def policy_version(self) -> int:
+    return self._store.version
+
+
+class Pipeline(PolicyPublisher):
   """Actors + replay + rate limiter + prefetch, for one population run."""
 
   def __init__(self, env: str | Callable[[], Any],
@@ -301,9 +438,7 @@ class Pipeline:
     tree = (*tree, self._restart_requests.copy() if has_values else
             jax.ShapeDtypeStruct((n,), np.int64))
     self._lock = threading.Lock()
-    self._episodes: collections.deque = collections.deque(
-        maxlen=config.max_episode_records)
-    self._dropped_episodes = 0
+    self._episodes = EpisodeBuffer(config.max_episode_records)
     self._last_progress = time.monotonic()
     self._rng = np.random.default_rng(
         np.random.SeedSequence(self.seed, spawn_key=(REPLAY_STREAM,)))
@@ -409,26 +544,7 @@ class Pipeline:
     self._limiter.add_env_steps(members, steps)
     self._last_progress = time.monotonic()
     if num_episodes:
-      records = [
-          EpisodeRecord(int(m), float(r), int(l), bool(e), int(s), int(v),
-                        int(v0), float(o))
-          for m, r, l, e, s, v, v0, o in zip(
-              chunk['episode_member'][:num_episodes],
-              chunk['episode_return'][:num_episodes],
-              chunk['episode_length'][:num_episodes],
-              chunk['episode_evaluation'][:num_episodes],
-              chunk['episode_env_steps'][:num_episodes],
-              chunk['episode_policy_version'][:num_episodes],
-              chunk['episode_start_version'][:num_episodes],
-              chunk['episode_objective'][:num_episodes])]
-      with self._lock:
-        overflow = len(self._episodes) + len(records) - self._episodes.maxlen
-        if overflow > 0:
-          if not self._dropped_episodes:
-            logger.warning('episode records are not being drained; keeping '
-                           'the newest %d', self._episodes.maxlen)
-          self._dropped_episodes += overflow
-        self._episodes.extend(records)
+      self._episodes.extend(chunk_episodes(chunk))
 
   def _active(self) -> tuple[np.ndarray, np.ndarray]:
     """``[N]``: members whose replay holds their current restart's data,
@@ -550,52 +666,6 @@ class Pipeline:
             f'no transitions arrived for {idle:.0f} s (stall_timeout_s='
             f'{self.config.stall_timeout_s}); {self._progress_text()}')
 
-  def publish(self, policy_params: Any, actor_hparams: Any) -> int:
-    """Writes the members' newest parameters for the actors.
-
-    Call after each learner call. Copies to the host (so it waits for that
-    call to finish) and returns the new version number.
-    """
-    self._check()
-    if self._publisher is not None:
-      self._publisher.wait(None)  # an older asynchronous one lands first
-    with self._lock:
-      restarts = self._restart_requests.copy()
-    return self._store.write(
-        (*jax.device_get((policy_params, actor_hparams)), restarts))
-
-  def publish_async(self, policy_params: Any, actor_hparams: Any) -> None:
-    """:meth:`publish` off the caller's critical path.
-
-    Starts the device-to-host copies (``copy_to_host_async``) and returns at
-    once; a publisher thread waits for them and writes the store. So the
-    training loop can dispatch learner call ``k + 1`` while call ``k``'s
-    parameters are still being computed and copied: actors then act, for
-    up to one call longer, with parameters one call older, which
-    off-policy learning (TD3, SAC, DQN; the replay holds far older data)
-    tolerates. Only the newest submission counts: one the thread has not
-    taken yet is replaced by the next (the mailbox holds one), so nothing
-    queues up. The restart requests (:meth:`restart_members`) go out with
-    the parameters submitted after them, as with :meth:`publish`.
-
-    Raises (on a later call, or in :meth:`wait_published`) what the
-    publisher thread failed with.
-    """
-    self._check()
-    with self._lock:
-      restarts = self._restart_requests.copy()
-    if self._publisher is None:
-      self._publisher = _AsyncPublisher(self._store.write,
-                                        keep_every=self.publish_every_version)
-    self._publisher.submit((policy_params, actor_hparams, restarts))
-
-  def wait_published(self, timeout: float | None = None) -> bool:
-    """Waits until the newest :meth:`publish_async` is in the store (True),
-    or ``timeout`` seconds passed (False)."""
-    if self._publisher is None:
-      return True
-    return self._publisher.wait(timeout)
-
   def learn(self, learner, state, hparams, actor_hparams, *,
             shared_critic: bool,
             should_stop: Callable[[], bool] | None = None):
@@ -624,31 +694,15 @@ class Pipeline:
     after :meth:`close`."""
     if self._agent is None:
       self._agent = self._agent_fn(self.env_spec)
-    local = self._processes.local
-    return self._processes.members(evaluate_population(
-        self._agent, self._env_fn, policy_params, actor_hparams, episodes,
-        seed, members=list(range(local.start, local.stop))))
+    return evaluate_local(self._agent, self._env_fn, self._processes,
+                          policy_params, actor_hparams, episodes, seed)
 
   def random_states(self, num_states: int, seed: int) -> np.ndarray:
     """``[num_states, *obs]`` float32 observations of one env visited by
     uniformly random actions (``numpy`` generator of ``seed``) from a reset
     seeded by ``seed``, each later reset by a seed that generator draws:
     the same states for the same env and seed. Played here on the host."""
-    rng = np.random.default_rng(seed)
-    env = self._env_fn()
-    states = []
-    try:
-      obs, _ = env.reset(seed=seed)
-      space = env.action_space
-      while len(states) < num_states:
-        states.append(np.asarray(obs, np.float32))
-        obs, _, terminated, truncated, _ = env.step(
-            rng.uniform(space.low, space.high).astype(space.dtype))
-        if terminated or truncated:
-          obs, _ = env.reset(seed=int(rng.integers(2**31)))
-    finally:
-      env.close()
-    return np.stack(states)
+    return random_states(self._env_fn, num_states, seed)
 
   def restart_members(self, members: Sequence[int] | np.ndarray) -> None:
     """Starts ``members`` over as new experiments (HyperTrick's restarted
@@ -672,10 +726,7 @@ class Pipeline:
 
   def drain_episodes(self) -> list[EpisodeRecord]:
     """Every episode completed since the last drain, oldest first."""
-    with self._lock:
-      records = list(self._episodes)
-      self._episodes.clear()
-    return records
+    return self._episodes.drain()
 
   def copy_member_data(self, dst_indices: Sequence[int] | np.ndarray,
                        src_indices: Sequence[int] | np.ndarray) -> None:
@@ -723,10 +774,6 @@ class Pipeline:
     """Achieved ratio: update steps per env step of the slowest member."""
     return self._limiter.ratio()
 
-  @property
-  def policy_version(self) -> int:
-    return self._store.version
-
   # The actors' envs live in their processes: a resume starts new
   # episodes, with new policy versions (``DevicePipeline``'s continue).
   restored_exactly = False
@@ -746,7 +793,7 @@ class Pipeline:
 
   @property
   def dropped_episodes(self) -> int:
-    return self._dropped_episodes
+    return self._episodes.dropped
 
   def _progress_text(self) -> str:
     steps = self._limiter.env_steps

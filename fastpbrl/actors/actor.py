@@ -52,6 +52,19 @@ Step-dependent exploration (DQN's annealed epsilon): when the agent has
 computed in the same jitted call.
 
 :func:`run_actor` is the body of an actor process (see ``pool.py``).
+
+**On-policy mode** (``on_policy=True``, the actors of
+``fastpbrl.actor_rollouts.ActorRollouts``, for agents that learn from
+their own rollouts): synchronous iterations, as Stable-Baselines3's and the
+PPO paper's. Before each chunk (``T = rollout_length`` steps of every
+hosted member, one env each) the actor waits, polling its stop flag, until
+a policy version newer than the one of its last chunk is published; it then
+acts with that version alone for the whole chunk (no per-step refresh, no
+warm-up of random actions), with ``agent.behave``, whose log-probabilities
+go into the chunk's ``log_prob`` field. So every rollout a member learns
+from was collected entirely by the version it learns with (zero staleness:
+PPO's clipped ratio starts at exactly 1). Evaluation episodes, episode
+records and restarts work as in the off-policy mode.
 """
 
 from __future__ import annotations
@@ -180,7 +193,7 @@ class Actor:
                eval_episodes: int = 1, prng_impl: str = 'threefry2x32',
                should_stop: Callable[[], bool] = lambda: False,
                random_until: Sequence[int] | None = None,
-               vectorized_envs: bool = True):
+               vectorized_envs: bool = True, on_policy: bool = False):
     """Args:
       members: population indices hosted here, in store order.
       env_fn: builds one gymnasium environment (called once per member, and
@@ -206,6 +219,9 @@ class Actor:
       vectorized_envs: step the training envs as one vectorized batch where
         ``fastpbrl.actors.vector_envs`` has one for the env (False: one
         after another, as for any other env).
+      on_policy: synchronous on-policy collection (see the module): each
+        chunk waits for a new policy version and is collected with it and
+        ``agent.behave``; the chunk layout then has a ``log_prob`` field.
     """
     self.members = np.asarray(members, np.int64)
     m = self.members.size
@@ -220,10 +236,20 @@ class Actor:
     self._rows = slice(lo, lo + m) if contiguous else self.members
     self._store = store
     self._should_stop = should_stop
+    self._on_policy = bool(on_policy)
+    # On-policy: the version the last chunk was collected with, and whether
+    # a chunk is being filled (its policy is frozen until it is sent).
+    self._rollout_version = 0
+    self._frozen = False
     self._env_fn = env_fn
     self._seeds = [member_seeds(seed, int(i), restart) for i in self.members]
     self._make_envs(env_fn, agent_fn, vectorized_envs)
     self._init_counters(env_steps, warmup_steps, random_until)
+    if self._on_policy and (self._warmup_length.any()
+                            or (self._warmup > self._steps).any()):
+      # A random action has no log-prob of the behaviour policy.
+      raise ValueError('on-policy actors take no warm-up: warmup_steps and '
+                       'random_until must be 0')
     self._init_evaluation(eval_interval, eval_episodes)
     self._init_policy(prng_impl)
 
@@ -299,7 +325,7 @@ class Actor:
     self._eval_key_data = jax.device_put(np.stack(
         [key_data_of(s.eval_key, prng_impl) for s in self._seeds]))
     self._policy, self._policy_and_eval = make_policy_fns(
-        self._agent, prng_impl)
+        self._agent, prng_impl, behave=self._on_policy)
     self._freeze_rows = jax.jit(_select_rows)
 
   # ----------------------------------------------------------------- state
@@ -321,7 +347,7 @@ class Actor:
   # ---------------------------------------------------------------- policy
 
   def _refresh_params(self) -> None:
-    if self._store.version == self._version:
+    if self._frozen or self._store.version == self._version:
       return
     got = self._store.read(self._rows)
     if got is None:
@@ -358,6 +384,18 @@ class Actor:
       if self._should_stop():
         raise ActorStopped
       time.sleep(0.01)
+
+  def _wait_for_new_version(self) -> None:
+    """On-policy: waits until a version newer than the last chunk's is
+    published and takes it (polling the stop flag, which also beats the
+    heartbeat: waiting for the learner is not a hang)."""
+    while self._store.version <= self._rollout_version:
+      if self._should_stop():
+        raise ActorStopped
+      time.sleep(0.002)
+    self._refresh_params()
+    self._wait_for_params()
+    self._rollout_version = self._version
 
   def _random_actions(self, which: np.ndarray) -> list:
     out = []
@@ -440,28 +478,39 @@ class Actor:
     evaluating = self._eval_interval > 0
     n_ep = 0
     self._restart_at[:] = 0
-    for t in range(t_steps):
-      self._t = t
-      # Every step, so that a restart reaches a member that is warming up.
-      self._refresh_params()
-      if evaluating:
-        self._start_evaluations()
-      eval_active = evaluating and bool(self._eval_running.any())
-      actions, eval_actions = self._step_actions(eval_active)
-      n_ep = self._step_envs(views, t, actions, eval_actions, out, n_ep)
-      self._steps += 1
+    if self._on_policy:  # one version for the whole chunk
+      self._t = 0
+      self._wait_for_new_version()
+      self._frozen = True
+    try:
+      for t in range(t_steps):
+        self._t = t
+        # Every step, so that a restart reaches a member that is warming
+        # up (on-policy: frozen, a no-op).
+        self._refresh_params()
+        if evaluating:
+          self._start_evaluations()
+        eval_active = evaluating and bool(self._eval_running.any())
+        actions, log_probs, eval_actions = self._step_actions(eval_active)
+        if log_probs is not None:
+          out['log_prob'][:, t] = log_probs
+        n_ep = self._step_envs(views, t, actions, eval_actions, out, n_ep)
+        self._steps += 1
+    finally:
+      self._frozen = False
     out['env_steps'][:] = self._steps
     out['meta'][:] = (t_steps, n_ep, self._version, 0)
     out['restart_count'][:] = (0 if self._restart_count is None
                                else self._restart_count)
     out['restart_at'][:] = self._restart_at
 
-  def _step_actions(self, eval_active: bool) -> tuple[np.ndarray, Any]:
-    """This step's actions ``[M, ...]`` (random for members warming up) and
-    the evaluation envs' ``[M, K, ...]`` (None when none evaluates)."""
+  def _step_actions(self, eval_active: bool) -> tuple[np.ndarray, Any, Any]:
+    """This step's actions ``[M, ...]`` (random for members warming up),
+    their ``[M]`` log-probabilities (on-policy mode; else None) and the
+    evaluation envs' ``[M, K, ...]`` (None when none evaluates)."""
     m = self.members.size
     warm = self._steps < self._warmup
-    eval_actions = None
+    eval_actions = log_probs = None
     if warm.all() and not eval_active:
       actions = np.zeros((m, *self._action_shape),
                          np.int32 if self._discrete else np.float32)
@@ -477,11 +526,15 @@ class Actor:
       else:
         actions = self._policy(self._params, self._hparams, self._obs,
                                self._key_data, step_ids)
+      if self._on_policy:
+        actions, log_probs = actions
+        log_probs = np.asarray(log_probs)
       actions = np.array(actions)
     if warm.any():
+      # Never on-policy: its actors have no warm-up (log_probs would lie).
       for j, a in self._random_actions(np.flatnonzero(warm)):
         actions[j] = a
-    return actions, eval_actions
+    return actions, log_probs, eval_actions
 
   def _step_envs(self, views: _ChunkViews, t: int, actions: np.ndarray,
                  eval_actions, out: dict[str, np.ndarray], n_ep: int) -> int:
@@ -558,8 +611,12 @@ def _select_rows(rows, new, old):
           rows.reshape(rows.shape + (1,) * (a.ndim - 1)), a, b), new, old)
 
 
-def make_policy_fns(agent, prng_impl: str):
+def make_policy_fns(agent, prng_impl: str, behave: bool = False):
   """The two jitted CPU policy calls over all hosted members.
+
+  ``behave``: the exploratory actions come from ``agent.behave`` (a rollout
+  agent's on-policy collection) and are returned with their
+  log-probabilities, as ``(actions[M, ...], log_probs[M])``.
 
   ``policy(params[M], hparams[M], obs[M], key_data[M], steps[M])`` returns
   exploratory actions ``[M, ...]``; ``policy_and_eval`` also takes the
@@ -578,6 +635,10 @@ def make_policy_fns(agent, prng_impl: str):
   def explore(params, hparams, obs, key_data, step):
     if agent.acting_hparams is not None:
       hparams = agent.acting_hparams(hparams, step)
+    if behave:
+      action, log_prob = agent.behave(params, obs[None],
+                                      key_of(key_data, step), hparams)
+      return action[0], log_prob[0]
     return agent.act(params, obs[None], key_of(key_data, step), hparams,
                      True)[0]
 
@@ -621,6 +682,7 @@ class ActorSpec:
   params: ParamStoreHandle
   channel: ChannelHandle
   parent_pid: int
+  on_policy: bool = False  # see Actor (synchronous on-policy collection)
 
 
 def configure_actor_process() -> None:
@@ -684,7 +746,7 @@ def run_actor(spec: ActorSpec) -> None:
         random_until=spec.random_until,
         eval_interval=spec.eval_interval, eval_episodes=spec.eval_episodes,
         prng_impl=spec.prng_impl, should_stop=should_stop,
-        vectorized_envs=spec.vectorized_envs)
+        vectorized_envs=spec.vectorized_envs, on_policy=spec.on_policy)
     while not should_stop():
       out = channel.acquire_slot(should_stop)
       if out is None or not actor.fill(out):

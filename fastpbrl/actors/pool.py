@@ -247,7 +247,8 @@ class ActorPool:
                admit: Admit | None = None,
                initial_env_steps: int | Sequence[int] = 0,
                random_until: int | Sequence[int] | None = None,
-               hang_timeout_s: float | None = 120.0):
+               hang_timeout_s: float | None = 120.0,
+               on_policy: bool = False):
     """Args:
       env_fn: picklable, builds one gymnasium environment.
       agent_fn: picklable, ``env_spec -> Agent``.
@@ -287,6 +288,9 @@ class ActorPool:
         but not stepping, e.g. stuck in an env call) is killed and handled
         like a dead one; None: never. Actors beat while they step, while
         they wait on a full channel and while they wait for parameters.
+      on_policy: the actors collect synchronous on-policy rollouts
+        (``fastpbrl.actors.actor``'s on-policy mode): each chunk waits for
+        a new policy version; ``transition_fields`` then has ``log_prob``.
     """
     exit_if_spawned_import('an actor pool was created')
     _check_pool_args(num_members, chunk_steps, queue_chunks, max_restarts,
@@ -302,6 +306,7 @@ class ActorPool:
         eval_interval=eval_interval, eval_episodes=eval_episodes,
         prng_impl=prng_impl, vectorized_envs=vectorized_envs,
         hang_timeout_s=hang_timeout_s)
+    self._on_policy = bool(on_policy)
     self._set_supervision(
         store=store, sink=sink, max_restarts=max_restarts, poll_s=poll_s,
         shutdown_grace_s=shutdown_grace_s, on_failure=on_failure, admit=admit)
@@ -404,7 +409,8 @@ class ActorPool:
         eval_interval=self._eval_interval, eval_episodes=self._eval_episodes,
         prng_impl=self._prng_impl, vectorized_envs=self._vectorized_envs,
         params=self._store.handle,
-        channel=channel.handle, parent_pid=os.getpid())
+        channel=channel.handle, parent_pid=os.getpid(),
+        on_policy=self._on_policy)
     process = self._ctx.Process(
         target=run_actor, args=(spec,), daemon=True,
         name=f'fastpbrl-actor-{slot.actor_id}')

@@ -1,0 +1,21 @@
+"""The PPO actor-speed benchmark runs both sides and writes its record
+(``--smoke``: tiny settings, no measurement)."""
+
+import json
+
+import pytest
+
+from benchmarks import ppo_actor_speed
+
+
+@pytest.mark.slow
+def test_smoke_writes_the_record_with_its_provenance(tmp_path):
+  out = tmp_path / 'actor_speed.json'
+  record = ppo_actor_speed.main(['--smoke', '--out', str(out)])
+  saved = json.loads(out.read_text())
+  assert saved['wall_time_ratio'] == pytest.approx(record['wall_time_ratio'])
+  for key in ('command', 'date', 'commit', 'machine'):
+    assert saved[key]
+  steps = ppo_actor_speed.SMOKE['env_steps']
+  assert saved['fastpbrl']['env_steps_per_member'] == steps
+  assert saved['sb3']['env_steps'] >= steps
