@@ -44,23 +44,11 @@ import jax
 import numpy as np
 
 from fastpbrl import collect, jax_envs
+from fastpbrl.actor_rollouts import NoReplay
 from fastpbrl.device_pipeline import DeviceEnvs, host_key
 from fastpbrl.types import LearnerCall
 
 log = logging.getLogger(__name__)
-
-
-class NoReplay:
-  """The replay of a path without one, as ``resume.Saver`` reads it:
-  nothing to save (``state_rows`` 0, so no replay is written)."""
-
-  def state_dict(self) -> dict:
-    return {}
-
-  @staticmethod
-  def state_rows(state: dict) -> int:
-    del state
-    return 0
 
 
 class DeviceRollouts(DeviceEnvs):

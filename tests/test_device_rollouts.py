@@ -3,17 +3,15 @@ envs (gymnax) stepped inside the learner call (``fastpbrl.collect.
 rollout``, ``PopulationLearner.update_with_rollouts``,
 ``fastpbrl.device_rollouts.DeviceRollouts``).
 
-The agent is a user one defined here (REINFORCE with a small softmax MLP
-policy), so the tests also show that the rollout contract of
-``fastpbrl.agents.base`` works for agents outside the package.
+Beside the built-in PPO, the agent is ``tests.rollout_agent_for_tests``
+(a user agent, outside the package), so the tests also show that the
+rollout contract of ``fastpbrl.agents.base`` works for user agents.
 """
 
-import dataclasses
 import json
 import os
 import subprocess
 import sys
-from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -22,124 +20,32 @@ import pytest
 
 import fastpbrl
 from fastpbrl import agents, collect, datapath, jax_envs, sharding
-from fastpbrl import search_space as ss
-from fastpbrl.agents.base import Agent, scalar_hparams
 from fastpbrl.device_rollouts import DeviceRollouts
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.pipeline import PipelineConfig
-from fastpbrl.types import Rollout
+from tests import rollout_agent_for_tests as rollout_agent
 
 pytest.importorskip('gymnax')
 
 CARTPOLE = 'gymnax:CartPole-v1'
+# The test agent as --agent names it (T = 16, E = 1 in runs).
+REF = 'tests.rollout_agent_for_tests:ROLLOUT_TEST'
 T, E = 8, 2
-
-
-# ------------------------------------------------ a user rollout agent
-
-@dataclasses.dataclass(frozen=True)
-class ReinforceConfig:
-  """Static settings of the test agent."""
-  hidden_sizes: Sequence[int] = (16, 16)  # softmax policy MLP widths
-  batch_size: int = 16  # unused (one full-batch step per iteration)
-  rollout_length: int = T  # steps per env per iteration
-  num_envs: int = E  # envs per member
-  steps_per_call: int = T * E  # env steps per member per learner call
-
-
-class ReinforceHParams(NamedTuple):
-  lr: jax.Array  # SGD step size
-  discount: jax.Array  # gamma of the returns-to-go
-
-
-class ReinforceState(NamedTuple):
-  params: list  # [(w, b), ...] of the MLP
-  step: jax.Array  # int32 iterations taken
-
-
-def _logits(params, obs):
-  x = obs.astype(jnp.float32)
-  for w, b in params[:-1]:
-    x = jnp.tanh(x @ w + b)
-  w, b = params[-1]
-  return x @ w + b
-
-
-def make_reinforce(env_spec, config: ReinforceConfig = ReinforceConfig()):
-  """REINFORCE (Williams 1992) on each ``[T, E]`` rollout: returns-to-go
-  within the rollout (0 past its end; cut at every episode's end), one
-  plain gradient step on ``-mean(log pi(a|s) G)``."""
-  sizes = ((env_spec.observations.shape[0],) + tuple(config.hidden_sizes)
-           + (env_spec.actions.num_values,))
-
-  def init(key, hp):
-    del hp
-    keys = jax.random.split(key, len(sizes) - 1)
-    return ReinforceState(
-        [(jax.random.normal(k, (i, o)) / jnp.sqrt(i), jnp.zeros(o))
-         for k, i, o in zip(keys, sizes[:-1], sizes[1:])], jnp.int32(0))
-
-  def behave(params, obs, key, hp):
-    del hp
-    logits = _logits(params, obs)
-    action = jax.random.categorical(key, logits).astype(jnp.int32)
-    log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits),
-                                   action[:, None], axis=1)[:, 0]
-    return action, log_prob
-
-  def act(params, obs, key, hp, explore):
-    if explore:
-      return behave(params, obs, key, hp)[0]
-    return jnp.argmax(_logits(params, obs), axis=-1).astype(jnp.int32)
-
-  def update(state, hp, rollout: Rollout):
-    done = jnp.maximum(rollout.terminated, rollout.truncated)
-
-    def back(g, x):
-      r, d = x
-      g = r + hp.discount * (1.0 - d) * g
-      return g, g
-
-    _, returns = jax.lax.scan(back, jnp.zeros(rollout.reward.shape[1]),
-                              (rollout.reward, done), reverse=True)
-
-    def loss(params):
-      logp = jax.nn.log_softmax(_logits(params, rollout.observation))
-      taken = jnp.take_along_axis(logp, rollout.action[..., None], -1)[..., 0]
-      return -jnp.mean(taken * returns)
-
-    value, grads = jax.value_and_grad(loss)(state.params)
-    params = jax.tree.map(lambda p, g: p - hp.lr * g, state.params, grads)
-    return ReinforceState(params, state.step + 1), {'loss': value}
-
-  return Agent(
-      name='reinforce_test', env_spec=env_spec, config=config,
-      default_hparams=lambda: scalar_hparams(ReinforceHParams, lr=1e-2,
-                                             discount=0.99),
-      init=init, act=act, update=update,
-      policy_params=lambda state: state.params, learns_from='rollout',
-      behave=behave)
-
-
-REINFORCE = agents.register(
-    'reinforce_test', make_agent=make_reinforce, config=ReinforceConfig,
-    default_search_space={'lr': ss.LogUniform(1e-3, 1e-1)},
-    learns_from='rollout', example_env='CartPole-v1')
-REF = 'tests.test_device_rollouts:REINFORCE'
 
 
 # ------------------------------------------------------------- helpers
 
 def make_agent(name, env_spec):
-  """The test's REINFORCE, or the built-in PPO at the test's sizes."""
-  if name == 'reinforce':
-    return make_reinforce(env_spec)
+  """The test agent, or the built-in PPO, at the test's sizes."""
+  if name == 'rollout_test':
+    return rollout_agent.make_agent(env_spec, rollout_agent.RolloutTestConfig(
+        rollout_length=T, num_envs=E, steps_per_call=T * E))
   return agents.make_agent(name, env_spec, agents.get(name).config(
       hidden_sizes=(16, 16), rollout_length=T, num_envs=E, epochs=2,
       batch_size=8))
 
 
-def setup(n=3, iterations=1, seed=0, agent='reinforce'):
+def setup(n=3, iterations=1, seed=0, agent='rollout_test'):
   env = jax_envs.make(CARTPOLE)
   agent = make_agent(agent, env.env_spec)
   learner = PopulationLearner(agent, num_steps=iterations * T * E)
@@ -194,9 +100,8 @@ def test_rollout_steps_keep_episodes_and_the_behaviour_log_probs():
         assert episodes.episode_return[t, m, e] == running[m, e]
     running[done[t]] = 0.0
     started |= done[t]
-  logp = jax.vmap(jax.vmap(lambda p, o, a: jax.nn.log_softmax(
-      _logits(p, o))[jnp.arange(E), a], in_axes=(0, 0, 0)),
-      in_axes=(None, 0, 0))(params, rollout.observation, rollout.action)
+  logp = jax.vmap(jax.vmap(rollout_agent.log_prob), in_axes=(None, 0, 0))(
+      params, rollout.observation, rollout.action)
   np.testing.assert_allclose(rollout.log_prob, logp, rtol=1e-5, atol=1e-6)
 
 
@@ -210,7 +115,7 @@ def test_rollouts_of_a_replay_free_envs_restart_members():
                                 [[5, 5], [0, 0], [5, 5]])
 
 
-@pytest.mark.parametrize('name', ['reinforce', 'ppo'])
+@pytest.mark.parametrize('name', ['rollout_test', 'ppo'])
 def test_the_fused_call_is_collect_then_update_each_iteration(name):
   """Two iterations of ``update_with_rollouts`` equal, per iteration, a
   rollout with the current policies then ``PopulationLearner.update`` on
@@ -234,6 +139,8 @@ def test_the_fused_call_is_collect_then_update_each_iteration(name):
   (state, metrics), envs, episodes = learner.update_with_rollouts(
       state, hparams, hparams, envs, active)
   np.testing.assert_array_equal(metrics['finite'], [True] * 3)
+  if 'stale_ratio' in metrics:  # the policy that acted is the one learning
+    assert float(np.max(metrics['stale_ratio'])) < 1e-5
   tight = dict(rtol=1e-5, atol=1e-6)  # one program vs several: fusion only
   for k, v in metrics.items():
     if k != 'finite':
@@ -257,7 +164,7 @@ def test_the_fused_call_is_collect_then_update_each_iteration(name):
 
 def rollouts(n=2, iterations=2, seed=0, mesh=None, **kw):
   env = jax_envs.make(CARTPOLE)
-  agent = make_reinforce(env.env_spec)
+  agent = make_agent('rollout_test', env.env_spec)
   learner = PopulationLearner(agent, num_steps=iterations * T * E, mesh=mesh)
   return DeviceRollouts(env, agent, learner, n,
                         pipeline_config(learner.num_steps), seed=seed,
@@ -328,7 +235,8 @@ def test_create_picks_device_rollouts_for_a_rollout_agent():
   learner = PopulationLearner(agent)
   path = datapath.create(config, agent, learner, shared_replay=False)
   assert isinstance(path, DeviceRollouts)
-  assert path.envs_per_member == E and path.iterations == 1
+  assert path.envs_per_member == agent.config.num_envs
+  assert path.iterations == 1
   path.close()
 
 
