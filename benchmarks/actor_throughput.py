@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import logging
 import multiprocessing
 import os
@@ -74,7 +73,7 @@ import mujoco
 import numpy as np
 
 from benchmarks.pages import step_split_table
-from benchmarks.provenance import cpu_machine, git_commit
+from benchmarks.provenance import cpu_machine, git_commit, write_record
 from fastpbrl import agents
 from fastpbrl.actors import Actor, ActorPool, ParamStore, chunk_layout
 from fastpbrl.actors import vector_envs
@@ -387,18 +386,15 @@ def main(argv=None) -> None:
             'date': time.strftime('%Y-%m-%d'), 'commit': git_commit(),
             'settings': {k: v for k, v in vars(args).items() if k != 'out'},
             'plain': plain, 'rows': rows}
-  os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  with open(args.out, 'w') as f:
-    json.dump(record, f, indent=1)
-  with open(os.path.splitext(args.out)[0] + '.md', 'w') as f:
-    f.write(f'Actor throughput: env steps/s of one actor process, TD3 '
-            f'{tuple(args.hidden)} policy + noise, {evaluations(args)}; '
-            f'{cores} cores; '
-            f'{record["date"]}.\nCommand: `{record["command"]}`\n\n'
-            f'{table(record)}\n\nA plain gymnasium loop (one env, random '
-            f'actions), env steps per wall second: ' + ', '.join(
-                f'{env} {rate:,.0f}' for env, rate in plain.items()) + '.\n'
-            f'\n{step_split_table(record)}\n')
+  write_record(args.out, record, (
+      f'Actor throughput: env steps/s of one actor process, TD3 '
+      f'{tuple(args.hidden)} policy + noise, {evaluations(args)}; '
+      f'{cores} cores; '
+      f'{record["date"]}.\nCommand: `{record["command"]}`\n\n'
+      f'{table(record)}\n\nA plain gymnasium loop (one env, random '
+      f'actions), env steps per wall second: ' + ', '.join(
+          f'{env} {rate:,.0f}' for env, rate in plain.items()) + '.\n'
+      f'\n{step_split_table(record)}\n'))
   print(table(record))
   print(step_split_table(record))
 

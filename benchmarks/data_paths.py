@@ -40,19 +40,17 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import logging
 import os
 import platform
 import resource
-import subprocess
 import sys
 import time
 
 import jax
 import numpy as np
 
-from benchmarks.provenance import git_commit
+from benchmarks.provenance import (answered_one_row, git_commit,
+                                   row_in_process, write_record)
 from fastpbrl import agents, jax_envs, sharding
 from fastpbrl.agents.td3 import TD3Config
 from fastpbrl.build import make_env_spec
@@ -236,10 +234,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> None:
   args = parse_args(argv)
-  logging.basicConfig(level=logging.WARNING,
-                      format='%(asctime)s %(name)s: %(message)s')
-  if args.one:
-    print(json.dumps(one(args, int(args.one[0]), args.one[1])))
+  if answered_one_row(args, one):
     return
   backend = jax.default_backend()
   out = args.out or os.path.join('benchmarks', 'results', backend,
@@ -247,16 +242,10 @@ def main(argv=None) -> None:
   rows = []
   for n in args.members:
     for mode in args.modes:
-      command = [sys.executable, '-m', 'benchmarks.data_paths', '--one',
-                 str(n), mode, *(argv if argv is not None else sys.argv[1:])]
-      done = subprocess.run(command, capture_output=True, text=True,
-                            env=child_env(args, mode))
-      if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-1:] or ['(no output)']
-        rows.append({'members': n, 'mode': mode,
-                     'error': f'failed: {tail[0][:200]}'})
-      else:
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+      rows.append({'members': n, 'mode': mode, **row_in_process(
+          'benchmarks.data_paths', [str(n), mode],
+          argv if argv is not None else sys.argv[1:],
+          env=child_env(args, mode))})
       print(table(rows[-1:]).splitlines()[-1], flush=True)
   record = {'command': ' '.join(['python', '-m', 'benchmarks.data_paths',
                                  *sys.argv[1:]]),
@@ -269,15 +258,12 @@ def main(argv=None) -> None:
             'settings': {k: v for k, v in vars(args).items()
                          if k not in ('out', 'one')},
             'rows': rows}
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  with open(out, 'w') as f:
-    json.dump(record, f, indent=1)
-  with open(os.path.splitext(out)[0] + '.md', 'w') as f:
-    f.write(f'Data paths: TD3 {tuple(args.hidden)}, {args.steps_per_call} '
-            f'update steps x batch {args.batch_size} per call, ratio 1; '
-            f'{record["machine"]["device"]} ({backend}), '
-            f'{record["machine"]["cpus"]} CPUs; {record["date"]}.\n'
-            f'Command: `{record["command"]}`\n\n{table(rows)}\n')
+  write_record(out, record, (
+      f'Data paths: TD3 {tuple(args.hidden)}, {args.steps_per_call} '
+      f'update steps x batch {args.batch_size} per call, ratio 1; '
+      f'{record["machine"]["device"]} ({backend}), '
+      f'{record["machine"]["cpus"]} CPUs; {record["date"]}.\n'
+      f'Command: `{record["command"]}`\n\n{table(rows)}\n'))
   print(f'rows in {out}')
 
 

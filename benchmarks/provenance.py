@@ -1,14 +1,19 @@
 """Where a benchmark's figures came from: the commit and the CPU.
 
-Host-side helpers shared by the benchmarks that write result files.
+Host-side helpers shared by the benchmarks that write result files: the
+provenance, a row run in a fresh process, the record written.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import logging
 import os
 import platform
 import subprocess
+import sys
+from typing import Callable
 
 
 def git_commit() -> str:
@@ -40,3 +45,39 @@ def cpu_machine() -> dict:
           'cpus': os.cpu_count(),
           'cores_available': len(os.sched_getaffinity(0)),
           'jax': importlib.metadata.version('jax')}
+
+
+def row_in_process(module: str, one_args: list[str], argv: list[str],
+                   env: dict | None = None) -> dict:
+  """Runs ``python -m module --one *one_args *argv`` (one row of a
+  benchmark, in a fresh process): the JSON its last line prints, or
+  ``{'error': ...}`` with the last line of a failure's stderr."""
+  done = subprocess.run([sys.executable, '-m', module, '--one', *one_args,
+                         *argv], capture_output=True, text=True, env=env)
+  if done.returncode != 0:
+    tail = done.stderr.strip().splitlines()[-1:] or ['(no output)']
+    return {'error': f'failed: {tail[0][:200]}'}
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def write_record(out: str, record: dict, markdown: str) -> None:
+  """Writes a benchmark's ``record`` (command, machine, date, commit, rows) to
+  ``out`` as JSON, and ``markdown`` (its heading and table) beside it with
+  ``.md``."""
+  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
+  with open(out, 'w') as f:
+    json.dump(record, f, indent=1)
+  with open(os.path.splitext(out)[0] + '.md', 'w') as f:
+    f.write(markdown)
+
+
+def answered_one_row(args, one: Callable[..., dict]) -> bool:
+  """A benchmark's start: warnings logged; in a row's process (``--one N
+  MODE``, from :func:`row_in_process`) prints ``one(args, N, MODE)`` as
+  JSON and returns True (the process is done)."""
+  logging.basicConfig(level=logging.WARNING,
+                      format='%(asctime)s %(name)s: %(message)s')
+  if not args.one:
+    return False
+  print(json.dumps(one(args, int(args.one[0]), args.one[1])))
+  return True

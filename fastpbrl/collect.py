@@ -17,6 +17,13 @@ envs, what an actor process does for one member on the host
    (``fastpbrl.replay.device.insert``, the same rings and order as the
    actors' inserts).
 
+:func:`rollout_step` is the step of an agent that learns from its own
+rollouts (``Agent.learns_from == 'rollout'``): 1. is ``agent.behave`` (no
+warm-up), 2. and 3. are the same code (``_step_envs``), and 4. stores
+nothing: the step's ``Rollout`` fields come back, for the learner to scan
+into a ``[T, E]`` rollout (:func:`rollout`). Its envs have no ring
+(``EnvsState.replay`` is None).
+
 Every array is ``[N, E, ...]``; the members' keys, envs and rings are
 independent, so the functions are ``vmap``-ed over members and envs and
 nothing couples members. :func:`evaluate` plays whole noise-free episodes
@@ -34,6 +41,7 @@ from acme import specs
 
 from fastpbrl.jax_envs import JaxEnv
 from fastpbrl.replay import device as device_replay
+from fastpbrl.types import Rollout
 
 
 class EnvsState(NamedTuple):
@@ -45,15 +53,19 @@ class EnvsState(NamedTuple):
   episode_length: jax.Array  # [N, E] int32
   env_steps: jax.Array  # [N] int32 training env steps collected per member
   warmup_left: jax.Array  # [N] int32 random-action steps still to take
-  replay: device_replay.DeviceReplayState
+  # The members' rings; None for agents that learn from their own
+  # rollouts (``rollout_step``), which store nothing.
+  replay: device_replay.DeviceReplayState | None
   key: jax.Array  # PRNG key of acting, env randomness and resets
 
 
 def per_member_leaves(state: EnvsState) -> EnvsState:
   """Which leaves of ``state`` have the population axis (a tree of bools,
   for ``fastpbrl.sharding``): all but the key and a shared ring."""
-  per_member_replay = state.replay.size.ndim == 1
   flags = jax.tree.map(lambda _: True, state)
+  if state.replay is None:  # a rollout agent's envs: no ring
+    return flags._replace(key=False)
+  per_member_replay = state.replay.size.ndim == 1
   return flags._replace(key=False, replay=jax.tree.map(
       lambda _: per_member_replay, state.replay))
 
@@ -77,10 +89,12 @@ def _reset_many(env: JaxEnv, key: jax.Array, shape: tuple[int, int]):
 
 
 def init(env: JaxEnv, num_members: int, envs_per_member: int,
-         replay: device_replay.DeviceReplayState, warmup_steps: jax.Array,
-         key: jax.Array) -> EnvsState:
+         replay: device_replay.DeviceReplayState | None,
+         warmup_steps: jax.Array, key: jax.Array) -> EnvsState:
   """Fresh episodes in ``num_members x envs_per_member`` envs; each member
-  starts with ``warmup_steps`` (``[N]`` or a scalar) random-action steps."""
+  starts with ``warmup_steps`` (``[N]`` or a scalar) random-action steps.
+  ``replay`` None: the envs of a rollout agent (no ring, no warm-up:
+  ``warmup_steps`` 0)."""
   key, reset_key = jax.random.split(key)
   shape = (num_members, envs_per_member)
   env_state, obs = _reset_many(env, reset_key, shape)
@@ -125,6 +139,49 @@ def _member_actions(agent, params, hparams, observation, env_steps,
   return jnp.where(warmup_left > 0, random.astype(acted.dtype), acted)
 
 
+def _step_envs(env: JaxEnv, spec: specs.Array, state: EnvsState,
+               actions: jax.Array, keys: jax.Array):
+  """Steps every env with the members' ``[N, E]`` (normalised) ``actions``
+  and keeps the episodes going: what :func:`step` and
+  :func:`rollout_step` share.
+
+  Args:
+    spec: the agent's action spec (``scale_actions``).
+    keys: ``(next key, env step key, reset key)``, split from ``state.key``.
+
+  Returns:
+    ``(state, transitions, episodes)``: the envs after the step (the
+    episodes that ended reset, ``env_steps`` counted, the key advanced;
+    ``warmup_left`` and ``replay`` as they were), the step's transitions
+    (``Transition`` fields, ``[N, E, ...]``, ``next_observation`` the real
+    next state), and the :class:`Episodes` of the step.
+  """
+  n, e = state.episode_length.shape
+  key, step_key, reset_key = keys
+  env_state, next_obs, reward, terminated = jax.vmap(jax.vmap(env.step))(
+      state.env_state, scale_actions(actions, spec),
+      split_grid(step_key, (n, e)))
+  length = state.episode_length + 1
+  episode_return = state.episode_return + reward
+  truncated = (length >= env.max_episode_steps) & ~terminated
+  done = terminated | truncated
+  transitions = {
+      'observation': state.observation, 'action': actions, 'reward': reward,
+      'next_observation': next_obs,
+      'terminated': terminated.astype(jnp.float32),
+      'truncated': truncated.astype(jnp.float32)}
+  fresh_state, fresh_obs = _reset_many(env, reset_key, (n, e))
+  pick = lambda fresh, old: jnp.where(
+      done.reshape(done.shape + (1,) * (old.ndim - 2)), fresh, old)
+  new = state._replace(
+      env_state=jax.tree.map(pick, fresh_state, env_state),
+      observation=pick(fresh_obs, next_obs),
+      episode_return=jnp.where(done, 0.0, episode_return),
+      episode_length=jnp.where(done, 0, length),
+      env_steps=state.env_steps + e, key=key)
+  return new, transitions, Episodes(done, episode_return, length)
+
+
 def step(env: JaxEnv, agent, policy_params, hparams,
          state: EnvsState) -> tuple[EnvsState, Episodes]:
   """One action in every env of every member, its transitions appended to
@@ -139,32 +196,50 @@ def step(env: JaxEnv, agent, policy_params, hparams,
   actions = jax.vmap(_member_actions, in_axes=(None, 0, 0, 0, 0, 0, 0))(
       agent, policy_params, hparams, state.observation, state.env_steps,
       state.warmup_left, jax.random.split(act_key, n))
-  env_actions = scale_actions(actions, agent.env_spec.actions)
-  env_state, next_obs, reward, terminated = jax.vmap(jax.vmap(env.step))(
-      state.env_state, env_actions, split_grid(step_key, (n, e)))
-  length = state.episode_length + 1
-  episode_return = state.episode_return + reward
-  truncated = (length >= env.max_episode_steps) & ~terminated
-  done = terminated | truncated
-  transitions = {
-      'observation': state.observation, 'action': actions, 'reward': reward,
-      'next_observation': next_obs,
-      'terminated': terminated.astype(jnp.float32),
-      'truncated': truncated.astype(jnp.float32)}
+  new, transitions, episodes = _step_envs(
+      env, agent.env_spec.actions, state, actions, (key, step_key, reset_key))
   replay = device_replay.insert(state.replay, jnp.arange(n, dtype=jnp.int32),
                                 transitions, e)
-  fresh_state, fresh_obs = _reset_many(env, reset_key, (n, e))
-  pick = lambda fresh, old: jnp.where(
-      done.reshape(done.shape + (1,) * (old.ndim - 2)), fresh, old)
-  new = EnvsState(
-      env_state=jax.tree.map(pick, fresh_state, env_state),
-      observation=pick(fresh_obs, next_obs),
-      episode_return=jnp.where(done, 0.0, episode_return),
-      episode_length=jnp.where(done, 0, length),
-      env_steps=state.env_steps + e,
-      warmup_left=jnp.maximum(state.warmup_left - e, 0),
-      replay=replay, key=key)
-  return new, Episodes(done, episode_return, length)
+  return new._replace(warmup_left=jnp.maximum(state.warmup_left - e, 0),
+                      replay=replay), episodes
+
+
+def rollout_step(env: JaxEnv, agent, policy_params, hparams,
+                 state: EnvsState) -> tuple[EnvsState, Rollout, Episodes]:
+  """One action in every env of every member for an agent that learns
+  from its own rollouts: each member ``behave`` s (its exploring policy,
+  with the log-probability of what it sampled; no warm-up of random
+  actions, and ``agent.acting_hparams`` is not applied: ``behave`` reads
+  ``hparams`` as they are), the envs step with the actions clipped and
+  scaled (``scale_actions``), and the episodes go on as in :func:`step`.
+  Nothing is stored: the step's ``Rollout`` fields come back.
+
+  Args:
+    policy_params: ``[N]`` members' policies (``agent.policy_params``).
+    hparams: ``[N]`` hyperparameters ``agent.behave`` reads.
+
+  Returns:
+    ``(state, rollout, episodes)``: ``rollout`` a ``Rollout`` of ``[N,
+    E, ...]`` (``action`` as sampled, not clipped), ``episodes`` ``[N, E]``.
+  """
+  n = state.episode_length.shape[0]
+  key, act_key, step_key, reset_key = jax.random.split(state.key, 4)
+  actions, log_prob = jax.vmap(agent.behave)(
+      policy_params, state.observation, jax.random.split(act_key, n), hparams)
+  new, transitions, episodes = _step_envs(
+      env, agent.env_spec.actions, state, actions, (key, step_key, reset_key))
+  return new, Rollout(**transitions, log_prob=log_prob), episodes
+
+
+def rollout(env: JaxEnv, agent, policy_params, hparams, state: EnvsState,
+            rollout_length: int) -> tuple[EnvsState, tuple[Rollout, Episodes]]:
+  """``rollout_length`` :func:`rollout_step` s with fixed policies: the
+  ``Rollout`` and ``Episodes`` come back time first, ``[T, N, E, ...]``."""
+  def one(s, _):
+    s, steps, episodes = rollout_step(env, agent, policy_params, hparams, s)
+    return s, (steps, episodes)
+
+  return jax.lax.scan(one, state, None, length=rollout_length)
 
 
 def run(env: JaxEnv, agent, policy_params, hparams, state: EnvsState,
@@ -179,8 +254,8 @@ def run(env: JaxEnv, agent, policy_params, hparams, state: EnvsState,
 def restart(env: JaxEnv, state: EnvsState, members: jax.Array,
             warmup_steps: jax.Array) -> EnvsState:
   """Members flagged in ``members`` (``[N]`` bool) start over as new
-  experiments (HyperTrick's restarted slots): new episodes, an empty ring,
-  and ``warmup_steps`` random-action steps."""
+  experiments (HyperTrick's restarted slots): new episodes, an empty ring
+  (if they have one), and ``warmup_steps`` random-action steps."""
   n, e = state.episode_length.shape
   key, reset_key = jax.random.split(state.key)
   fresh_state, fresh_obs = _reset_many(env, reset_key, (n, e))
@@ -195,7 +270,8 @@ def restart(env: JaxEnv, state: EnvsState, members: jax.Array,
                           state.episode_length),
       warmup_left=jnp.where(members, jnp.asarray(warmup_steps, jnp.int32),
                             state.warmup_left),
-      replay=device_replay.clear(state.replay, members), key=key)
+      replay=(None if state.replay is None
+              else device_replay.clear(state.replay, members)), key=key)
 
 
 def evaluate(env: JaxEnv, agent, policy_params, hparams, key: jax.Array,

@@ -5,7 +5,7 @@ A data path turns the members' policies into what the learner learns
 from, and tells the loop what happened on the way: finished episodes and
 env steps. The loop (``fastpbrl.loop``), the rules, the logs and the
 checkpoints talk to it only through :class:`DataPath`, so they never know
-which path runs. Three implement it today:
+which path runs. Four implement it today:
 
 ==========================================  ==============================
 ``fastpbrl.pipeline.Pipeline``              off-policy, gymnasium envs:
@@ -14,18 +14,21 @@ which path runs. Three implement it today:
 ``fastpbrl.device_pipeline.DevicePipeline`` off-policy, JAX envs: envs,
                                             rings and acting inside the
                                             learner's compiled call
+``fastpbrl.device_rollouts.DeviceRollouts`` on-policy, JAX envs: envs,
+                                            rollouts and updates inside
+                                            the learner's compiled call
 ``fastpbrl.actor_rollouts.ActorRollouts``   on-policy, gymnasium envs:
                                             actor processes -> one
                                             synchronous rollout per member
                                             -> learner call
 ==========================================  ==============================
 
-:func:`create` picks one from the env kind (and, once an agent can learn
-from its own rollouts, from what the agent learns from): the one place
+:func:`create` picks one from the env kind and what the agent learns
+from (``Agent.learns_from``): the one place
 that branches on the path, and the one mapping from a ``RunConfig`` to a
 ``PipelineConfig``.
 
-**Adding a third path** (on-policy rollouts for PPO: actors or on-device
+**Adding a path** (on-policy rollouts for PPO: actors or on-device
 envs collect ``T`` steps x ``E`` envs per member with the newest policy,
 the learner runs GAE and epochs of minibatches) is a class with the
 methods below and one branch in :func:`create`, nothing else. What it
@@ -70,6 +73,7 @@ from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.actor_rollouts import ActorRollouts, check_rollout_settings
 from fastpbrl.config import resolved
 from fastpbrl.device_pipeline import DevicePipeline
+from fastpbrl.device_rollouts import DeviceRollouts
 from fastpbrl.distributed import Processes
 from fastpbrl.learner import population_hparams
 from fastpbrl.pipeline import Pipeline, PipelineConfig
@@ -267,6 +271,16 @@ def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
   run_config = resolved(run_config)  # unset intervals follow the budget
   n = int(run_config.population_size)
   processes = processes or Processes(None, n)
+  if jax_envs.is_jax_env(run_config.env) and agent.learns_from == 'rollout':
+    # Rollouts collected and learned from inside the learner call; E is
+    # the agent's num_envs.
+    config = pipeline_config(run_config, agent, learner, shared_replay=False,
+                             replay_location='device')
+    return DeviceRollouts(
+        jax_envs.make(run_config.env), agent, learner, n, config,
+        seed=pipeline_seed(run_config.seed, calls),
+        resume_env_steps=resume_env_steps, processes=processes,
+        saved_state=saved_state)
   if jax_envs.is_jax_env(run_config.env):  # stepped inside the learner call
     if learner.batch_size is None:  # its fused call samples the rings
       learner.batch_size = agent.config.batch_size

@@ -52,6 +52,12 @@ checkpoints do not know which path runs. What differs, by design:
   its rows (member numbers from 0), ``restart_members`` and
   ``copy_member_data`` take its rows, ``publish`` its rows of the
   policies; the pipeline gathers them into the global arrays.
+
+The host-side parts that do not touch the replay (counters, episode
+records, evaluations, restarts, checkpoints of the envs and counters,
+wait statistics) are :class:`DeviceEnvs`, which
+``fastpbrl.device_rollouts.DeviceRollouts`` (the on-device path of agents
+that learn from their own rollouts) shares.
 """
 
 from __future__ import annotations
@@ -113,41 +119,24 @@ class _ReplayView:
   state_rows = staticmethod(Replay.state_rows)
 
 
-class DevicePipeline:
-  """Envs, replay and acting of a population on the device (host-side
-  driver, not jittable): a ``fastpbrl.datapath.DataPath``, built by
-  ``fastpbrl.datapath.create`` from the run's settings."""
-
-  replay_on_device = True
+class DeviceEnvs:
+  """What both on-device data paths share (host-side driver, not
+  jittable): the population's JAX envs on the device, and the host's view
+  of them: counters in env steps, episode records, evaluations, restarts,
+  checkpoints of the envs and counters, and wait statistics.
+  :class:`DevicePipeline` adds a replay (agents that learn from replay),
+  ``fastpbrl.device_rollouts.DeviceRollouts`` rollouts (agents that learn
+  from their own); each compiles its learner call (``_compile_learner``),
+  builds its envs (``_initial_envs``) and says when a resume continues it
+  exactly (``_resumes_exactly``)."""
 
   def __init__(self, env: jax_envs.JaxEnv, agent, learner, num_members: int,
-               config, *, envs_per_member: int = 1, interleave: int = 1,
-               seed: int = 0,
-               resume_env_steps: Sequence[int] | None = None,
-               replay_state: dict | None = None, processes=None,
-               carried_env_steps: float | Sequence[float] = 0.0,
-               saved_state: dict | None = None):
-    """Args:
-      env: the JAX env every member acts in.
-      agent: the population's agent (its ``act``).
-      learner: the run's learner; its fused call is compiled here.
-      num_members: ``N``.
-      config: a ``fastpbrl.pipeline.PipelineConfig`` (steps per call, batch
-        size, ratio, warm-up, replay layout and capacity, evaluation).
-      envs_per_member: ``E``, envs each member acts in at once.
-      interleave: ``G``, groups of acting then updating per call.
-      seed: the run's seed (env resets, exploration, sampling).
-      resume_env_steps, replay_state, carried_env_steps: as
-        ``Pipeline``'s (``[N]`` steps: every member's, also over several
-        processes).
-      saved_state: ``checkpoint_state()`` of the run being resumed, with
-        its ``replay_state``: the envs, keys and counters continue exactly
-        where they were (``restored_exactly``), so the resumed run is the
-        run never stopped, bit for bit.
-      processes: the run's ``fastpbrl.distributed.Processes`` (None: one
-        process); over several, the learner's mesh spans them all and the
-        loop sees this process's members (see the module's docstring).
-    """
+               config, *, envs_per_member: int, seed: int,
+               resume_env_steps: Sequence[int] | None,
+               replay_state: dict | None, processes,
+               carried_env_steps: float | Sequence[float],
+               saved_state: dict | None):
+    """Args: as :class:`DevicePipeline`'s."""
     config.validate(num_members)
     self.config, self.env, self.agent = config, env, agent
     self.num_members, self.envs_per_member = num_members, envs_per_member
@@ -156,9 +145,7 @@ class DevicePipeline:
     self._local = self._processes.local
     self._mesh = getattr(learner, 'mesh', None)
     _check_memory(self.replay_bytes(), config, num_members)
-    self.plan = Plan.of(config.num_steps, config.update_to_data_ratio,
-                        envs_per_member, interleave)
-    learner.compile_with_envs(agent, env, *self.plan)
+    self._compile_learner(learner)
     self.publish_every_version = False
     self._seed = int(seed)
     self._warmup_length = np.broadcast_to(
@@ -170,16 +157,33 @@ class DevicePipeline:
     self._busy = self._idle = 0.0
     self._idle_since: float | None = None
     self._busy_since: float | None = None
-    self.replay = _ReplayView(self)
     self.envs = _unaliased(self._initial_envs(replay_state))
-    self.restored_exactly = (saved_state is not None
-                             and replay_state is not None)
+    self.restored_exactly = self._resumes_exactly(saved_state, replay_state)
     if self.restored_exactly:
       self._restore(saved_state)
     self._compile_host_calls()
-    log.info('on-device data path: %s, %d members x %d envs; a learner call '
-             'is %d groups of %d env steps and %d update steps',
-             env.env_id, num_members, envs_per_member, *self.plan)
+
+  # ------------------------------------------------ what a path defines
+
+  def _compile_learner(self, learner) -> None:
+    """Compiles the learner's call that steps the envs."""
+    raise NotImplementedError
+
+  def _initial_envs(self, replay_state: dict | None) -> collect.EnvsState:
+    """The envs of a new run (a resume's are restored over them), built
+    by one jitted call placed on the mesh."""
+    raise NotImplementedError
+
+  def _resumes_exactly(self, saved_state: dict | None,
+                       replay_state: dict | None) -> bool:
+    """True when ``saved_state`` (and ``replay_state``) continue this path
+    exactly (``restored_exactly``)."""
+    raise NotImplementedError
+
+  def replay_bytes(self) -> int:
+    """Bytes of the replay on the device (refused over the memory's
+    ``DEVICE_MEMORY_FRACTION``)."""
+    raise NotImplementedError
 
   # ----------------------------------------------------------- building
 
@@ -263,46 +267,6 @@ class DevicePipeline:
     self.policy_version = version - 1
     self._next_eval = None if next_eval < 0 else next_eval
 
-  def _initial_envs(self, replay_state: dict | None) -> collect.EnvsState:
-    """Fresh episodes and empty (or restored) rings, built by one jitted
-    call placed on the mesh: over several processes each builds only its
-    members' rows."""
-    config, n = self.config, self.num_members
-    fields = transition_fields(self.env.env_spec)
-
-    def build(random_left, key, replay):
-      if replay is None:
-        replay = device_replay.init_state(config.layout, fields, n,
-                                          config.replay_capacity)
-      return self._placed(collect.init(self.env, n, self.envs_per_member,
-                                       replay, random_left, key))
-
-    replay = (None if replay_state is None else
-              self._restored_replay(replay_state, fields))
-    # Host values (the same in every process) for the jitted calls:
-    # numpy, never an array placed on one device.
-    return jax.jit(build)(np.asarray(self._random_left, np.int32),
-                          _host_key(self._seed), replay)
-
-  def _restored_replay(self, replay_state: dict, fields):
-    """The rings of this process's ``replay_state`` (``_ReplayView``'s
-    format) at full capacity: numpy in one process, global arrays over
-    several (each process gives its members' rings; a shared ring is
-    whole, and the same, in each)."""
-    config = self.config
-    per_member = config.layout != 'shared'
-    rows = self._processes.local_count if per_member else self.num_members
-    like = jax.eval_shape(lambda: device_replay.init_state(
-        config.layout, fields, rows, config.replay_capacity))
-    replay = device_replay.state_of_dict(like, replay_state)
-    log.info('replay restored: %s transitions per ring',
-             np.asarray(replay.size).tolist())
-    if not self._processes.several:
-      return replay
-    return distributed.to_global(
-        replay, self._mesh, self.num_members,
-        per_member=jax.tree.map(lambda _: per_member, replay))
-
   def _placed(self, envs: collect.EnvsState) -> collect.EnvsState:
     """Inside a jitted call: ``envs`` pinned to the learner's mesh (the
     layout ``update_with_envs`` gives them), unchanged without one."""
@@ -312,22 +276,12 @@ class DevicePipeline:
                               collect.per_member_leaves(envs))
 
   def _compile_host_calls(self) -> None:
-    env, agent, plan = self.env, self.agent, self.plan
-    steps = plan.groups * plan.env_steps
-    self._collect = jax.jit(
-        lambda envs, params, hparams: self._placed_first(collect.run(
-            env, agent, params, hparams, envs, steps)),
-        donate_argnums=0)
+    env, agent = self.env, self.agent
     self._evaluate = jax.jit(functools.partial(collect.evaluate, env, agent),
                              static_argnums=3)
     self._restart = jax.jit(
         lambda envs, flags, warmup: self._placed(collect.restart(
             env, envs, flags, warmup)), donate_argnums=0)
-    self._copy = jax.jit(
-        lambda envs, dst, src: self._placed(envs._replace(
-            replay=device_replay.copy_members(envs.replay, dst, src))),
-        donate_argnums=0)
-    self._split_key = jax.jit(_split_key)
     self._random_states = jax.jit(
         functools.partial(collect.random_states, env), static_argnums=1)
 
@@ -371,72 +325,22 @@ class DevicePipeline:
     del timeout  # nothing is published in the background
     return True
 
-  def next_batch(self, timeout: float | None = None, should_stop=None):
-    """What the next learner call runs on: the warm-up first (collect-only
-    calls), then an update-only call (a ``ReplaySample``) while the
-    learner is behind the ratio, else an ``EnvCall`` (``run_call``).
-    Returns None once ``should_stop()`` is True."""
-    del timeout  # nothing here waits on another process
+  def _fused_call(self, call, learner, state, hparams, actor_hparams,
+                  env_steps: int):
+    """Runs a fused learner call (``learner.update_with_envs`` or
+    ``update_with_rollouts``, acting with ``actor_hparams``) on the envs;
+    keeps the new envs, the counters (``env_steps`` per member) and the
+    finished episodes, and evaluates when due. Returns ``(state,
+    metrics)``."""
     self._mark_busy()
-    while (self._steps < self._learn_after).any():
-      # Every process collects alike; a stop is agreed on after the call.
-      if (should_stop is not None and should_stop()
-          and not self._processes.several):
-        return None
-      self._collect_only()
-    data = int(self._steps.min()) - self._data_from
-    self._active = self._random_left == 0
-    if self.update_steps + self.config.num_steps <= (
-        self.config.update_to_data_ratio * data):
-      # Update-only: the loop runs it as learner.update on the device
-      # replay; counted here, as nothing else reports it back.
-      self.envs, key = self._split_key(self.envs)
-      self.update_steps += self.config.num_steps
-      self.calls += 1
-      self._mark_idle()
-      return ReplaySample(self.envs.replay, key)
-    return EnvCall(self.calls)
-
-  def run_call(self, learner, state, hparams, actor_hparams):
-    """Runs the fused learner call; returns ``(state, metrics)`` and keeps
-    the new envs, counters and finished episodes."""
-    self._mark_busy()
-    (state, metrics), envs, episodes = learner.update_with_envs(
+    (state, metrics), envs, episodes = call(
         state, hparams, actor_hparams, self.envs, self._active)
     self.envs = _unaliased(envs)
     self._take_episodes(self._processes.host(episodes))
-    self._advance(self.plan.env_steps_per_call(self.envs_per_member))
+    self._advance(env_steps)
     self._evaluate_due(state, learner, actor_hparams)
     self._mark_idle()
     return state, metrics
-
-  def learn(self, learner, state, hparams, actor_hparams, *,
-            shared_critic: bool, should_stop=None):
-    """``fastpbrl.datapath.DataPath.learn``: the warm-up's collect-only
-    calls, then the fused call (``run_call``, acting with
-    ``actor_hparams``) or an update-only call on the device replay, as
-    :meth:`next_batch` decides. Members warming up after a restart keep
-    their state."""
-    work = self.next_batch(should_stop=should_stop)
-    processes = self._processes
-    if processes.any(work is None):
-      return None  # a signal arrived during the warm-up
-    if isinstance(work, EnvCall):  # the call steps the envs and collects
-      state, metrics = self.run_call(learner, state, hparams, actor_hparams)
-      return LearnerCall(state, metrics, learner.num_steps * (
-          np.zeros(self.num_members, np.int64) if shared_critic
-          else self.population_active))
-    return replay_call(learner, state, hparams, work, None if shared_critic
-                       else processes.members(self.last_active))
-
-  def _collect_only(self) -> None:
-    rows = self._processes.global_rows
-    envs, episodes = self._collect(self.envs, rows(self._params),
-                                   rows(self._actor_hparams))
-    self.envs = _unaliased(envs)
-    self._take_episodes(self._processes.host(episodes))
-    self._advance(self.plan.env_steps_per_call(self.envs_per_member),
-                  updated=False)
 
   def _advance(self, steps: int, updated: bool = True) -> None:
     """Counts ``steps`` env steps per member, and a learner call when
@@ -476,7 +380,7 @@ class DevicePipeline:
     at = self._next_eval
     while self._next_eval <= self._steps.min():
       self._next_eval += self.config.eval_interval
-    key = _host_key(self._seed, at)
+    key = host_key(self._seed, at)
     returns, lengths = self._processes.host(self._evaluate(
         learner.policy_params(state), actor_hparams, key,
         self.config.eval_episodes))
@@ -494,7 +398,7 @@ class DevicePipeline:
     """``[N, episodes]`` returns and lengths of noise-free episodes of
     ``policy_params`` (this process's rows, as published), played on the
     device (the final evaluation); every member's, in every process."""
-    key = _host_key(seed, 2**30)
+    key = host_key(seed, 2**30)
     rows = self._processes.global_rows
     return self._processes.host(self._evaluate(
         rows(policy_params), rows(actor_hparams), key, episodes))
@@ -504,7 +408,7 @@ class DevicePipeline:
     uniformly random actions from resets, on the device, every key derived
     from ``PRNGKey(seed)`` (``collect.random_states``): the same states for
     the same env and seed."""
-    return np.asarray(self._random_states(_host_key(seed), num_states))
+    return np.asarray(self._random_states(host_key(seed), num_states))
 
   def drain_episodes(self) -> list[EpisodeRecord]:
     records, self._episodes = self._episodes, []
@@ -514,11 +418,10 @@ class DevicePipeline:
 
   def restart_members(self, members: Sequence[int] | np.ndarray) -> None:
     """Starts ``members`` (this process's rows) over as new experiments:
-    new episodes, an empty ring, a warm-up of random actions; their
-    updates are discarded until it is over. Over several processes every
-    process calls it (with its own rows, maybe none)."""
-    if self.config.layout != 'per_member':
-      raise ValueError(CLEAR_NEEDS_PER_MEMBER)
+    new episodes, an empty ring (if the path has one), the warm-up of
+    random actions (if it has one); their updates are discarded until it
+    is over. Over several processes every process calls it (with its own
+    rows, maybe none)."""
     local = np.zeros(self._local.stop - self._local.start, bool)
     local[np.asarray(members, np.int64).reshape(-1)] = True
     flags = self._processes.members(local)
@@ -529,40 +432,10 @@ class DevicePipeline:
     self._random_left[flags] = self._warmup_length[flags]
     self._start_version[flags] = self.policy_version + 1
 
-  def copy_member_data(self, dst_indices, src_indices) -> None:
-    """Member ``dst[k]`` gets member ``src[k]``'s ring, both numbered from
-    this process's first member (``Processes.local_pairs``: a source may
-    be another process's member; the copy is one program over the global
-    rings). Every process calls it, with its own pairs, maybe none."""
-    if self.config.layout != 'per_member':
-      raise ValueError('copy_member_data needs layout="per_member"; the '
-                       f'{self.config.layout} layout has no per-member data')
-    first = self._local.start
-    source = np.arange(first, self._local.stop)  # global member numbers
-    source[np.asarray(dst_indices, np.int64)] = (
-        np.asarray(src_indices, np.int64) + first)
-    source = self._processes.members(source)
-    dst = np.flatnonzero(source != np.arange(self.num_members))
-    if not dst.size:
-      return
-    self.envs = self._copy(self.envs, dst.astype(np.int32),
-                           source[dst].astype(np.int32))
-
   # ---------------------------------------------------------------- stats
 
   def env_steps_per_member(self) -> int:
     return int((self._steps - self._origin).min())
-
-  def update_steps_owed(self, env_steps: int) -> int:
-    """See ``DataPath.update_steps_owed``: the update-only calls a run
-    whose budget ends at ``env_steps`` (this path's count) takes before it
-    stops (a resume's refill may pass its budget)."""
-    steps = min(int(self._steps.min()), int(self._origin.min()) + env_steps)
-    if steps < int(self._learn_after.max()):
-      return 0
-    earned = np.floor(self.config.update_to_data_ratio
-                      * (steps - self._data_from) + 1e-9)
-    return max(0, int(earned) - self.update_steps)
 
   def _mark_busy(self) -> None:
     now = time.monotonic()
@@ -589,14 +462,228 @@ class DevicePipeline:
     self._idle_since = None
     self._busy_since = time.monotonic()
 
+  def close(self) -> None:
+    self.envs = None  # frees the device arrays
+
+
+
+class DevicePipeline(DeviceEnvs):
+  """Envs, replay and acting of a population on the device (host-side
+  driver, not jittable): a ``fastpbrl.datapath.DataPath``, built by
+  ``fastpbrl.datapath.create`` from the run's settings."""
+
+  replay_on_device = True
+
+  def __init__(self, env: jax_envs.JaxEnv, agent, learner, num_members: int,
+               config, *, envs_per_member: int = 1, interleave: int = 1,
+               seed: int = 0,
+               resume_env_steps: Sequence[int] | None = None,
+               replay_state: dict | None = None, processes=None,
+               carried_env_steps: float | Sequence[float] = 0.0,
+               saved_state: dict | None = None):
+    """Args:
+      env: the JAX env every member acts in.
+      agent: the population's agent (its ``act``).
+      learner: the run's learner; its fused call is compiled here.
+      num_members: ``N``.
+      config: a ``fastpbrl.pipeline.PipelineConfig`` (steps per call, batch
+        size, ratio, warm-up, replay layout and capacity, evaluation).
+      envs_per_member: ``E``, envs each member acts in at once.
+      interleave: ``G``, groups of acting then updating per call.
+      seed: the run's seed (env resets, exploration, sampling).
+      resume_env_steps, replay_state, carried_env_steps: as
+        ``Pipeline``'s (``[N]`` steps: every member's, also over several
+        processes).
+      saved_state: ``checkpoint_state()`` of the run being resumed, with
+        its ``replay_state``: the envs, keys and counters continue exactly
+        where they were (``restored_exactly``), so the resumed run is the
+        run never stopped, bit for bit.
+      processes: the run's ``fastpbrl.distributed.Processes`` (None: one
+        process); over several, the learner's mesh spans them all and the
+        loop sees this process's members (see the module's docstring).
+    """
+    self._interleave = interleave
+    self.replay = _ReplayView(self)
+    super().__init__(
+        env, agent, learner, num_members, config,
+        envs_per_member=envs_per_member, seed=seed,
+        resume_env_steps=resume_env_steps, replay_state=replay_state,
+        processes=processes, carried_env_steps=carried_env_steps,
+        saved_state=saved_state)
+    log.info('on-device data path: %s, %d members x %d envs; a learner call '
+             'is %d groups of %d env steps and %d update steps',
+             env.env_id, num_members, envs_per_member, *self.plan)
+
+  def _compile_learner(self, learner) -> None:
+    config = self.config
+    self.plan = Plan.of(config.num_steps, config.update_to_data_ratio,
+                        self.envs_per_member, self._interleave)
+    learner.compile_with_envs(self.agent, self.env, *self.plan)
+
+  def _resumes_exactly(self, saved_state, replay_state) -> bool:
+    # The envs and counters alone would continue with empty rings.
+    return saved_state is not None and replay_state is not None
+
+  def _initial_envs(self, replay_state: dict | None) -> collect.EnvsState:
+    """Fresh episodes and empty (or restored) rings, built by one jitted
+    call placed on the mesh: over several processes each builds only its
+    members' rows."""
+    config, n = self.config, self.num_members
+    fields = transition_fields(self.env.env_spec)
+
+    def build(random_left, key, replay):
+      if replay is None:
+        replay = device_replay.init_state(config.layout, fields, n,
+                                          config.replay_capacity)
+      return self._placed(collect.init(self.env, n, self.envs_per_member,
+                                       replay, random_left, key))
+
+    replay = (None if replay_state is None else
+              self._restored_replay(replay_state, fields))
+    # Host values (the same in every process) for the jitted calls:
+    # numpy, never an array placed on one device.
+    return jax.jit(build)(np.asarray(self._random_left, np.int32),
+                          host_key(self._seed), replay)
+
+  def _restored_replay(self, replay_state: dict, fields):
+    """The rings of this process's ``replay_state`` (``_ReplayView``'s
+    format) at full capacity: numpy in one process, global arrays over
+    several (each process gives its members' rings; a shared ring is
+    whole, and the same, in each)."""
+    config = self.config
+    per_member = config.layout != 'shared'
+    rows = self._processes.local_count if per_member else self.num_members
+    like = jax.eval_shape(lambda: device_replay.init_state(
+        config.layout, fields, rows, config.replay_capacity))
+    replay = device_replay.state_of_dict(like, replay_state)
+    log.info('replay restored: %s transitions per ring',
+             np.asarray(replay.size).tolist())
+    if not self._processes.several:
+      return replay
+    return distributed.to_global(
+        replay, self._mesh, self.num_members,
+        per_member=jax.tree.map(lambda _: per_member, replay))
+
+  def _compile_host_calls(self) -> None:
+    super()._compile_host_calls()
+    env, agent, plan = self.env, self.agent, self.plan
+    steps = plan.groups * plan.env_steps
+    self._collect = jax.jit(
+        lambda envs, params, hparams: self._placed_first(collect.run(
+            env, agent, params, hparams, envs, steps)),
+        donate_argnums=0)
+    self._copy = jax.jit(
+        lambda envs, dst, src: self._placed(envs._replace(
+            replay=device_replay.copy_members(envs.replay, dst, src))),
+        donate_argnums=0)
+    self._split_key = jax.jit(_split_key)
+
+  def next_batch(self, timeout: float | None = None, should_stop=None):
+    """What the next learner call runs on: the warm-up first (collect-only
+    calls), then an update-only call (a ``ReplaySample``) while the
+    learner is behind the ratio, else an ``EnvCall`` (``run_call``).
+    Returns None once ``should_stop()`` is True."""
+    del timeout  # nothing here waits on another process
+    self._mark_busy()
+    while (self._steps < self._learn_after).any():
+      # Every process collects alike; a stop is agreed on after the call.
+      if (should_stop is not None and should_stop()
+          and not self._processes.several):
+        return None
+      self._collect_only()
+    data = int(self._steps.min()) - self._data_from
+    self._active = self._random_left == 0
+    if self.update_steps + self.config.num_steps <= (
+        self.config.update_to_data_ratio * data):
+      # Update-only: the loop runs it as learner.update on the device
+      # replay; counted here, as nothing else reports it back.
+      self.envs, key = self._split_key(self.envs)
+      self.update_steps += self.config.num_steps
+      self.calls += 1
+      self._mark_idle()
+      return ReplaySample(self.envs.replay, key)
+    return EnvCall(self.calls)
+
+  def run_call(self, learner, state, hparams, actor_hparams):
+    """Runs the fused learner call; returns ``(state, metrics)`` and keeps
+    the new envs, counters and finished episodes."""
+    return self._fused_call(
+        learner.update_with_envs, learner, state, hparams, actor_hparams,
+        self.plan.env_steps_per_call(self.envs_per_member))
+
+  def learn(self, learner, state, hparams, actor_hparams, *,
+            shared_critic: bool, should_stop=None):
+    """``fastpbrl.datapath.DataPath.learn``: the warm-up's collect-only
+    calls, then the fused call (``run_call``, acting with
+    ``actor_hparams``) or an update-only call on the device replay, as
+    :meth:`next_batch` decides. Members warming up after a restart keep
+    their state."""
+    work = self.next_batch(should_stop=should_stop)
+    processes = self._processes
+    if processes.any(work is None):
+      return None  # a signal arrived during the warm-up
+    if isinstance(work, EnvCall):  # the call steps the envs and collects
+      state, metrics = self.run_call(learner, state, hparams, actor_hparams)
+      return LearnerCall(state, metrics, learner.num_steps * (
+          np.zeros(self.num_members, np.int64) if shared_critic
+          else self.population_active))
+    return replay_call(learner, state, hparams, work, None if shared_critic
+                       else processes.members(self.last_active))
+
+  def _collect_only(self) -> None:
+    rows = self._processes.global_rows
+    envs, episodes = self._collect(self.envs, rows(self._params),
+                                   rows(self._actor_hparams))
+    self.envs = _unaliased(envs)
+    self._take_episodes(self._processes.host(episodes))
+    self._advance(self.plan.env_steps_per_call(self.envs_per_member),
+                  updated=False)
+
+  # ------------------------------------------------------- rule actions
+
+  def restart_members(self, members: Sequence[int] | np.ndarray) -> None:
+    """As ``DeviceEnvs.restart_members``: new episodes, an empty ring and
+    a warm-up of random actions."""
+    if self.config.layout != 'per_member':
+      raise ValueError(CLEAR_NEEDS_PER_MEMBER)
+    super().restart_members(members)
+
+  def copy_member_data(self, dst_indices, src_indices) -> None:
+    """Member ``dst[k]`` gets member ``src[k]``'s ring, both numbered from
+    this process's first member (``Processes.local_pairs``: a source may
+    be another process's member; the copy is one program over the global
+    rings). Every process calls it, with its own pairs, maybe none."""
+    if self.config.layout != 'per_member':
+      raise ValueError('copy_member_data needs layout="per_member"; the '
+                       f'{self.config.layout} layout has no per-member data')
+    first = self._local.start
+    source = np.arange(first, self._local.stop)  # global member numbers
+    source[np.asarray(dst_indices, np.int64)] = (
+        np.asarray(src_indices, np.int64) + first)
+    source = self._processes.members(source)
+    dst = np.flatnonzero(source != np.arange(self.num_members))
+    if not dst.size:
+      return
+    self.envs = self._copy(self.envs, dst.astype(np.int32),
+                           source[dst].astype(np.int32))
+
+  # ---------------------------------------------------------------- stats
+
+  def update_steps_owed(self, env_steps: int) -> int:
+    """See ``DataPath.update_steps_owed``: the update-only calls a run
+    whose budget ends at ``env_steps`` (this path's count) takes before it
+    stops (a resume's refill may pass its budget)."""
+    steps = min(int(self._steps.min()), int(self._origin.min()) + env_steps)
+    if steps < int(self._learn_after.max()):
+      return 0
+    earned = np.floor(self.config.update_to_data_ratio
+                      * (steps - self._data_from) + 1e-9)
+    return max(0, int(earned) - self.update_steps)
+
   def replay_bytes(self) -> int:
     rows = self.config.replay_capacity * (
         self.num_members if self.config.layout == 'per_member' else 1)
     return rows * bytes_per_transition(transition_fields(self.env.env_spec))
-
-  def close(self) -> None:
-    self.envs = None  # frees the device arrays
-
 
 def _check_memory(nbytes: int, config: PipelineConfig, n: int) -> None:
   """Refuses (a ValueError naming the flag) a replay larger than
@@ -639,7 +726,7 @@ def _unaliased(envs: collect.EnvsState) -> collect.EnvsState:
   return jax.tree.map(own, envs)
 
 
-def _host_key(seed: int, data: int | None = None) -> np.ndarray:
+def host_key(seed: int, data: int | None = None) -> np.ndarray:
   """``PRNGKey(seed)`` (folded with ``data``) as numpy."""
   key = jax.random.PRNGKey(seed)
   if data is not None:

@@ -18,6 +18,10 @@ takes no batch from the host. ``update_with_envs`` goes one step further for
 environments written in JAX (``fastpbrl.jax_envs``): the members act in
 their envs, the envs step, the transitions go into the device replay and
 the members update, all inside one compiled call (``compile_with_envs``).
+``update_with_rollouts`` is its counterpart for agents that learn from
+their own rollouts: each iteration of the call collects a ``[T, E]``
+rollout with the members' current policies and runs ``agent.update`` on it
+(``compile_with_rollouts``); there is no replay.
 
 The jit boundary is here and only here: agents never call ``jax.jit``.
 
@@ -125,8 +129,8 @@ class _CompiledPopulationStep:
     inner = self._step_of(updates)
     batch_size = self.batch_size
 
-    def group(hparams, actor_hparams, active, n, carry, _):
-      state, envs = carry
+    def group(state, hparams, actor_hparams, active, envs):
+      n = _population_size(hparams, 'hparams')
       envs, episodes = collect.run(env, agent, self._policy_fn(state),
                                    actor_hparams, envs, env_steps)
       key, sample_key = jax.random.split(envs.key)
@@ -134,14 +138,29 @@ class _CompiledPopulationStep:
       batch = device_replay.sample(envs.replay, sample_key, updates,
                                    batch_size, num_members=n)
       state, metrics = inner(state, hparams, self._step_input(batch, active))
-      return (state, envs), (episodes, metrics)
+      return state, envs, episodes, metrics
+
+    self._step_with_envs = self._fused(group, groups)
+
+  def _fused(self, part: Callable, repeats: int) -> Callable:
+    """The jitted call of ``part(state, hparams, actor_hparams, active,
+    envs) -> (state, envs, episodes, metrics)`` scanned ``repeats`` times:
+    metrics ``[N, repeats x steps]`` (``finite``: ``[N]``, over all),
+    episodes ``[repeats, steps, N, E]``, the state and envs pinned to the
+    mesh. State and envs are donated."""
 
     def traced(state, hparams, actor_hparams, envs, active):
       self.compilations += 1  # runs once per trace, never at run time
       n = _population_size(hparams, 'hparams')
+
+      def one(carry, _):
+        state, envs = carry
+        state, envs, episodes, metrics = part(state, hparams, actor_hparams,
+                                              active, envs)
+        return (state, envs), (episodes, metrics)
+
       (state, envs), (episodes, metrics) = jax.lax.scan(
-          lambda carry, x: group(hparams, actor_hparams, active, n, carry, x),
-          (state, envs), None, length=groups)
+          one, (state, envs), None, length=repeats)
       metrics = {k: (v.all(axis=0) if k == 'finite' else
                      jnp.swapaxes(v, 0, 1).reshape(n, -1))
                  for k, v in metrics.items()}
@@ -150,7 +169,7 @@ class _CompiledPopulationStep:
                                   collect.per_member_leaves(envs))
       return self._pinned((state, metrics), hparams), envs, episodes
 
-    self._step_with_envs = jax.jit(traced, donate_argnums=(0, 3))
+    return jax.jit(traced, donate_argnums=(0, 3))
 
   def update_with_envs(self, state, hparams, actor_hparams, envs, active=None):
     """Runs the :meth:`compile_with_envs` call.
@@ -169,6 +188,12 @@ class _CompiledPopulationStep:
       updates]``, episodes ``fastpbrl.collect.Episodes`` of ``[groups,
       env_steps, N, E]``.
     """
+    return self._call_fused(self._step_with_envs, state, hparams,
+                            actor_hparams, envs, active)
+
+  def _call_fused(self, call, state, hparams, actor_hparams, envs, active):
+    """``call`` (a :meth:`_fused` program) with its arguments placed on
+    the mesh."""
     n = _population_size(hparams, 'hparams')
     active = (jnp.ones((n,), bool) if active is None
               else jnp.asarray(active, bool))
@@ -176,7 +201,7 @@ class _CompiledPopulationStep:
     if self.mesh is not None:
       envs = sharding.shard_population(envs, self.mesh, n,
                                        collect.per_member_leaves(envs))
-    return self._step_with_envs(state, hparams, actor_hparams, envs, active)
+    return call(state, hparams, actor_hparams, envs, active)
 
   def _step_of(self, num_steps: int) -> Callable:
     """The unjitted step of ``num_steps`` updates (what ``update`` runs at
@@ -352,6 +377,43 @@ class PopulationLearner(_CompiledPopulationStep):
       raise ValueError(f'num_steps {num_steps} is not a multiple of an '
                        f'iteration\'s {per_iteration} env steps')
     return num_steps // per_iteration
+
+  def compile_with_rollouts(self, agent: Agent, env, iterations: int) -> None:
+    """Jits one learner call of an agent that learns from its own rollouts
+    (``agent.learns_from == 'rollout'``): ``iterations`` times, every
+    member acts ``T = rollout_length`` steps in each of its ``E =
+    num_envs`` envs with its current policy (``fastpbrl.collect.rollout``:
+    the policy that learns is the one that acted), then runs one
+    iteration of ``agent.update`` on that ``[T, E]`` rollout (members not
+    ``active``, or whose update is not finite, keep their state). Only the
+    episode statistics leave the device. Run it with
+    :meth:`update_with_rollouts`; traces count in ``compilations``."""
+    length = int(agent.config.rollout_length)
+    inner = self._step_of(rollout_steps(agent.config))
+
+    def iteration(state, hparams, actor_hparams, active, envs):
+      envs, (steps, episodes) = collect.rollout(
+          env, agent, self._policy_fn(state), actor_hparams, envs, length)
+      # [T, N, E, ...] -> [N, 1, T, E, ...]: one iteration per member.
+      steps = jax.tree.map(lambda x: jnp.moveaxis(x, 1, 0)[:, None], steps)
+      state, metrics = inner(state, hparams, self._step_input(steps, active))
+      return state, envs, episodes, metrics
+
+    self._step_with_rollouts = self._fused(iteration, iterations)
+
+  def update_with_rollouts(self, state, hparams, actor_hparams, envs,
+                           active=None):
+    """Runs the :meth:`compile_with_rollouts` call; arguments as
+    :meth:`update_with_envs`'s (``actor_hparams``: what ``behave`` reads;
+    ``envs`` hold no replay).
+
+    Returns:
+      ``((state, metrics), envs, episodes)``: metrics ``[N, iterations]``
+      (``finite``: ``[N]``), episodes ``fastpbrl.collect.Episodes`` of
+      ``[iterations, T, N, E]``.
+    """
+    return self._call_fused(self._step_with_rollouts, state, hparams,
+                            actor_hparams, envs, active)
 
   def update(self, state, hparams, batch: Transition, active=None):
     """As ``_CompiledPopulationStep.update``; ``active`` (``[N]`` bool,

@@ -115,7 +115,7 @@ class Restored(NamedTuple):
   # This process's log sizes at the checkpoint (``truncate_logs``).
   log_sizes: Optional[dict] = None
   # The data path's own state (``DevicePipeline.checkpoint_state``), if
-  # the checkpoint holds it and its replay is restored too.
+  # the checkpoint holds it.
   data_path_state: Optional[dict] = None
 
 
@@ -160,9 +160,10 @@ def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
   rule_state = rule.resumed(like(fresh.rule_state, extra['rule']))
   counters = meta['counters']
   replay_state = meta.get('replay')
+  # The data path decides whether its state continues it exactly: the
+  # replay path's needs its replay too, a path without one does not.
   data_path_state = (checkpointer.restore_data_path()
-                     if replay_state is not None and meta.get('has_data_path')
-                     else None)
+                     if meta.get('has_data_path') else None)
   log.info('resumed %s at call %d (%d env steps per member)%s', config.resume,
            counters['calls'], counters['env_steps'],
            '' if replay_state is not None else
