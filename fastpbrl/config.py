@@ -334,9 +334,10 @@ def steps_per_call_of(config: RunConfig) -> int:
 def agent_config(config: RunConfig):
   """The agent's static config (a dataclass) as the run's settings make it:
   ``--batch-size``, ``--steps-per-call``, ``--hidden-sizes`` and
-  ``--network-init`` where given, then ``--agent-settings``; a rollout
-  agent (``AgentSpec.learns_from == 'rollout'``) gets ``steps_per_call=None``
-  unless one of them sets it, so that its config derives ``T x E``.
+  ``--network-init`` where given, then ``--agent-settings``, the other
+  fields at their declared defaults: a rollout agent's config (PPO's)
+  declares ``steps_per_call=None`` and derives ``T x E`` from the
+  ``rollout_length`` and ``num_envs`` it gets.
 
   Raises:
     ConfigError: one line naming the flag (an unknown or badly typed
@@ -369,9 +370,9 @@ def _agent_config(agent: str, settings: tuple, batch_size, steps_per_call,
     check(network_init == 'haiku',
           f'--network-init {network_init}: --agent {agent} has no '
           'network_init setting (TD3 and SAC have)')
-  if spec.learns_from == 'rollout' and 'steps_per_call' not in {
-      **overrides, **given}:
-    overrides['steps_per_call'] = None  # the config derives T x E
+  # Built from the class, not replaced in an instance: a field left out
+  # keeps its declared default, so a rollout agent's steps_per_call=None
+  # stays None for its config to derive T x E from the settings given.
   overrides.update(given)
   where = (f'--agent {agent}' + (f' --agent-settings {" ".join(settings)}'
                                  if settings else ''))
@@ -381,7 +382,7 @@ def _agent_config(agent: str, settings: tuple, batch_size, steps_per_call,
     raise ConfigError(f'{where}: {e}') from None
   check(isinstance(made.steps_per_call, int) and made.steps_per_call >= 1,
         f'{where}: its config has steps_per_call {made.steps_per_call!r}; '
-        'a rollout agent\'s config derives it (T x E) when given None')
+        'a rollout agent\'s config derives it (T x E) in __post_init__')
   return made
 
 
