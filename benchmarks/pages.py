@@ -459,6 +459,31 @@ def main_command(folder: str) -> str:
 
 
 # --------------------------------------------------------------------------
+# PPO populations (benchmarks/ppo_speed)
+# --------------------------------------------------------------------------
+
+
+def _machine_words(machine: dict) -> str:
+  return f'{machine["cpu_model"]} ({machine["cpus"]} CPUs, {machine["device"]})'
+
+
+def ppo_speed(folder: str, *names: str) -> str:
+  """The tables ``benchmarks/ppo_speed.py`` wrote (``NAME.md`` beside
+  each ``NAME.json``), one after the other, with what each file records."""
+  parts, links, facts = [], [], []
+  for name in names:
+    record = _json(folder, f'{name}.json')
+    with open(_path(folder, f'{name}.md')) as f:
+      text = f.read()
+    parts.append(text[text.index('\n|') + 1:].rstrip('\n'))
+    links += [_link(folder, f'{name}.json'), _link(folder, f'{name}.md')]
+    facts.append(f'{_prefix(name, names)}{_command(record["command"])}, '
+                 f'machine {_machine_words(record["machine"])}, date '
+                 f'{record["date"]}, {_commit(record)}')
+  return '\n\n'.join(parts + [_source(links, *facts)])
+
+
+# --------------------------------------------------------------------------
 # Resume (benchmarks/resume_curve)
 # --------------------------------------------------------------------------
 
@@ -597,6 +622,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
         'cpu', 'actor_step_split.json'),
     'cpu-actor-baseline': lambda: actor_baseline('cpu'),
     'resume-curve': resume_curve,
+    'cpu-ppo-speed': lambda: ppo_speed('ppo', 'speed_cartpole'),
     'learning budgets': lambda: learning_budgets('learning'),
     'learning results': lambda: learning('learning'),
     'rules learning results': lambda: learning(os.path.join('rules',

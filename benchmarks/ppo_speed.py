@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import resource
 import sys
@@ -78,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help='leave out the Stable-Baselines3 row')
   parser.add_argument('--out', default=os.path.join(
       'benchmarks', 'results', 'ppo', 'speed_cartpole.json'))
+  parser.add_argument('--report-only', action='store_true',
+                      help='rewrite the table of --out from its JSON')
   parser.add_argument('--one', nargs=2, metavar=('N', 'MODE'),
                       help=argparse.SUPPRESS)  # one row, in this process
   return parser.parse_args(argv)
@@ -197,6 +200,9 @@ def table(rows: list[dict]) -> str:
     cells = [n, r['mode'], r.get('env', '')]
     if 'error' in r:
       cells += [r['error']] + [''] * 5
+    elif r['mode'] == 'sb3':  # the reference itself: no ratios
+      cells += [fmt(r['seconds']), '', f'{r["env_steps_per_s"]:,.0f}',
+                '', '', '']
     else:
       cells += [fmt(r['seconds']), fmt(r.get('warm_seconds')),
                 f'{r["env_steps_per_s"]:,.0f}',
@@ -210,6 +216,11 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> None:
   args = parse_args(argv)
   if answered_one_row(args, one):
+    return
+  if args.report_only:
+    with open(args.out) as f:
+      record = json.load(f)
+    write_record(args.out, record, markdown(record))
     return
   argv = argv if argv is not None else sys.argv[1:]
   runs = [(n, 'fastpbrl') for n in args.members] + (
@@ -227,13 +238,19 @@ def main(argv=None) -> None:
             'settings': {k: v for k, v in vars(args).items()
                          if k not in ('out', 'one')},
             'rows': rows}
-  write_record(args.out, record, (
-      f'PPO populations ({args.agent}, {args.jax_env}) against one SB3 PPO '
-      f'({args.gym_env}), {args.env_steps:,} env steps per member; '
-      f'{record["machine"]["device"]}, {record["machine"]["cpus"]} CPUs; '
-      f'{record["date"]}, commit {record["commit"][:8]}.\n'
-      f'Command: `{record["command"]}`\n\n{table(rows)}\n'))
+  write_record(args.out, record, markdown(record))
   print(f'rows in {args.out}')
+
+
+def markdown(record: dict) -> str:
+  """The heading and table of a run's ``record``."""
+  settings = record['settings']
+  return (f'PPO populations ({settings["agent"]}, {settings["jax_env"]}) '
+          f'against one SB3 PPO ({settings["gym_env"]}), '
+          f'{settings["env_steps"]:,} env steps per member; '
+          f'{record["machine"]["device"]}, {record["machine"]["cpus"]} '
+          f'CPUs; {record["date"]}, commit {record["commit"][:8]}.\n'
+          f'Command: `{record["command"]}`\n\n{table(record["rows"])}\n')
 
 
 if __name__ == '__main__':
