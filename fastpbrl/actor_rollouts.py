@@ -247,7 +247,6 @@ class ActorRollouts(PolicyPublisher):
       for k, buffer in self._buffers.items():
         buffer[members] = chunk[k][:, :steps]
       self._ready[members] = version
-      self._env_steps[members] += steps
       self._last_progress = time.monotonic()
       self._cond.notify_all()
     if int(chunk['meta'][1]):
@@ -306,6 +305,12 @@ class ActorRollouts(PolicyPublisher):
           raise TimeoutError(f'no rollout within {timeout} s')
       rollout = Rollout(**{k: v.copy() for k, v in self._buffers.items()})
       self._ready[:] = 0
+      # Counted when learned, not when received: the rollout the actors
+      # collect after the loop's last publish (at the end of the budget,
+      # or while a checkpoint is written) is never learned from, and a
+      # checkpoint's env steps, which a resume's actors continue from,
+      # must be those the learner took.
+      self._env_steps += self.rollout_length
       self._cond.notify_all()  # the readers' admit
     self._learned_version = version
     self._waited_s += time.monotonic() - start
@@ -350,8 +355,9 @@ class ActorRollouts(PolicyPublisher):
 
   @property
   def env_steps(self) -> np.ndarray:
-    """``[N]`` env steps collected per member (every rollout received,
-    also one discarded as stale; a resumed run's count from zero)."""
+    """``[N]`` env steps per member of the rollouts the learner took
+    (``next_rollout``; not those discarded as stale, nor one received but
+    not taken yet; a resumed run's count from zero)."""
     with self._cond:
       return self._env_steps.copy()
 

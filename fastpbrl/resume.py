@@ -164,9 +164,11 @@ def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
   # replay path's needs its replay too, a path without one does not.
   data_path_state = (checkpointer.restore_data_path()
                      if meta.get('has_data_path') else None)
+  # An agent that learns from its own rollouts has no replay to refill.
+  keeps_replay = agent_spec(config.agent).learns_from == 'replay'
   log.info('resumed %s at call %d (%d env steps per member)%s', config.resume,
            counters['calls'], counters['env_steps'],
-           '' if replay_state is not None else
+           '' if replay_state is not None or not keeps_replay else
            (', replay refilled by the restored policies'
             + (' (this checkpoint holds no replay)'
                if config.checkpoint_replay else '')))

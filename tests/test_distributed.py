@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from fastpbrl import distributed, launch
+from fastpbrl.logging import read_member_csvs
 from tests import distributed_worker, numerics
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
@@ -602,3 +603,184 @@ def test_launch_stops_children_that_ignore_a_forwarded_signal():
     if proc.poll() is None:
       proc.kill()
       proc.wait()
+
+
+# PPO: T = 16 steps in E = 2 envs per member (32 env steps per learner
+# call), 2 epochs of minibatches of 16.
+PPO_FLAGS = ['--agent', 'ppo', '--population-size', '4',
+             '--hidden-sizes', '16', '16', '--eval-episodes', '1',
+             '--ready-after', '64', '--eval-every', '64', '--fraction', '0.5',
+             '--no-progress', '--track', 'none']
+PPO_DEVICE = ['--env', 'gymnax:CartPole-v1', '--agent-settings',
+              'rollout_length=16', 'num_envs=2', 'batch_size=16', 'epochs=2']
+
+
+@pytest.mark.slow
+def test_ppo_on_device_over_two_processes_is_the_run_on_two_devices(
+    tmp_path):
+  """PBT of PPO members on the on-device rollout path
+  (``fastpbrl.device_rollouts``) over 2 processes (1 CPU device each:
+  the envs of members 0-1 in process 0, of 2-3 in process 1), stopped at
+  its budget and resumed over 2 processes to a larger one (each process
+  restores its own members' envs, keys and counters), is the run never
+  stopped in one process on 2 devices, exactly: each device runs the same
+  partitioned program on the same members in both (the fused call sums
+  nothing across members; a PBT copy between devices is a copy), and a
+  resumed device path continues its run bit for bit."""
+  pytest.importorskip('gymnax')
+  two, one = str(tmp_path / 'two'), str(tmp_path / 'one')
+  command = [sys.executable, '-m', 'experiments.pbt']
+  flags = [*PPO_FLAGS, *PPO_DEVICE]
+  other = os.path.join(two, 'processes', '1')
+
+  def over_two_processes(*args):
+    proc = subprocess.run(
+        LAUNCH + ['--num-processes', '2', '--', *command, *args], cwd=REPO,
+        env=ENV, capture_output=True, text=True, timeout=DEADLINE_S)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    for name in ('lineage.jsonl', 'hparams.csv'):  # the same decisions
+      assert lines(os.path.join(two, name)) == lines(
+          os.path.join(other, name)), name
+    return out
+
+  out = over_two_processes(*flags, '--env-steps', '192', '--run-dir', two)
+  assert 'process 1 of 2: members 2-3 of 4' in out, out[-5000:]
+  assert exploits(os.path.join(two, 'lineage.jsonl'))
+  out = over_two_processes('--resume', two, '--env-steps', '320',
+                           '--no-progress')
+  assert sorted(re.findall(r'\[process (\d)\] INFO resumed ', out)) == [
+      '0', '1'], out[-5000:]
+  proc = subprocess.run(
+      [*command, *flags, '--env-steps', '320', '--run-dir', one], cwd=REPO,
+      env={**ENV, 'XLA_FLAGS': ENV.get('XLA_FLAGS', '')
+           + ' --xla_force_host_platform_device_count=2'},
+      capture_output=True, text=True, timeout=DEADLINE_S)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+  assert 'population of 4 over 2 devices' in proc.stderr
+
+  lineage = lines(os.path.join(two, 'lineage.jsonl'))
+  assert lineage == lines(os.path.join(one, 'lineage.jsonl'))
+  assert max(json.loads(line)['env_steps'] for line in lineage) > 192
+  # Some copy took a member of the other process (members 0-1 | 2-3).
+  assert any(e['member'] // 2 != e['parent'] // 2
+             for e in exploits(os.path.join(two, 'lineage.jsonl')))
+  finals = [json.load(open(os.path.join(d, 'final_returns.json')))
+            for d in (two, one)]
+  assert finals[0]['final_returns'] == finals[1]['final_returns']
+  # Every episode alike, member by member (the wall time dropped).
+  for member in sorted(os.listdir(os.path.join(one, 'members'))):
+    got, want = ([line.split(',', 1)[1] for line in
+                  lines(os.path.join(d, 'members', member))]
+                 for d in (two, one))
+    assert got == want, member
+
+
+@pytest.mark.slow
+def test_ppo_with_actors_over_two_processes_agrees_and_counts_its_steps(
+    tmp_path):
+  """PBT of PPO members on the actor rollout path
+  (``fastpbrl.actor_rollouts``) over 2 processes, each with its members'
+  actor process. The actors' episodes are not those of one process (each
+  process seeds its own actors), so what must hold: both processes take
+  the same decisions (their logs are equal), every member learns from
+  whole rollouts of exactly the budget's env steps, one per call, and the
+  run resumes over 2 processes to a larger budget."""
+  run_dir = str(tmp_path / 'run')
+  command = [sys.executable, '-m', 'experiments.pbt']
+  flags = [*PPO_FLAGS, '--env', 'CartPole-v1', '--num-actors', '1',
+           '--agent-settings', 'rollout_length=16', 'batch_size=16',
+           'epochs=2']
+
+  def run(*args):
+    proc = subprocess.run(
+        LAUNCH + ['--num-processes', '2', '--', *command, *args], cwd=REPO,
+        env=ENV, capture_output=True, text=True, timeout=DEADLINE_S)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert out.count('on-policy actors: 2 members over 1 actor processes'
+                     ) == 2, out[-5000:]
+    return out
+
+  def check(out, env_steps):
+    other = os.path.join(run_dir, 'processes', '1')
+    for name in ('lineage.jsonl', 'hparams.csv'):
+      assert lines(os.path.join(run_dir, name)) == lines(
+          os.path.join(other, name)), name
+    summary = open(os.path.join(run_dir, 'summary.txt')).read()
+    assert f'env steps: {env_steps} per member' in summary, summary
+    # T = 16 env steps per member per call: one whole rollout each.
+    assert (f'update steps: {env_steps} per member in {env_steps // 16} '
+            'learner calls') in summary, summary
+    finals = re.findall(r'\[process \d\] INFO final evaluation .*: (.*)\n',
+                        out)
+    assert len(finals) == 2 and finals[0] == finals[1], out[-5000:]
+    returns = json.load(open(os.path.join(run_dir, 'final_returns.json')))
+    assert len(returns['final_returns']) == 4
+    assert np.isfinite(returns['final_returns']).all()
+    # Process 0 logged every member's episodes, none past the budget; a
+    # training episode is logged after the call that learned the rollout
+    # it ended in (the actors count the env steps the learner took, also
+    # after a resume).
+    members = read_member_csvs(run_dir)
+    assert len(members) == 4
+    for member, rows in enumerate(members):
+      steps = [int(row['env_steps']) for row in rows]
+      assert steps and max(steps) <= env_steps, (member, steps)
+      for row in rows:
+        if row['evaluation'] == 'False':
+          assert int(row['env_steps']) <= int(row['update_steps']), (
+              member, row)
+
+  out = run(*flags, '--env-steps', '160', '--run-dir', run_dir)
+  assert 'process 1 of 2: members 2-3 of 4' in out, out[-5000:]
+  check(out, 160)
+  assert exploits(os.path.join(run_dir, 'lineage.jsonl'))
+  out = run('--resume', run_dir, '--env-steps', '224', '--no-progress')
+  assert sorted(re.findall(r'\[process (\d)\] INFO resumed ', out)) == [
+      '0', '1'], out[-5000:]
+  check(out, 224)
+
+
+@pytest.mark.slow
+def test_ppo_with_actors_over_two_processes_stops_on_sigterm(tmp_path):
+  """The actor rollout path over 2 processes: a SIGTERM to the launcher
+  (each process may be waiting for its actors' rollouts, or learning)
+  stops both after the same learner call with a checkpoint (143), at
+  whole rollouts; the run resumes over 2 processes to its end."""
+  run_dir = str(tmp_path / 'run')
+  command = [sys.executable, '-m', 'experiments.pbt']
+  proc = subprocess.Popen(
+      LAUNCH + ['--num-processes', '2', '--grace', '300', '--', *command,
+                *PPO_FLAGS, '--env', 'CartPole-v1', '--num-actors', '1',
+                '--agent-settings', 'rollout_length=16', 'batch_size=16',
+                'epochs=2', '--checkpoint-every', '32',
+                '--env-steps', '10000000', '--run-dir', run_dir],
+      cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True)
+  checkpoints = os.path.join(run_dir, 'checkpoints')
+  out = sigterm_after(lambda: os.path.isdir(checkpoints) and any(
+      d.isdigit() and int(d) > 0 for d in os.listdir(checkpoints)),
+                      'a checkpoint after a learner call', proc)
+  assert proc.returncode == 143, out[-5000:]
+  stopped = re.findall(r'SIGTERM: stopped after learner call (\d+) '
+                       r'\((\d+) env steps per member\)', out)
+  assert len(stopped) == 2 and stopped[0] == stopped[1], out[-5000:]
+  calls, env_steps = map(int, stopped[0])
+  assert env_steps == 16 * calls  # whole rollouts, one per call
+  proc = subprocess.run(
+      LAUNCH + ['--num-processes', '2', '--', *command, '--resume', run_dir,
+                '--env-steps', str(env_steps + 64), '--no-progress'],
+      cwd=REPO, env=ENV, capture_output=True, text=True, timeout=DEADLINE_S)
+  out = proc.stdout + proc.stderr
+  assert proc.returncode == 0, out[-5000:]
+  assert sorted(re.findall(r'\[process (\d)\] INFO resumed .* at call '
+                           + str(calls) + ' ', out)) == ['0', '1'], (
+                               out[-5000:])
+  summary = open(os.path.join(run_dir, 'summary.txt')).read()
+  assert (f'update steps: {env_steps + 64} per member in {calls + 4} '
+          'learner calls') in summary, summary
+  other = os.path.join(run_dir, 'processes', '1')
+  for name in ('lineage.jsonl', 'hparams.csv'):
+    assert lines(os.path.join(run_dir, name)) == lines(
+        os.path.join(other, name)), name

@@ -198,3 +198,33 @@ def test_every_rule_stops_on_sigterm_and_resumes(tmp_path, rule):
   assert proc.returncode == 0, err
   assert f'resumed {run_dir} at call' in err
   assert our_segments(proc.pid) == []
+
+
+def test_ppo_on_device_stops_on_sigterm_and_resumes(tmp_path):
+  """PPO on the on-device rollout path (``fastpbrl.device_rollouts``),
+  through the command: a SIGTERM after a checkpoint stops it after whole
+  iterations (32 env steps per call) with 143 and the resume line; the
+  resumed run restores the envs (nothing to refill: no replay) and learns
+  exactly the calls its larger budget adds."""
+  pytest.importorskip('gymnax')
+  run_dir = str(tmp_path / 'run')
+  flags = ['--agent', 'ppo', '--env', 'gymnax:CartPole-v1',
+           '--population-size', '2', '--hidden-sizes', '16', '16',
+           '--agent-settings', 'rollout_length=16', 'num_envs=2',
+           'batch_size=16', 'epochs=2', '--eval-every', '64',
+           '--eval-episodes', '1', '--checkpoint-every', '64',
+           '--no-progress', '--track', 'none', '--env-steps', '10000000']
+  err = stopped_by_sigterm(flags, run_dir)
+  match = LINE.match(last_line(err))
+  assert match, err
+  assert 'Traceback' not in err
+  calls, env_steps = int(match.group(2)), int(match.group(3))
+  assert calls == checkpoints(run_dir)[-1]
+  assert env_steps == calls * 32  # T x E per call, one iteration each
+  err = resume(run_dir, env_steps + 4 * 32)
+  assert f'resumed {run_dir} at call {calls}' in err
+  assert 'refilled' not in err
+  with open(os.path.join(run_dir, 'summary.txt')) as f:
+    summary = f.read()
+  assert (f'update steps: {env_steps + 128} per member in {calls + 4} '
+          'learner calls') in summary, summary

@@ -204,3 +204,21 @@ def test_an_error_making_the_run_folder_is_one_line(tmp_path, capsys,
   err = capsys.readouterr().err.strip().splitlines()[-1]
   assert err == (f"error: --run-dir '{target}': cannot make the folder "
                  '(Permission denied); choose another directory')
+
+
+@pytest.mark.parametrize('rule, name', [('cemrl', 'CEM-RL'), ('dvd', 'DvD')])
+def test_shared_critic_rules_refuse_an_on_policy_agent(tmp_path, capsys,
+                                                       monkeypatch, rule,
+                                                       name):
+  """CEM-RL and DvD train deterministic policies through one shared
+  critic; PPO has neither: one line naming --agent, on either data path,
+  before any folder (the default runs/ one included)."""
+  monkeypatch.chdir(tmp_path)
+  for env in ('CartPole-v1', 'gymnax:CartPole-v1'):
+    err = _one_line_error([rule, '--agent', 'ppo', '--env', env,
+                           '--no-progress'], capsys)
+    assert err == (f'error: {name} needs deterministic policies trained '
+                   'through one shared critic: --agent ppo registers no '
+                   'shared_critic update (of the built-in agents only td3 '
+                   'does)'), err
+    assert os.listdir(tmp_path) == []

@@ -202,9 +202,11 @@ class CEMRL(Rule):
 
   def __init__(self, config: CEMRLRunConfig):
     """Checks ``config``, resolved (``resolve``) if it is not yet."""
+    # The agent first: its other settings may not apply to an agent
+    # without a shared critic (PPO refuses CEM-RL's update-to-data ratio).
+    check_shared_critic('CEM-RL', config)
     config = self.resolve(config)
     super().__init__(config)
-    check_shared_critic('CEM-RL', config)
     check(config.population_size % 2 == 0, f'--population-size must be even '
           f'(mirrored sampling), got {config.population_size}')
     check_bounds(config, rule_fields(config))  # --rl-fraction, --noise-decay...

@@ -163,9 +163,11 @@ class DvD(Rule):
   min_population = 2
 
   def __init__(self, config: DvDRunConfig):
+    # The agent first, as CEM-RL: its other settings may not apply to an
+    # agent without a shared critic.
+    check_shared_critic('DvD', config)
     config = resolved(config)
     super().__init__(config)
-    check_shared_critic('DvD', config)
     check(config.lambda_mode in ('bandit', 'schedule'),
           f'--lambda-mode must be bandit or schedule, got {config.lambda_mode!r}')
     check(len(config.lambda_arms) >= 1 and all(

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from fastpbrl import search_space as ss
-from fastpbrl.config import (Derived, RunConfig, as_flag_error,
+from fastpbrl.config import (Derived, RunConfig, agent_spec, as_flag_error,
                              as_update_steps, bounded, check, check_bounds,
                              resolved, rule_fields)
 from fastpbrl.rules.hypertrick import scheduler as hypertrick_lib
@@ -118,6 +118,12 @@ class HyperTrick(Rule):
           'with an empty replay of its own; drop it')
     check_bounds(config, rule_fields(config))  # --num-workers, --quantile...
     self.phase_update_steps = as_update_steps(config.phase_env_steps, config)
+    # Env steps a restarted slot spends before its first phase: its warm-up
+    # of random actions; none for an agent that learns from its own
+    # rollouts (it acts with its policy from the first step, whatever
+    # --warmup-steps says).
+    self.restart_warmup = (0 if agent_spec(config.agent).learns_from
+                           == 'rollout' else config.warmup_steps)
     check_evaluations_per(config.phase_env_steps, config,
                           '--phase-env-steps')
     check(config.init_hparams in ('prior', 'defaults'),
@@ -191,7 +197,7 @@ class HyperTrick(Rule):
     # phase on the budget's last call and was restarted just before the
     # final evaluation). Such a slot keeps its worker and goes on training.
     left = config.env_steps - obs.env_steps
-    launch = left >= config.warmup_steps + config.phase_env_steps
+    launch = left >= self.restart_warmup + config.phase_env_steps
     phase_start = rule_state.phase_start.copy()
     reset = np.zeros((config.population_size,), bool)
     # Slots finish phases together here; report in a random order, as the
