@@ -222,8 +222,8 @@ def test_unknown_field_and_agent():
   space = ss.SearchSpace({'learning_rate': ss.LogUniform(1e-5, 1e-3)})
   with pytest.raises(ValueError, match=r"\['learning_rate'\].*TD3HParams"):
     ss.sample(jax.random.PRNGKey(0), space, td3.default_hparams(), 2)
-  with pytest.raises(ValueError, match="'ppo' is unknown; choose one of td3"):
-    agents.get('ppo')
+  with pytest.raises(ValueError, match="'trpo' is unknown; choose one of td3"):
+    agents.get('trpo')
   space = agents.get('td3').default_search_space
   hp = ss.sample(jax.random.PRNGKey(0), space, td3.default_hparams(), 2)
   with pytest.raises(ValueError, match='resample_probability'):

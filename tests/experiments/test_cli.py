@@ -9,7 +9,7 @@ from experiments import cemrl, dvd, hypertrick, pbt
     (pbt, ['--population-size', '1'], '--population-size must be >= 2'),
     (pbt, ['--fraction', '0.7'], r'--fraction must be in \(0, 0.5\]'),
     (pbt, ['--fraction', '0'], r'--fraction must be in \(0, 0.5\]'),
-    (pbt, ['--agent', 'ppo'], "--agent 'ppo' is unknown"),
+    (pbt, ['--agent', 'trpo'], "--agent 'trpo' is unknown"),
     (pbt, ['--exploit', 'roulette'], '--exploit must be one of'),
     (pbt, ['--env', 'NoSuchEnv-v0'], "--env 'NoSuchEnv-v0' cannot be made"),
     (pbt, ['--warmup-steps', '50000'], '--warmup-steps .* must be below'),
