@@ -74,12 +74,12 @@ def overview() -> list[str]:
   lines = ['agents (--agent; fastpbrl info AGENT for its hyperparameters):']
   for name in agents_lib.known():
     spec = agents_lib.get(name)
-    lines.append(f'  {name:<12}{summary(sys.modules.get(spec.module))}'
+    lines.append(f'  {name:<11} {summary(sys.modules.get(spec.module))}'
                  .rstrip())
   lines += ['', 'rules (fastpbrl RULE; fastpbrl info RULE for its presets):']
   for rule in registry.builtins():
     presets = ', '.join(rule.presets)
-    lines.append(f'  {rule.name:<12}{rule.help} (presets: {presets})')
+    lines.append(f'  {rule.name:<11} {rule.help} (presets: {presets})')
   return lines
 
 

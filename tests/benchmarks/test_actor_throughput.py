@@ -55,8 +55,8 @@ def test_the_rest_beyond_the_actors_own_work_is_the_extra_in_turn():
 def test_the_actors_own_work_runs_without_physics_or_policy():
   policy_calls = []
 
-  def counting_policy_fns(agent, prng_impl):
-    explore, with_eval = make_policy_fns(agent, prng_impl)
+  def counting_policy_fns(agent, prng_impl, **kwargs):
+    explore, with_eval = make_policy_fns(agent, prng_impl, **kwargs)
     return (lambda *a: policy_calls.append(1) or explore(*a)), with_eval
 
   with mock.patch.object(mujoco, 'mj_step',
