@@ -483,6 +483,27 @@ def ppo_speed(folder: str, *names: str) -> str:
   return '\n\n'.join(parts + [_source(links, *facts)])
 
 
+def ppo_actor_speed(folder: str, *names: str) -> str:
+  """``benchmarks/ppo_actor_speed.py``'s wall times, one row a file."""
+  rows, links, facts = [], [], []
+  for name in names:
+    record = _json(folder, f'{name}.json')
+    ours, sb3 = record['fastpbrl'], record['sb3']
+    rows.append([record['env'], f'{record["population_size"]} x '
+                 f'{ours["env_steps_per_member"]:,}',
+                 f'{ours["wall_s"]:.1f}', f'1 x {sb3["env_steps"]:,}',
+                 f'{sb3["wall_s"]:.1f}', f'{record["wall_time_ratio"]:.2f}'])
+    links.append(_link(folder, f'{name}.json'))
+    facts.append(f'{_prefix(name, names)}{_command(record["command"])}, '
+                 f'machine {record["machine"]["cpu_model"]} '
+                 f'({record["machine"]["cpus"]} CPUs), date '
+                 f'{record["date"][:10]}, {_commit(record)}')
+  header = ['env', 'fastpbrl PPO members x env steps', 'seconds',
+            'SB3 PPO x env steps', 'seconds', 'wall-time ratio']
+  return '\n\n'.join([_table(header, 'lrrrrr', rows),
+                       _source(links, *facts)])
+
+
 # --------------------------------------------------------------------------
 # Resume (benchmarks/resume_curve)
 # --------------------------------------------------------------------------
@@ -623,6 +644,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     'cpu-actor-baseline': lambda: actor_baseline('cpu'),
     'resume-curve': resume_curve,
     'cpu-ppo-speed': lambda: ppo_speed('ppo', 'speed_cartpole'),
+    'cpu-ppo-actor-speed': lambda: ppo_actor_speed('ppo', 'actor_speed',
+                                                   'actor_speed_100k'),
     'learning budgets': lambda: learning_budgets('learning'),
     'learning results': lambda: learning('learning'),
     'rules learning results': lambda: learning(os.path.join('rules',
