@@ -10,6 +10,7 @@ from benchmarks import ppo_actor_speed
 
 @pytest.mark.slow
 def test_smoke_writes_the_record_with_its_provenance(tmp_path):
+  pytest.importorskip('stable_baselines3')  # the SB3 side: the torch extra
   out = tmp_path / 'actor_speed.json'
   record = ppo_actor_speed.main(['--smoke', '--out', str(out)])
   saved = json.loads(out.read_text())
