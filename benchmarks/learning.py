@@ -147,6 +147,41 @@ TASKS.update({
     'gymnax:CartPole-v1': Task(500_000, 0, 20_480, 61_440, 122_880),
 })
 
+# rl-baselines3-zoo's tuned PPO settings (``hyperparams/ppo.yml``, its
+# HalfCheetah entry, written for v3/v4 and taken unchanged for v5), as SB3's
+# keyword arguments; ``normalize`` is VecNormalize of observations and
+# rewards with the agent's gamma, as the zoo wraps it. A method whose flags
+# hold ``ZOO`` takes these for its task (``zoo_flags``, ``sb3_zoo_model``).
+ZOO = '@zoo'
+ZOO_PPO = {
+    'HalfCheetah-v5': dict(
+        normalize=True, n_steps=512, batch_size=64, gamma=0.98,
+        learning_rate=2.0633e-05, ent_coef=0.000401762, clip_range=0.1,
+        n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096,
+        log_std_init=-2.0, ortho_init=False, activation='relu',
+        net_arch=(256, 256)),
+}
+# SB3 keyword -> our PPO's traced hyperparameter, and -> its static setting.
+ZOO_HPARAMS = {'learning_rate': 'learning_rate', 'gamma': 'discount',
+               'ent_coef': 'ent_coef', 'clip_range': 'clip_range',
+               'gae_lambda': 'gae_lambda', 'max_grad_norm': 'max_grad_norm',
+               'vf_coef': 'vf_coef'}
+ZOO_SETTINGS = {'n_steps': 'rollout_length', 'batch_size': 'batch_size',
+                'n_epochs': 'epochs', 'log_std_init': 'log_std_init',
+                'ortho_init': 'ortho_init', 'activation': 'activation'}
+
+
+def zoo_flags(task_name: str) -> list:
+  """Our CLI flags for ``ZOO_PPO[task_name]``."""
+  zoo = ZOO_PPO[task_name]
+  hparams = [f'{ours}={zoo[theirs]!r}' for theirs, ours in ZOO_HPARAMS.items()]
+  settings = [f'{ours}={zoo[theirs]}' for theirs, ours in ZOO_SETTINGS.items()]
+  settings += [f'normalize_observations={zoo["normalize"]}',
+               f'normalize_rewards={zoo["normalize"]}']
+  return (['--hparams', *hparams, '--agent-settings', *settings,
+           '--hidden-sizes', *map(str, zoo['net_arch'])])
+
+
 METHODS = {
     # name: (experiment module, extra flags)
     'seeds-td3': ('seeds', ['--agent', 'td3']),
@@ -216,6 +251,10 @@ METHODS = {
     'random-ppo': ('random', ['--agent', 'ppo']),
     # SB3's PPO at its own defaults, which are our PPO's defaults.
     'sb3-ppo': ('sb3', ['ppo']),
+    # The parity pair at rl-baselines3-zoo's tuned PPO settings for the task
+    # (ZOO_PPO; a task without an entry is skipped): ours, and SB3's.
+    'seeds-ppo-zoo': ('seeds', ['--agent', 'ppo', ZOO]),
+    'sb3-ppo-zoo': ('sb3', ['ppo', ZOO]),
 }
 
 DEFAULT_OUT = os.path.join('benchmarks', 'results', 'learning')
@@ -230,7 +269,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2],
                       help='benchmark seeds (each a whole population run)')
   parser.add_argument('--population-size', type=int, default=4,
-                      help='members per run (CEM-RL needs an even number)')
+                      help='members per run (rules need 2 or more, '
+                      'CEM-RL an even number; 1 suits seeds-* and sb3-* '
+                      'parity rows)')
   parser.add_argument('--eval-episodes', type=int, default=5)
   parser.add_argument('--env-steps', type=int, default=None,
                       help="override every task's budget per member")
@@ -251,8 +292,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if name not in METHODS:
       parser.error(f'--methods: unknown method {name!r}; choose from '
                    f'{list(METHODS)}')
-  if args.population_size < 2:
-    parser.error(f'--population-size must be >= 2, got {args.population_size}')
+  if args.population_size < 1:
+    parser.error(f'--population-size must be >= 1, got {args.population_size}')
   if args.eval_episodes < 1:
     parser.error(f'--eval-episodes must be >= 1, got {args.eval_episodes}')
   if args.env_steps is not None and args.env_steps < 2:
@@ -311,6 +352,9 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
 
   task = task_budget(args, task_name)
   module_name, extra = METHODS[method]
+  if ZOO in extra:
+    i = extra.index(ZOO)
+    extra = extra[:i] + zoo_flags(task_name) + extra[i + 1:]
   module = importlib.import_module(f'experiments.{module_name}')
   run_dir = tempfile.mkdtemp(prefix=f'fpbrl-bench-{method}-',
                              dir=args.run_root)
@@ -394,13 +438,42 @@ def cem_mean_policy_curve(path: str, population_size: int) -> list:
   return curve
 
 
+def sb3_zoo_ppo(sb3, task_name: str, seed: int):
+  """SB3's PPO at ``ZOO_PPO[task_name]`` as rl-zoo builds it (one env,
+  VecNormalize with the agent's gamma when ``normalize``), and the function
+  that maps a raw observation to what its policy sees (the training
+  statistics, frozen while it evaluates, as rl-zoo's evaluation does)."""
+  import gymnasium as gym  # noqa: PLC0415
+  import torch  # noqa: PLC0415
+  from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize  # noqa: PLC0415
+
+  zoo = dict(ZOO_PPO[task_name])
+  venv = DummyVecEnv([lambda: gym.make(task_name)])
+  if zoo.pop('normalize'):
+    venv = VecNormalize(venv, gamma=zoo['gamma'])
+  activation = {'relu': torch.nn.ReLU, 'tanh': torch.nn.Tanh}[
+      zoo.pop('activation')]
+  arch = list(zoo.pop('net_arch'))
+  policy_kwargs = dict(log_std_init=zoo.pop('log_std_init'),
+                       ortho_init=zoo.pop('ortho_init'),
+                       activation_fn=activation,
+                       net_arch=dict(pi=arch, vf=arch))
+  model = sb3.PPO('MlpPolicy', venv, seed=seed, verbose=0, device='cpu',
+                  policy_kwargs=policy_kwargs, **zoo)
+  if isinstance(venv, VecNormalize):
+    return model, venv.normalize_obs
+  return model, lambda obs: obs
+
+
 def run_sb3(args, task_name: str, algo: str, seed: int,
-            own_defaults: bool = False) -> dict:
+            own_defaults: bool = False, zoo: bool = False) -> dict:
   """``--population-size`` Stable-Baselines3 agents, one after the other,
   each with the Fujimoto et al. / Haarnoja et al. defaults that our agents
   use (256x256, Adam 3e-4, batch 256, tau 0.005, gamma 0.99, one update
   per env step, TD3 exploration noise 0.1), our warm-up length, and the
-  same evaluation (noise-free, ``--eval-episodes`` episodes)."""
+  same evaluation (noise-free, ``--eval-episodes`` episodes); with
+  ``zoo``, SB3's PPO at rl-zoo's settings for the task
+  (``sb3_zoo_ppo``)."""
   try:
     import gymnasium as gym  # noqa: PLC0415
     import stable_baselines3 as sb3  # noqa: PLC0415
@@ -424,7 +497,11 @@ def run_sb3(args, task_name: str, algo: str, seed: int,
                   tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1,
                   policy_kwargs={'net_arch': [256, 256]}, seed=member_seed,
                   verbose=0, device='cpu')
-    if algo == 'ppo':  # SB3's defaults are our PPO's
+    observe = lambda obs: obs  # noqa: E731 (what the policy sees)
+    if zoo:
+      env.close()
+      model, observe = sb3_zoo_ppo(sb3, task_name, member_seed)
+    elif algo == 'ppo':  # SB3's defaults are our PPO's
       model = sb3.PPO('MlpPolicy', env, seed=member_seed, verbose=0,
                       device='cpu')
     elif own_defaults:
@@ -447,7 +524,7 @@ def run_sb3(args, task_name: str, algo: str, seed: int,
         obs, _ = eval_env.reset(seed=reset_seed)
         total, done = 0.0, False
         while not done:
-          action, _ = model.predict(obs, deterministic=True)
+          action, _ = model.predict(observe(obs), deterministic=True)
           obs, r, term, trunc, _ = eval_env.step(action)
           total += float(r)
           done = term or trunc
@@ -581,6 +658,8 @@ def fits(task_name: str, method: str) -> Optional[str]:
   agent = extra[0] if module_name in ('sb3', 'sync') else _agent_of(extra)
   if module_name in ('sb3', 'sync') and jax_envs.is_jax_env(task_name):
     return f'{module_name} steps gymnasium envs only'
+  if ZOO in extra and task_name not in ZOO_PPO:
+    return f'no rl-zoo PPO settings for it (ZOO_PPO has {list(ZOO_PPO)})'
   try:
     agents_lib.make_agent(agent, build.make_env_spec(task_name))
   except (ValueError, ConfigError) as e:
@@ -594,7 +673,7 @@ def run_one(args, task_name: str, method: str, seed: int) -> None:
   module_name, extra = METHODS[method]
   if module_name == 'sb3':
     out = run_sb3(args, task_name, extra[0], seed,
-                  own_defaults='own-defaults' in extra)
+                  own_defaults='own-defaults' in extra, zoo=ZOO in extra)
   elif module_name == 'sync':
     out = run_sync(args, task_name, extra[0], seed)
   else:
