@@ -298,6 +298,21 @@ class _CompiledPopulationStep:
     return self._step(state, hparams, batch)
 
 
+# Members' initial states are built one member after another (a scan): on
+# the CPU, XLA's concurrency-optimized scheduler deadlocks, every thread
+# idle, running a population's vmapped init that holds several batched
+# orthogonal initialisers (QRs; PPO's networks at 65 or more members on 2
+# cores, jaxlib 0.10.2), and chunks of 64 members did not avoid it in
+# every program. Initialising is once per member and cheap; each member's
+# values are those of its own init.
+
+
+def init_members(init: Callable, keys: jax.Array, hparams: Any) -> Any:
+  """``vmap(init)(keys, hparams)``, computed one member at a time
+  (jittable)."""
+  return jax.lax.map(lambda args: init(*args), (keys, hparams))
+
+
 class PopulationLearner(_CompiledPopulationStep):
   """``N`` independent members of one agent, updated as one program."""
 
@@ -327,17 +342,19 @@ class PopulationLearner(_CompiledPopulationStep):
             replay_state, key, num_steps, self.batch_size, ~active,
             num_members=n), active))
     if mesh is None:
-      self._init = jax.jit(jax.vmap(agent.init))
+      self._init = jax.jit(lambda keys, hparams: init_members(
+          agent.init, keys, hparams))
       self._policy_params = jax.jit(jax.vmap(agent.policy_params))
     else:  # every output leaf is per member: pin it to the mesh
       self._init = jax.jit(lambda keys, hparams: sharding.constrain(
-          jax.vmap(agent.init)(keys, hparams), mesh))
+          init_members(agent.init, keys, hparams), mesh))
       self._policy_params = jax.jit(lambda state: sharding.constrain(
           jax.vmap(agent.policy_params)(state), mesh))
     self._reinit = jax.jit(
         lambda key, state, hparams, rows: self._constrain_state(
-            select_members(rows, jax.vmap(agent.init)(
-                jax.random.split(key, rows.shape[0]), hparams), state),
+            select_members(rows, init_members(
+                agent.init, jax.random.split(key, rows.shape[0]), hparams),
+                state),
             hparams))
 
   def _step_of(self, num_steps: int) -> Callable:

@@ -5,6 +5,9 @@ re-implementation of SB3's VecNormalize, acting, for discrete and
 continuous actions."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import chex
 import jax
@@ -386,3 +389,37 @@ def test_networks_start_as_sb3s_mlp_policy():
       'value/~/linear_1']
   assert np.abs(layer['w']).max() <= 1 / np.sqrt(32)
   assert np.abs(layer['b']).max() > 0
+
+
+# A child process, so that a deadlock fails the test instead of hanging the
+# suite: 70 members' initial states (PPO's four orthogonal initialisers at
+# more than 64 members, the case XLA's CPU scheduler deadlocked on when
+# vmapped: fastpbrl.learner.init_members) against one-member inits.
+INIT_MANY = """
+import jax, numpy as np
+from fastpbrl import agents
+from fastpbrl.learner import PopulationLearner, population_hparams
+from tests.agents.helpers import env_spec
+n = 70
+agent = agents.make_agent('ppo', env_spec('CartPole-v1'))
+hparams = population_hparams(agent, n)
+state = PopulationLearner(agent).init(jax.random.PRNGKey(3), hparams)
+keys = jax.random.split(jax.random.PRNGKey(3), n)
+one = jax.jit(agent.init)
+for i in range(n):
+  alone = one(keys[i], jax.tree.map(lambda x: x[i], hparams))
+  for a, b in zip(jax.tree.leaves(alone), jax.tree.leaves(state)):
+    np.testing.assert_allclose(np.asarray(b[i]), np.asarray(a), atol=1e-6)
+print('equal')
+"""
+
+
+def test_init_of_70_members_finishes_and_equals_one_member_inits():
+  # Tolerance: both sides run the same one-member init; the bound only
+  # allows float32 rounding of entries below 1 between two compilations.
+  done = subprocess.run([sys.executable, '-c', INIT_MANY], timeout=600,
+                        capture_output=True, text=True,
+                        cwd=os.path.dirname(os.path.dirname(
+                            os.path.dirname(os.path.abspath(__file__)))))
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip() == 'equal'
