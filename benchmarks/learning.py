@@ -904,30 +904,86 @@ def compare(rule: tuple, baseline: tuple) -> tuple[stats.Interval, str]:
   return poi, stats.verdict(poi, min(len(rule), len(baseline)))
 
 
+def control_of(method: str) -> Optional[str]:
+  """The random-search row a searching rule's row is also compared with,
+  the control arm of Jaderberg et al. 2017 and of HyperTrick:
+  ``random-<agent>`` of a PBT or HyperTrick row's agent, where the suite
+  has one; None otherwise."""
+  module, flags = METHODS.get(method, (None, []))
+  if module not in ('pbt', 'hypertrick'):
+    return None
+  control = f'random-{_agent_of(flags)}'
+  return control if control in METHODS else None
+
+
+# Our baseline rows and the Stable-Baselines3 rows that are their
+# single-agent references, at the same settings.
+REFERENCE_OF = {'seeds-td3': 'sb3-td3', 'seeds-sac': 'sb3-sac',
+                'seeds-ppo': 'sb3-ppo', 'seeds-ppo-zoo': 'sb3-ppo-zoo'}
+
+
+def _versus(finals: dict, method: str, other: Optional[str]) -> list[str]:
+  """``[P [CI], verdict]`` of ``method`` over ``other``; blanks where
+  either has no runs."""
+  if other not in finals:
+    return ['', '']
+  poi, verdict = compare(tuple(finals[method]), tuple(finals[other]))
+  return [stats.fmt_interval(poi, 2), verdict]
+
+
+def _best_finals(by: dict, task: str, steps: int) -> dict:
+  return {method: [max(r['final_returns']) for r in runs]
+          for method, runs in by[(task, steps)].items()}
+
+
 def seed_statistics(by: dict, tasks: list, order: dict) -> list[str]:
   """Markdown rows over seeds of the best member's final return: IQM with
   its 95% bootstrap interval, and each rule's probability of improving on
-  its ``seeds`` baseline with its interval and verdict
-  (``benchmarks/stats.py``)."""
+  its ``seeds`` baseline and, for PBT and HyperTrick, on random search
+  from the same prior (``control_of``), each with its interval and
+  verdict (``benchmarks/stats.py``)."""
   lines = ['| task | env steps per member | method | seeds | best member, '
-           'final: IQM [95% CI] | P(better than seeds) [95% CI] | verdict |',
-           '|---|---:|---|---:|---:|---:|---|']
+           'final: IQM [95% CI] | P(better than seeds) [95% CI] | verdict '
+           '| P(better than random search) [95% CI] | verdict |',
+           '|---|---:|---|---:|---:|---:|---|---:|---|']
   for task, steps in tasks:
-    rows = by[(task, steps)]
-    finals = {method: [max(r['final_returns']) for r in runs]
-              for method, runs in rows.items()}
-    for method in sorted(rows, key=order.get):
+    finals = _best_finals(by, task, steps)
+    for method in sorted(finals, key=order.get):
       cells = [stats.fmt_interval(stats.iqm_interval(finals[method]))]
-      baseline = baseline_of(method)
-      if baseline in finals:
-        poi, verdict = compare(tuple(finals[method]),
-                               tuple(finals[baseline]))
-        cells += [stats.fmt_interval(poi, 2), verdict]
-      else:
-        cells += ['', '']
+      cells += _versus(finals, method, baseline_of(method))
+      cells += _versus(finals, method, control_of(method))
       lines.append(f'| {task} | {steps:,} | {method} | '
                    f'{len(finals[method])} | ' + ' | '.join(cells) + ' |')
   return lines
+
+
+REFERENCE_NOTE = (
+    'Our agents against Stable-Baselines3 at the same settings, per task: '
+    'the probability that a seed of ours ends above a seed of SB3\'s (best '
+    'member\'s final return), with its interval and verdict as above.')
+
+
+def reference_statistics(by: dict, tasks: list) -> list[str]:
+  """Markdown rows, one per task and pair of ``REFERENCE_OF`` where both
+  sides have runs: each side's IQM and seeds, and ours' probability of
+  ending above SB3's. Empty when no pair has runs."""
+  lines = []
+  for task, steps in tasks:
+    finals = _best_finals(by, task, steps)
+    for ours, theirs in REFERENCE_OF.items():
+      if ours not in finals or theirs not in finals:
+        continue
+      cells = [ours, theirs, str(len(finals[ours])), str(len(finals[theirs])),
+               stats.fmt_interval(stats.iqm_interval(finals[ours])),
+               stats.fmt_interval(stats.iqm_interval(finals[theirs])),
+               *_versus(finals, ours, theirs)]
+      lines.append(f'| {task} | {steps:,} | ' + ' | '.join(cells) + ' |')
+  if not lines:
+    return []
+  return ['| task | env steps per member | ours | SB3 | seeds (ours) | '
+          'seeds (SB3) | ours: IQM [95% CI] | SB3: IQM [95% CI] | '
+          'P(ours better) [95% CI] | verdict |',
+          '|---|---:|---|---|---:|---:|---:|---:|---:|---|'] + lines
 
 
 # The question the benchmark is for: does PBT, with each of its explores
@@ -1128,12 +1184,29 @@ STATISTICS_NOTE = (
     'Over seeds (benchmarks/stats.py): the interquartile mean of the best '
     'member\'s final return with a 95% percentile-bootstrap interval, and, '
     'for a rule, the probability that a seed of it ends above a seed of the '
-    '`seeds` row of its agent (P(X > Y) + P(X = Y) / 2) with a 95% bootstrap '
+    '`seeds` row of its agent (P(X > Y) + P(X = Y) / 2) and, for PBT and '
+    'HyperTrick, above a seed of random search from the same prior (the '
+    '`random` row of its agent, the papers\' control arm), with a 95% bootstrap '
     'interval resampling each side\'s seeds; "better" or "worse" only where '
     f'that interval excludes 1/2 and each side has {stats.MIN_SEEDS} seeds '
     'or more. Runs on code without a later fix of their rule are left out '
     'of these tables (shown apart, last); rows with different code versions '
     'that no fix separates (the code column above) are pooled.')
+
+
+def population_sizes(results: list) -> str:
+  """'Population size 4' for the runs' most common size, and where rows
+  ran at another (parity rows run one agent a seed)."""
+  sizes = [r['population_size'] for r in results]
+  common = max(set(sizes), key=sizes.count)
+  other: dict[int, set] = {}
+  for r in results:
+    if r['population_size'] != common:
+      other.setdefault(r['population_size'], set()).add(
+          f'{r["method"]} on {r["task"]} at {r["budget"]["env_steps"]:,}')
+  return f'Population size {common}' + ''.join(
+      f'; {size} for {", ".join(sorted(rows))}'
+      for size, rows in sorted(other.items()))
 
 
 def report(out: str) -> str:
@@ -1195,7 +1268,7 @@ def report(out: str) -> str:
                         f'{r["wall_time_s"]:.1f}')
   machines = sorted({r['machine'] for r in results})
   dates = sorted({r['date'] for r in results})
-  header = (f'Population size {results[0]["population_size"]}; final = mean of '
+  header = (f'{population_sizes(results)}; final = mean of '
             f'{results[0]["eval_episodes"]} noise-free episodes of each '
             f'member\'s final policy; "best member" is the best final of a '
             f'run, then mean ± sample std (ddof 1) over seeds; "last fifth" '
@@ -1207,8 +1280,11 @@ def report(out: str) -> str:
             f'chosen on them, every method runs there untuned): '
             f'{", ".join(HELD_OUT)}.\n\n')
   matrix = matrix_summary(by)
+  reference = reference_statistics(by, tasks)
   table = (header + '\n'.join(lines) + '\n\n' + STATISTICS_NOTE + '\n\n'
            + '\n'.join(seed_statistics(by, tasks, order)) + '\n'
+           + ('\n' + REFERENCE_NOTE + '\n\n' + '\n'.join(reference) + '\n'
+              if reference else '')
            + ('\n' + MATRIX_NOTE + '\n\n' + '\n'.join(matrix) + '\n'
               if matrix else '')
            + '\n'.join(superseded_summary(dropped, by))

@@ -119,7 +119,7 @@ def test_tiny_random_search_benchmark_keeps_its_draws(tmp_path):
 @pytest.mark.parametrize('argv, message', [
     (['--tasks', 'Nope-v0'], '--tasks: unknown task'),
     (['--methods', 'ppo'], '--methods: unknown method'),
-    (['--population-size', '1'], '--population-size must be >= 2'),
+    (['--population-size', '0'], '--population-size must be >= 1'),
     (['--run-root', '/nonexistent/runs'], '--run-root:'),
 ])
 def test_bad_flags_name_the_flag(argv, message, capsys):
@@ -342,7 +342,8 @@ def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
              if line.startswith('| Pendulum-v1 | 1,000 | pbt-td3 | 5 | -100 ['))
   # Every PBT seed beats every seeds-td3 seed: P = 1, and so does every
   # resample: the interval is [1, 1].
-  assert row.endswith('| 1.00 [1.00, 1.00] | better |'), row
+  # No random-td3 row here: the random-search columns are blank.
+  assert row.endswith('| 1.00 [1.00, 1.00] | better |  |  |'), row
   assert learning.baseline_of('pbt-td3') == 'seeds-td3'
   assert learning.baseline_of('pbt-sac') == 'seeds-sac'
   assert learning.baseline_of('dvd') == 'seeds-td3'
@@ -350,6 +351,64 @@ def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
   assert learning.baseline_of('random-ppo') == 'seeds-ppo'
   assert learning.baseline_of('seeds-td3') is None
   assert learning.baseline_of('sb3-td3') is None
+  assert learning.control_of('pbt-pb2-ppo') == 'random-ppo'
+  assert learning.control_of('hypertrick') == 'random-td3'
+  assert learning.control_of('random-td3') is None
+  assert learning.control_of('seeds-td3') is None
+
+
+def _write_runs(out, task, steps, finals, population_size=2):
+  for method, values in finals.items():
+    for seed, value in enumerate(values):
+      path = learning.result_path(str(out), task, method, seed, steps)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, 'w') as f:
+        json.dump({'final_returns': [value] * population_size,
+                   'wall_time_s': 1.0, 'curve': [], 'task': task,
+                   'method': method, 'seed': seed,
+                   'population_size': population_size, 'eval_episodes': 1,
+                   'budget': {'env_steps': steps}, 'machine': 'test',
+                   'date': '2026-11-29', 'code': 'x'}, f)
+
+
+def test_report_compares_pbt_with_random_search_and_ours_with_sb3(tmp_path):
+  out = tmp_path / 'learning'
+  # PBT above every random seed and below every default seed: P(better
+  # than random) = 1 and P(better than seeds) = 0 in every resample, so
+  # "better" and "worse" at 5 seeds a side; ours above every SB3 seed.
+  _write_runs(out, 'Pendulum-v1', 1000, {
+      'seeds-td3': [10.0, 11.0, 12.0, 13.0, 14.0],
+      'random-td3': [0.0, 1.0, 2.0, 3.0, 4.0],
+      'pbt-td3': [5.0, 6.0, 7.0, 8.0, 9.0]})
+  _write_runs(out, 'HalfCheetah-v5', 2000, {
+      'seeds-ppo-zoo': [5.0, 6.0, 7.0, 8.0, 9.0],
+      'sb3-ppo-zoo': [0.0, 1.0, 2.0, 3.0, 4.0]}, population_size=1)
+  table = learning.report(str(out))
+  row = next(line for line in table.splitlines()
+             if line.startswith('| Pendulum-v1 | 1,000 | pbt-td3 | 5 | 7 ['))
+  assert row.endswith('| 0.00 [0.00, 0.00] | worse | 1.00 [1.00, 1.00] '
+                      '| better |'), row
+  parity = next(line for line in table.splitlines()
+                if line.startswith('| HalfCheetah-v5 | 2,000 | seeds-ppo-zoo '
+                                   '| sb3-ppo-zoo | 5 | 5 |'))
+  assert parity.endswith('| 1.00 [1.00, 1.00] | better |'), parity
+  assert table.startswith('Population size 2; 1 for sb3-ppo-zoo on '
+                          'HalfCheetah-v5 at 2,000, seeds-ppo-zoo on '
+                          'HalfCheetah-v5 at 2,000;'), table[:200]
+
+
+def test_zoo_methods_take_the_zoo_settings_and_skip_other_tasks():
+  flags = learning.zoo_flags('HalfCheetah-v5')
+  hparams = flags[flags.index('--hparams') + 1:flags.index('--agent-settings')]
+  assert 'discount=0.98' in hparams and 'learning_rate=2.0633e-05' in hparams
+  settings = flags[flags.index('--agent-settings') + 1:
+                   flags.index('--hidden-sizes')]
+  assert {'rollout_length=512', 'epochs=20', 'activation=relu',
+          'ortho_init=False', 'normalize_rewards=True'} <= set(settings)
+  assert flags[-2:] == ['256', '256']
+  assert learning.fits('HalfCheetah-v5', 'seeds-ppo-zoo') is None
+  assert 'no rl-zoo PPO settings' in learning.fits('Pendulum-v1',
+                                                   'sb3-ppo-zoo')
 
 
 def test_edge_share_counts_values_in_the_outer_tenth_of_their_range():
