@@ -168,8 +168,9 @@ def check_processes(config: RunConfig, rule, mesh):
   log.info('process %d of %d: members %d-%d of %d (%s live here)',
            processes.index, processes.count, processes.local.start,
            processes.local.stop - 1, config.population_size,
-           'their envs and replay rings' if jax_env else
-           'their actors and replay')
+           ('their envs' if jax_env else 'their actors') + (
+               '' if agent_spec(config.agent).learns_from == 'rollout'
+               else ' and replay rings' if jax_env else ' and replay'))
   return processes
 
 

@@ -283,11 +283,23 @@ def resolved(config: C) -> C:
             and budget > 0)
   values = {}
   for name, derived in type(config).follows_budget.items():
-    if getattr(config, name) is None:
+    if name == 'warmup_steps' and _learns_from_rollouts(config):
+      if config.warmup_steps is None:  # no random warm-up: config.json says 0
+        values[name] = 0
+    elif getattr(config, name) is None:
       values[name] = (max(derived.least,
                           min(derived.value, budget // derived.divisor))
                       if usable else derived.value)
   return dataclasses.replace(config, **values) if values else config
+
+
+def _learns_from_rollouts(config) -> bool:
+  """Whether ``config.agent`` learns from its own rollouts (False for an
+  agent it cannot find: ``validate`` names the flag)."""
+  try:
+    return agent_spec(config.agent).learns_from == 'rollout'
+  except ConfigError:
+    return False
 
 
 class StorageError(RuntimeError):

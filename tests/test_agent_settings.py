@@ -173,3 +173,12 @@ def test_the_actor_paths_rollout_shapes_are_refused_before_the_run(tmp_path):
                      agent_settings=('num_envs=4', 'rollout_length=16'))
   assert build.make_agent(config, build.make_env_spec(config.env)).config \
       .num_envs == 4
+
+
+def test_a_rollout_agent_records_no_warmup_by_default():
+  # config.json shows what the run does: no random warm-up for PPO, the
+  # budget's for TD3; a warm-up the user set is kept (and warned about).
+  assert config_lib.resolved(RunConfig(agent='ppo')).warmup_steps == 0
+  assert config_lib.resolved(RunConfig(agent='td3')).warmup_steps == 1000
+  assert config_lib.resolved(RunConfig(agent='ppo',
+                                       warmup_steps=7)).warmup_steps == 7
