@@ -79,6 +79,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help='leave out the Stable-Baselines3 row')
   parser.add_argument('--out', default=os.path.join(
       'benchmarks', 'results', 'ppo', 'speed_cartpole.json'))
+  parser.add_argument('--merge', action='store_true',
+                      help='add this run\'s rows to the record at --out '
+                      '(replacing rows of the same N and path) instead of '
+                      'writing a new one; the record lists each addition '
+                      'with its command, date and commit')
   parser.add_argument('--report-only', action='store_true',
                       help='rewrite the table of --out from its JSON')
   parser.add_argument('--one', nargs=2, metavar=('N', 'MODE'),
@@ -236,21 +241,57 @@ def main(argv=None) -> None:
                         'device': jax.devices()[0].device_kind},
             'date': time.strftime('%Y-%m-%d'), 'commit': git_commit(),
             'settings': {k: v for k, v in vars(args).items()
-                         if k not in ('out', 'one')},
+                         if k not in ('out', 'one', 'merge')},
             'rows': rows}
+  if args.merge:
+    record = merged(args.out, record)
   write_record(args.out, record, markdown(record))
   print(f'rows in {args.out}')
+
+
+# Settings that choose rows, not how a row is measured.
+RUN_CHOICES = ('members', 'no_sb3', 'report_only')
+
+
+def merged(path: str, new: dict) -> dict:
+  """The record at ``path`` with ``new``'s rows in place of its rows of
+  the same ``N`` and path (sorted as a sweep runs them), and ``new``'s
+  command, date and commit listed under ``additions``. Refuses (exits
+  with the setting named) a ``new`` run whose settings or machine differ
+  from the record's: its rows would not compare."""
+  with open(path) as f:
+    record = json.load(f)
+  for key in ('settings', 'machine'):
+    differ = sorted(k for k in set(record[key]) | set(new[key])
+                    if k not in RUN_CHOICES
+                    and record[key].get(k) != new[key].get(k))
+    if differ:
+      raise SystemExit(f'--merge: the {key} differ from {path}\'s '
+                       f'({", ".join(differ)}); run the whole sweep')
+  added = {(r['members'], r['mode']) for r in new['rows']}
+  rows = [r for r in record['rows']
+          if (r['members'], r['mode']) not in added] + new['rows']
+  rows.sort(key=lambda r: (r['mode'] != 'fastpbrl', r['members']))
+  additions = record.get('additions', []) + [{
+      k: new[k] for k in ('command', 'date', 'commit')} | {
+          'rows': sorted(added)}]
+  return {**record, 'rows': rows, 'additions': additions}
 
 
 def markdown(record: dict) -> str:
   """The heading and table of a run's ``record``."""
   settings = record['settings']
+  added = ''.join(
+      f'\nRows {", ".join(f"N={n} ({mode})" for n, mode in a["rows"])}: '
+      f'`{a["command"]}`, {a["date"]}, commit {a["commit"][:8]}.'
+      for a in record.get('additions', []))
   return (f'PPO populations ({settings["agent"]}, {settings["jax_env"]}) '
           f'against one SB3 PPO ({settings["gym_env"]}), '
           f'{settings["env_steps"]:,} env steps per member; '
           f'{record["machine"]["device"]}, {record["machine"]["cpus"]} '
           f'CPUs; {record["date"]}, commit {record["commit"][:8]}.\n'
-          f'Command: `{record["command"]}`\n\n{table(record["rows"])}\n')
+          f'Command: `{record["command"]}`{added}\n\n'
+          f'{table(record["rows"])}\n')
 
 
 if __name__ == '__main__':
