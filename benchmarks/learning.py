@@ -164,7 +164,8 @@ ROLLOUT_SETTINGS = {
 }
 
 # rl-baselines3-zoo's tuned PPO settings (``hyperparams/ppo.yml``, its
-# HalfCheetah entry, written for v3/v4 and taken unchanged for v5), as SB3's
+# HalfCheetah and Hopper entries, written for v3/v4 and taken unchanged for
+# v5), as SB3's
 # keyword arguments; ``normalize`` is VecNormalize of observations and
 # rewards with the agent's gamma, as the zoo wraps it. A method whose flags
 # hold ``ZOO`` takes these for its task (``zoo_flags``, ``sb3_zoo_model``).
@@ -174,6 +175,12 @@ ZOO_PPO = {
         normalize=True, n_steps=512, batch_size=64, gamma=0.98,
         learning_rate=2.0633e-05, ent_coef=0.000401762, clip_range=0.1,
         n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096,
+        log_std_init=-2.0, ortho_init=False, activation='relu',
+        net_arch=(256, 256)),
+    'Hopper-v5': dict(
+        normalize=True, n_steps=512, batch_size=32, gamma=0.999,
+        learning_rate=9.80828e-05, ent_coef=0.00229519, clip_range=0.2,
+        n_epochs=5, gae_lambda=0.99, max_grad_norm=0.7, vf_coef=0.835671,
         log_std_init=-2.0, ortho_init=False, activation='relu',
         net_arch=(256, 256)),
 }
