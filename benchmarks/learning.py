@@ -139,6 +139,9 @@ TASKS = {
     'Ant-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),
 }
 HELD_OUT = ('Walker2d-v5', 'Ant-v5')
+# Members per run unless --population-size says otherwise; runs at another
+# size are stored and reported apart (``result_path``, ``cell_of``).
+DEFAULT_POPULATION = 4
 # Discrete-action tasks for the on-policy rows (PPO): no warm-up, and
 # evaluations and PBT decisions at whole multiples of PPO's default
 # iteration of 2,048 env steps per member.
@@ -291,7 +294,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help=f'methods, from {list(METHODS)}')
   parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2],
                       help='benchmark seeds (each a whole population run)')
-  parser.add_argument('--population-size', type=int, default=4,
+  parser.add_argument('--population-size', type=int,
+                      default=DEFAULT_POPULATION,
                       help='members per run (rules need 2 or more, '
                       'CEM-RL an even number; 1 suits seeds-* and sb3-* '
                       'parity rows)')
@@ -338,13 +342,19 @@ def task_budget(args, task_name: str) -> Task:
 
 
 def result_path(out: str, task: str, method: str, seed: int,
-                env_steps: Optional[int] = None) -> str:
-  """``runs/<task>/<method>/seed<k>.json`` at the task's budget; a run at
-  another budget (``--env-steps``) goes under ``runs/<task>@<steps>/``, so
-  results at different budgets never stand in for each other."""
+                env_steps: Optional[int] = None,
+                population_size: int = DEFAULT_POPULATION) -> str:
+  """``runs/<task>/<method>/seed<k>.json`` at the task's budget and the
+  default population size; a run at another budget (``--env-steps``) goes
+  under ``runs/<task>@<steps>/``, one at another size
+  (``--population-size``) under ``runs/<task>[@<steps>]_pop<n>/``, so that
+  results at different budgets or sizes never stand in for each other."""
+  folder = task
   if env_steps is not None and env_steps != TASKS[task].env_steps:
-    task = f'{task}@{env_steps}'
-  return os.path.join(out, 'runs', task, method, f'seed{seed}.json')
+    folder = f'{folder}@{env_steps}'
+  if population_size != DEFAULT_POPULATION:
+    folder = f'{folder}_pop{population_size}'
+  return os.path.join(out, 'runs', folder, method, f'seed{seed}.json')
 
 
 # --------------------------------------------------------------------------
@@ -693,7 +703,8 @@ def fits(task_name: str, method: str) -> Optional[str]:
 
 
 def run_one(args, task_name: str, method: str, seed: int) -> None:
-  path = result_path(args.out, task_name, method, seed, args.env_steps)
+  path = result_path(args.out, task_name, method, seed, args.env_steps,
+                     args.population_size)
   code = code_version()  # at the start: the code the run imports
   module_name, extra = METHODS[method]
   if module_name == 'sb3':
@@ -938,9 +949,22 @@ def _versus(finals: dict, method: str, other: Optional[str]) -> list[str]:
   return [stats.fmt_interval(poi, 2), verdict]
 
 
-def _best_finals(by: dict, task: str, steps: int) -> dict:
+def cell_of(result: dict) -> tuple[str, int, int]:
+  """The report's group of a run: its task, env steps per member and
+  members. Runs are compared only within one group: a population of 16
+  does not stand in for one of 4."""
+  return (result['task'], result['budget']['env_steps'],
+          result['population_size'])
+
+
+def _cell_columns(cell: tuple) -> str:
+  task, steps, members = cell
+  return f'| {task} | {steps:,} | {members} |'
+
+
+def _best_finals(by: dict, cell: tuple) -> dict:
   return {method: [max(r['final_returns']) for r in runs]
-          for method, runs in by[(task, steps)].items()}
+          for method, runs in by[cell].items()}
 
 
 def seed_statistics(by: dict, tasks: list, order: dict) -> list[str]:
@@ -949,17 +973,17 @@ def seed_statistics(by: dict, tasks: list, order: dict) -> list[str]:
   its ``seeds`` baseline and, for PBT and HyperTrick, on random search
   from the same prior (``control_of``), each with its interval and
   verdict (``benchmarks/stats.py``)."""
-  lines = ['| task | env steps per member | method | seeds | best member, '
-           'final: IQM [95% CI] | P(better than seeds) [95% CI] | verdict '
-           '| P(better than random search) [95% CI] | verdict |',
-           '|---|---:|---|---:|---:|---:|---|---:|---|']
-  for task, steps in tasks:
-    finals = _best_finals(by, task, steps)
+  lines = ['| task | env steps per member | members | method | seeds | '
+           'best member, final: IQM [95% CI] | P(better than seeds) [95% CI] '
+           '| verdict | P(better than random search) [95% CI] | verdict |',
+           '|---|---:|---:|---|---:|---:|---:|---|---:|---|']
+  for cell in tasks:
+    finals = _best_finals(by, cell)
     for method in sorted(finals, key=order.get):
       cells = [stats.fmt_interval(stats.iqm_interval(finals[method]))]
       cells += _versus(finals, method, baseline_of(method))
       cells += _versus(finals, method, control_of(method))
-      lines.append(f'| {task} | {steps:,} | {method} | '
+      lines.append(f'{_cell_columns(cell)} {method} | '
                    f'{len(finals[method])} | ' + ' | '.join(cells) + ' |')
   return lines
 
@@ -975,8 +999,8 @@ def reference_statistics(by: dict, tasks: list) -> list[str]:
   sides have runs: each side's IQM and seeds, and ours' probability of
   ending above SB3's. Empty when no pair has runs."""
   lines = []
-  for task, steps in tasks:
-    finals = _best_finals(by, task, steps)
+  for cell in tasks:
+    finals = _best_finals(by, cell)
     for ours, theirs in REFERENCE_OF.items():
       if ours not in finals or theirs not in finals:
         continue
@@ -984,13 +1008,13 @@ def reference_statistics(by: dict, tasks: list) -> list[str]:
                stats.fmt_interval(stats.iqm_interval(finals[ours])),
                stats.fmt_interval(stats.iqm_interval(finals[theirs])),
                *_versus(finals, ours, theirs)]
-      lines.append(f'| {task} | {steps:,} | ' + ' | '.join(cells) + ' |')
+      lines.append(f'{_cell_columns(cell)} ' + ' | '.join(cells) + ' |')
   if not lines:
     return []
-  return ['| task | env steps per member | ours | SB3 | seeds (ours) | '
-          'seeds (SB3) | ours: IQM [95% CI] | SB3: IQM [95% CI] | '
+  return ['| task | env steps per member | members | ours | SB3 | seeds '
+          '(ours) | seeds (SB3) | ours: IQM [95% CI] | SB3: IQM [95% CI] | '
           'P(ours better) [95% CI] | verdict |',
-          '|---|---:|---|---|---:|---:|---:|---:|---:|---|'] + lines
+          '|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|'] + lines
 
 
 # The question the benchmark is for: does PBT, with each of its explores
@@ -1028,7 +1052,8 @@ def matrix_summary(by: dict) -> list[str]:
   the tasks where one of them is better and those where one is worse.
   Empty when no run of the matrix is in ``by``."""
   methods = (MATRIX_BASELINE,) + MATRIX_RULES
-  if not any(m in by.get(key, {}) for key in MATRIX_TASKS for m in methods):
+  if not any(m in by.get((*key, DEFAULT_POPULATION), {})
+             for key in MATRIX_TASKS for m in methods):
     return []
   lines = ['| task | ' + ' | '.join(methods) + ' |',
            '|---|' + '---|' * len(methods)]
@@ -1036,7 +1061,8 @@ def matrix_summary(by: dict) -> list[str]:
   complete = 0  # tasks where every method has its MIN_SEEDS
   for task, steps in MATRIX_TASKS:
     finals = {m: [max(r['final_returns']) for r in runs]
-              for m, runs in by.get((task, steps), {}).items()}
+              for m, runs in by.get((task, steps, DEFAULT_POPULATION),
+                                    {}).items()}
     baseline = finals.get(MATRIX_BASELINE)
     cells = [_seeds(len(baseline)) if baseline else 'not run']
     cells += [_matrix_cell(finals.get(m), baseline) for m in MATRIX_RULES]
@@ -1085,29 +1111,30 @@ def superseded_summary(dropped: list, by: dict) -> list[str]:
   against today's baseline; empty if none."""
   groups = {}
   for r, fix in dropped:
-    key = (r['task'], r['budget']['env_steps'], r['method'], fix)
+    key = (*cell_of(r), r['method'], fix)
     groups.setdefault(key, []).append(r)
   if not groups:
     return []
   lines = ['', SUPERSEDED_NOTE, '',
-           '| task | env steps per member | method | seeds | code | lacks | '
-           'best member, final | P(better than seeds) [95% CI] | verdict | '
-           'final hparams at an edge of their range |',
-           '|---|---:|---|---|---|---|---:|---:|---|---:|']
+           '| task | env steps per member | members | method | seeds | code | '
+           'lacks | best member, final | P(better than seeds) [95% CI] | '
+           'verdict | final hparams at an edge of their range |',
+           '|---|---:|---:|---|---|---|---|---:|---:|---|---:|']
   order = {m: i for i, m in enumerate(METHODS)}
   for key in sorted(groups, key=lambda k: (list(TASKS).index(k[0]), k[1],
-                                           order.get(k[2], len(order)), k[3])):
-    task, steps, method, fix = key
+                                           k[2], order.get(k[3], len(order)),
+                                           k[4])):
+    cell, method, fix = key[:3], key[3], key[4]
     runs = sorted(groups[key], key=lambda r: r['seed'])
     best = [max(r['final_returns']) for r in runs]
-    baseline = by.get((task, steps), {}).get(baseline_of(method) or '')
+    baseline = by.get(cell, {}).get(baseline_of(method) or '')
     poi = verdict = ''
     if baseline:
       interval, verdict = compare(
           tuple(best), tuple(max(r['final_returns']) for r in baseline))
       poi = stats.fmt_interval(interval, 2)
     lines.append(
-        f'| {task} | {steps:,} | {method} | '
+        f'{_cell_columns(cell)} {method} | '
         + ', '.join(str(r['seed']) for r in runs) + ' | '
         + ', '.join(sorted({str(r.get('code')) for r in runs}))
         + f' | {fix} | {_fmt(best)} | {poi} | {verdict} | '
@@ -1201,21 +1228,6 @@ STATISTICS_NOTE = (
     'that no fix separates (the code column above) are pooled.')
 
 
-def population_sizes(results: list) -> str:
-  """'Population size 4' for the runs' most common size, and where rows
-  ran at another (parity rows run one agent a seed)."""
-  sizes = [r['population_size'] for r in results]
-  common = max(set(sizes), key=sizes.count)
-  other: dict[int, set] = {}
-  for r in results:
-    if r['population_size'] != common:
-      other.setdefault(r['population_size'], set()).add(
-          f'{r["method"]} on {r["task"]} at {r["budget"]["env_steps"]:,}')
-  return f'Population size {common}' + ''.join(
-      f'; {size} for {", ".join(sorted(rows))}'
-      for size, rows in sorted(other.items()))
-
-
 def report(out: str) -> str:
   """Writes ``results.md``, ``results.csv`` and ``learning.png`` from the
   run JSONs in ``out``; returns the markdown table."""
@@ -1225,26 +1237,27 @@ def report(out: str) -> str:
   dropped = [(r, superseded_by(r)) for r in results]
   dropped = [(r, fix) for r, fix in dropped if fix]
   results = [r for r in results if not superseded_by(r)]
-  by = {}  # (task, env steps per member) -> method -> runs
+  by = {}  # (task, env steps per member, members) -> method -> runs
   for r in results:
-    by.setdefault((r['task'], r['budget']['env_steps']), {}).setdefault(
-        r['method'], []).append(r)
-  lines = ['| task | env steps per member | method | seeds | best member, '
-           'final | best member, last fifth | population mean, final | '
-           'CEM mean policy | mean pairwise '
+    by.setdefault(cell_of(r), {}).setdefault(r['method'], []).append(r)
+  lines = ['| task | env steps per member | members | method | seeds | best '
+           'member, final | best member, last fifth | population mean, final '
+           '| CEM mean policy | mean pairwise '
            'action distance: final (mean over the run) | final hparams at '
            'an edge of their range | lineages at the end | wall time per '
            'run | code |',
-           '|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|']
-  csv_rows = ['task,env_steps_per_member,method,seed,best_final,best_late,'
-              'mean_final,'
+           '|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:'
+           '|---|']
+  csv_rows = ['task,env_steps_per_member,members,method,seed,best_final,'
+              'best_late,mean_final,'
               'cem_mean_policy,diversity,diversity_run_mean,edge_share,'
               'lineages_at_end,wall_time_s']
   order = {m: i for i, m in enumerate(METHODS)}
-  tasks = sorted(by, key=lambda k: (list(TASKS).index(k[0]), k[1]))
-  for task, steps in tasks:
-    for method in sorted(by[(task, steps)], key=order.get):
-      runs = sorted(by[(task, steps)][method], key=lambda r: r['seed'])
+  tasks = sorted(by, key=lambda k: (list(TASKS).index(k[0]), k[1], k[2]))
+  for cell in tasks:
+    task, steps, members = cell
+    for method in sorted(by[cell], key=order.get):
+      runs = sorted(by[cell][method], key=lambda r: r['seed'])
       best = [max(r['final_returns']) for r in runs]
       late = [late_best(r) for r in runs]
       mean = [float(np.mean(r['final_returns'])) for r in runs]
@@ -1256,7 +1269,7 @@ def report(out: str) -> str:
       lineages = [r.get('lineages_at_end') for r in runs]
       wall = [r['wall_time_s'] for r in runs]
       lines.append(
-          f'| {task} | {steps:,} | {method} | {len(runs)} | {_fmt(best)} | '
+          f'{_cell_columns(cell)} {method} | {len(runs)} | {_fmt(best)} | '
           f'{_fmt(late)} | {_fmt(mean)} | '
           f'{_fmt(cem) if any(c is not None for c in cem) else ""} | '
           + _diversity_cell(div, div_mean) + ' | ' + _share_cell(edges)
@@ -1266,7 +1279,7 @@ def report(out: str) -> str:
           + ' |')
       for r, b, bl, m, c, d, dm, e, g in zip(runs, best, late, mean, cem,
                                              div, div_mean, edges, lineages):
-        csv_rows.append(f'{task},{steps},{method},{r["seed"]},{b},'
+        csv_rows.append(f'{task},{steps},{members},{method},{r["seed"]},{b},'
                         f'{"" if bl is None else bl},{m},'
                         f'{"" if c is None else c},{"" if d is None else d},'
                         f'{"" if dm is None else dm},'
@@ -1275,7 +1288,9 @@ def report(out: str) -> str:
                         f'{r["wall_time_s"]:.1f}')
   machines = sorted({r['machine'] for r in results})
   dates = sorted({r['date'] for r in results})
-  header = (f'{population_sizes(results)}; final = mean of '
+  header = ('Members: the population size of each run (runs are '
+            'compared only with runs of the same task, budget and size); '
+            f'final = mean of '
             f'{results[0]["eval_episodes"]} noise-free episodes of each '
             f'member\'s final policy; "best member" is the best final of a '
             f'run, then mean ± sample std (ddof 1) over seeds; "last fifth" '
@@ -1325,9 +1340,10 @@ def _plot(out: str, by: dict, tasks: list, order: dict) -> None:
   fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4),
                            squeeze=False)
   colors = plt.get_cmap('tab20')
-  for ax, (task, budget) in zip(axes[0], tasks):
-    for method in sorted(by[(task, budget)], key=order.get):
-      runs = by[(task, budget)][method]
+  for ax, cell in zip(axes[0], tasks):
+    task, budget, members = cell
+    for method in sorted(by[cell], key=order.get):
+      runs = by[cell][method]
       color = colors(2 * order[method] % 20 + (order[method] >= 10))
       if method == 'cemrl':
         # Its score is the mean policy, not the best of its samples; its
@@ -1346,7 +1362,7 @@ def _plot(out: str, by: dict, tasks: list, order: dict) -> None:
         vals = [p[1] for r in runs for p in r['curve'] if p[0] == s]
         ys.append(np.mean(vals))
       ax.plot(steps, ys, marker='.', lw=1.2, label=method, color=color)
-    ax.set_title(f'{task}, {budget:,} env steps per member')
+    ax.set_title(f'{task}, {members} x {budget:,} env steps')
     ax.set_xlabel('env steps per member')
     ax.grid(alpha=0.3)
     ax.legend(fontsize='small', loc='lower right')
@@ -1373,7 +1389,8 @@ def main(argv: Optional[list] = None) -> None:
           if why_not is not None:
             print(f'{task} {method}: skipped ({why_not})', flush=True)
             continue
-          path = result_path(args.out, task, method, seed, args.env_steps)
+          path = result_path(args.out, task, method, seed, args.env_steps,
+                             args.population_size)
           if is_current(path) and not args.redo:
             print(f'{task} {method} seed {seed}: kept {path}', flush=True)
             continue

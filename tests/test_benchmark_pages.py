@@ -106,7 +106,8 @@ def test_the_learning_table_agrees_with_the_run_jsons():
                                      '*.json'), recursive=True):
     with open(path) as f:
       run = json.load(f)
-    key = (run['task'], f'{run["budget"]["env_steps"]:,}', run['method'])
+    key = (run['task'], f'{run["budget"]["env_steps"]:,}',
+           str(run['population_size']), run['method'])
     if learning.superseded_by(run):  # left out, shown apart at the end
       superseded.setdefault(key, []).append(run)
       continue
@@ -114,13 +115,14 @@ def test_the_learning_table_agrees_with_the_run_jsons():
   block = pages.BLOCKS['learning results']()
   means, over_seeds = block.split(learning.STATISTICS_NOTE)
   over_seeds, matrix = over_seeds.split(learning.MATRIX_NOTE)
+  over_seeds, reference = over_seeds.split(learning.REFERENCE_NOTE)
   matrix, apart = matrix.split(learning.SUPERSEDED_NOTE)
   # The runs left out: each row's seeds, codes and best final over seeds.
   seen = {}
   for cells in body_rows(apart):
-    task, steps, method, seeds, codes, _, best = (c.strip()
-                                                  for c in cells[:7])
-    seen[(task, steps, method)] = (seeds, codes, best)
+    task, steps, members, method, seeds, codes, _, best = (
+        c.strip() for c in cells[:8])
+    seen[(task, steps, members, method)] = (seeds, codes, best)
   assert set(seen) == set(superseded)
   for key, group in superseded.items():
     group.sort(key=lambda r: r['seed'])
@@ -132,8 +134,9 @@ def test_the_learning_table_agrees_with_the_run_jsons():
         f'{statistics.fmean(bests):.0f} ± {statistics.stdev(bests):.0f}'), key
   seen = {}
   for cells in body_rows(means):
-    task, steps, method, seeds, best = (c.strip() for c in cells[:5])
-    seen[(task, steps, method)] = (int(seeds), best)
+    task, steps, members, method, seeds, best = (c.strip()
+                                                 for c in cells[:6])
+    seen[(task, steps, members, method)] = (int(seeds), best)
   assert set(seen) == set(runs)
   for key, bests in runs.items():
     expected = (f'{bests[0]:.0f}' if len(bests) == 1 else
@@ -142,16 +145,24 @@ def test_the_learning_table_agrees_with_the_run_jsons():
     assert seen[key] == (len(bests), expected), key
   compared = 0
   for cells in body_rows(over_seeds):
-    task, steps, method, _, _, poi = (c.strip() for c in cells[:6])
+    task, steps, members, method, _, _, poi = (c.strip() for c in cells[:7])
     baseline = learning.baseline_of(method)
-    if (task, steps, baseline) not in runs:
+    if (task, steps, members, baseline) not in runs:
       assert poi == ''
       continue
-    x, y = runs[(task, steps, method)], runs[(task, steps, baseline)]
-    wins = sum((a > b) + 0.5 * (a == b) for a in x for b in y)
-    assert poi.split(' ')[0] == f'{wins / (len(x) * len(y)):.2f}', cells
+    x = runs[(task, steps, members, method)]
+    y = runs[(task, steps, members, baseline)]
+    assert poi.split(' ')[0] == f'{win_share(x, y):.2f}', cells
     compared += 1
   assert compared >= 10
+  # Ours against SB3: each pair's seeds and P, from the same runs.
+  for cells in body_rows(reference):
+    task, steps, members, ours, theirs, n_ours, n_theirs = (
+        c.strip() for c in cells[:7])
+    x = runs[(task, steps, members, ours)]
+    y = runs[(task, steps, members, theirs)]
+    assert (int(n_ours), int(n_theirs)) == (len(x), len(y))
+    assert cells[9].strip().split(' ')[0] == f'{win_share(x, y):.2f}', cells
   # The matrix: every PBT explore's seeds and P against the default seeds.
   rows = table_rows(matrix[matrix.index('|'):])  # the lines after: no '|'
   assert len(rows) == len(learning.MATRIX_TASKS)
@@ -159,18 +170,18 @@ def test_the_learning_table_agrees_with_the_run_jsons():
   for name, cells in rows.items():
     task, steps = name.split(' at ')
     steps = steps.split(' env steps')[0]
-    y = runs.get((task, steps, learning.MATRIX_BASELINE))
+    members = str(learning.DEFAULT_POPULATION)
+    y = runs.get((task, steps, members, learning.MATRIX_BASELINE))
     assert cells[learning.MATRIX_BASELINE] == (
         seed_count(len(y)) if y else 'not run')
     for method in learning.MATRIX_RULES:
-      x = runs.get((task, steps, method))
+      x = runs.get((task, steps, members, method))
       if x is None:
         assert cells[method] == 'not run'
         continue
       assert cells[method].endswith(f', {seed_count(len(x))}'), cells[method]
       if y:
-        wins = sum((a > b) + 0.5 * (a == b) for a in x for b in y)
-        assert f': P {wins / (len(x) * len(y)):.2f}' in cells[method]
+        assert f': P {win_share(x, y):.2f}' in cells[method]
         compared += 1
   assert compared >= 5
 
@@ -178,6 +189,13 @@ def test_the_learning_table_agrees_with_the_run_jsons():
 def seed_count(count: int) -> str:
   """'1 seed', '5 seeds': how the matrix gives a row's seeds."""
   return f'{count} seed' + ('' if count == 1 else 's')
+
+
+def win_share(x: list, y: list) -> float:
+  """The share of pairs of seeds where ``x``'s seed ends above ``y``'s
+  (ties count a half): the probability of improvement, counted."""
+  wins = sum((a > b) + 0.5 * (a == b) for a in x for b in y)
+  return wins / (len(x) * len(y))
 
 
 def body_rows(text: str) -> list[list[str]]:

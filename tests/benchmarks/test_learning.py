@@ -25,9 +25,9 @@ def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
   (run_dir,) = runs.iterdir()
   assert run_dir.name.startswith('fpbrl-bench-seeds-td3-')
   assert (run_dir / 'run' / 'config.json').exists()
-  path = learning.result_path(out, 'Pendulum-v1', 'seeds-td3', 0, 400)
-  assert path.endswith(os.path.join('runs', 'Pendulum-v1@400', 'seeds-td3',
-                                    'seed0.json'))
+  path = learning.result_path(out, 'Pendulum-v1', 'seeds-td3', 0, 400, 2)
+  assert path.endswith(os.path.join('runs', 'Pendulum-v1@400_pop2',
+                                    'seeds-td3', 'seed0.json'))
   with open(path) as f:
     result = json.load(f)
   assert len(result['final_returns']) == 2
@@ -43,7 +43,7 @@ def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
   assert mean == np.mean(result['final_returns'])
   with open(os.path.join(out, 'results.md')) as f:
     table = f.read()
-  assert '| Pendulum-v1 | 400 | seeds-td3 | 1 |' in table
+  assert '| Pendulum-v1 | 400 | 2 | seeds-td3 | 1 |' in table
   assert os.path.getsize(os.path.join(out, 'learning.png')) > 1000
   # A second call keeps the existing result instead of running again.
   mtime = os.path.getmtime(path)
@@ -60,7 +60,8 @@ def _tiny_pbt_run(tmp_path, method):
                  '--seeds', '0', '--env-steps', '400', '--population-size',
                  '2', '--eval-episodes', '1', '--out', out, '--run-root',
                  str(runs)])
-  with open(learning.result_path(out, 'Pendulum-v1', method, 0, 400)) as f:
+  with open(learning.result_path(out, 'Pendulum-v1', method, 0, 400,
+                                 2)) as f:
     result = json.load(f)
   (run_dir,) = runs.iterdir()
   lineage = run_dir / 'run' / 'lineage.jsonl'
@@ -101,7 +102,7 @@ def test_tiny_random_search_benchmark_keeps_its_draws(tmp_path):
                  '2', '--eval-episodes', '1', '--out', out, '--run-root',
                  str(runs)])
   with open(learning.result_path(out, 'Pendulum-v1', 'random-td3', 0,
-                                 400)) as f:
+                                 400, 2)) as f:
     result = json.load(f)
   assert result['command'].startswith('python -m experiments.random ')
   first, second = result['hparams']
@@ -139,7 +140,8 @@ def test_sb3_reference_leaves_no_folders_in_the_temp_dir(tmp_path,
   learning.main(['--tasks', 'Pendulum-v1', '--methods', 'sb3-td3', '--seeds',
                  '0', '--env-steps', '400', '--population-size', '2',
                  '--eval-episodes', '1', '--out', out])
-  with open(learning.result_path(out, 'Pendulum-v1', 'sb3-td3', 0, 400)) as f:
+  with open(learning.result_path(out, 'Pendulum-v1', 'sb3-td3', 0, 400,
+                                 2)) as f:
     result = json.load(f)
   assert len(result['final_returns']) == 2
   assert len(result['curve']) >= 2  # one evaluation per --eval-every at least
@@ -171,7 +173,8 @@ def test_report_plots_the_cem_mean_policy(tmp_path, monkeypatch):
   out = tmp_path / 'learning'
   for seed, curve in ((0, [(100, -500.0), (200, -300.0)]),
                       (1, [(120, -400.0), (220, -200.0)])):
-    path = learning.result_path(str(out), 'Pendulum-v1', 'cemrl', seed, 400)
+    path = learning.result_path(str(out), 'Pendulum-v1', 'cemrl', seed, 400,
+                                2)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, 'w') as f:
       json.dump({'final_returns': [-900.0, -800.0], 'wall_time_s': 1.0,
@@ -194,7 +197,7 @@ def test_report_plots_the_cem_mean_policy(tmp_path, monkeypatch):
   table = learning.report(str(out))
   # The curve has no point in the budget's last fifth: no late mean.
   # CEM mean policy: mean of -300 and -200, sample std 50 x sqrt(2) = 71.
-  assert ('| Pendulum-v1 | 400 | cemrl | 2 | -800 ± 0 | - | -850 ± 0 | '
+  assert ('| Pendulum-v1 | 400 | 2 | cemrl | 2 | -800 ± 0 | - | -850 ± 0 | '
           '-250 ± 71 |') in table
   (steps, ys, label), = lines
   assert label == 'cemrl mean policy (2 of 2 seeds)'
@@ -206,7 +209,7 @@ def test_report_plots_the_cem_mean_policy(tmp_path, monkeypatch):
 def write_run(out, method: str, seed: int, **extra) -> None:
   """A Pendulum-v1 run of 2 members at 400 env steps (finals -200 and
   -100, one minute), with ``extra`` fields, as the benchmark stores it."""
-  path = learning.result_path(str(out), 'Pendulum-v1', method, seed, 400)
+  path = learning.result_path(str(out), 'Pendulum-v1', method, seed, 400, 2)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, 'w') as f:
     json.dump({'final_returns': [-200.0, -100.0], 'wall_time_s': 60.0,
@@ -230,8 +233,8 @@ def test_report_gives_the_final_and_run_mean_action_distance(tmp_path):
         'mean_pairwise_action_distance': final}, **extra)
   table = learning.report(str(out))
   # Final: (0.5 + 0.7) / 2; run mean of seed 0: (2 + 1.5 + 0.5) / 3.
-  assert ('| Pendulum-v1 | 400 | dvd | 2 | -100 ± 0 | -100 ± 0 | -150 ± 0 |  | '
-          '0.600 (1.333, 1 of 2 seeds) |  |  | 1.0 min | x |') in table
+  assert ('| Pendulum-v1 | 400 | 2 | dvd | 2 | -100 ± 0 | -100 ± 0 | -150 ± 0 '
+          '|  | 0.600 (1.333, 1 of 2 seeds) |  |  | 1.0 min | x |') in table
   with open(out / 'results.csv') as f:
     rows = f.read().splitlines()
   # DvD chooses no hyperparameters: no edge share.
@@ -282,7 +285,8 @@ def test_late_best_averages_the_best_member_over_the_last_fifth(tmp_path):
   out = tmp_path / 'learning'
   for seed, curve in ((0, result['curve']),
                       (1, [[800, 100.0, 0.0], [1000, 0.0, 0.0]])):
-    path = learning.result_path(str(out), 'Pendulum-v1', 'pbt-td3', seed, 1000)
+    path = learning.result_path(str(out), 'Pendulum-v1', 'pbt-td3', seed,
+                                1000, 2)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, 'w') as f:
       json.dump({'final_returns': [60.0 if seed == 0 else 0.0, -10.0],
@@ -293,12 +297,12 @@ def test_late_best_averages_the_best_member_over_the_last_fifth(tmp_path):
   table = learning.report(str(out))
   # Finals 60 and 0 (sample std 30 x sqrt(2) = 42); late means 40 and 50
   # (5 x sqrt(2) = 7).
-  assert '| Pendulum-v1 | 1,000 | pbt-td3 | 2 | 30 ± 42 | 45 ± 7 |' in table
+  assert '| Pendulum-v1 | 1,000 | 2 | pbt-td3 | 2 | 30 ± 42 | 45 ± 7 |' in table
   with open(out / 'results.csv') as f:
     rows = f.read().splitlines()
-  assert rows[0].startswith('task,env_steps_per_member,method,seed,'
+  assert rows[0].startswith('task,env_steps_per_member,members,method,seed,'
                             'best_final,best_late,mean_final,')
-  assert rows[1].startswith('Pendulum-v1,1000,pbt-td3,0,60.0,40.0,25.0,')
+  assert rows[1].startswith('Pendulum-v1,1000,2,pbt-td3,0,60.0,40.0,25.0,')
 
 
 @pytest.mark.slow
@@ -329,7 +333,8 @@ def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
             'seeds-sac': [-100.0, -300.0]}
   for method, values in finals.items():
     for seed, value in enumerate(values):
-      path = learning.result_path(str(out), 'Pendulum-v1', method, seed, 1000)
+      path = learning.result_path(str(out), 'Pendulum-v1', method, seed,
+                                  1000, 2)
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with open(path, 'w') as f:
         json.dump({'final_returns': [value, value - 50.0], 'wall_time_s': 1.0,
@@ -339,7 +344,7 @@ def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
                    'date': '2026-11-26', 'code': 'x'}, f)
   table = learning.report(str(out))
   row = next(line for line in table.splitlines()
-             if line.startswith('| Pendulum-v1 | 1,000 | pbt-td3 | 5 | -100 ['))
+             if line.startswith('| Pendulum-v1 | 1,000 | 2 | pbt-td3 | 5 | -100 ['))
   # Every PBT seed beats every seeds-td3 seed: P = 1, and so does every
   # resample: the interval is [1, 1].
   # No random-td3 row here: the random-search columns are blank.
@@ -360,7 +365,8 @@ def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
 def _write_runs(out, task, steps, finals, population_size=2):
   for method, values in finals.items():
     for seed, value in enumerate(values):
-      path = learning.result_path(str(out), task, method, seed, steps)
+      path = learning.result_path(str(out), task, method, seed, steps,
+                                  population_size)
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with open(path, 'w') as f:
         json.dump({'final_returns': [value] * population_size,
@@ -385,16 +391,23 @@ def test_report_compares_pbt_with_random_search_and_ours_with_sb3(tmp_path):
       'sb3-ppo-zoo': [0.0, 1.0, 2.0, 3.0, 4.0]}, population_size=1)
   table = learning.report(str(out))
   row = next(line for line in table.splitlines()
-             if line.startswith('| Pendulum-v1 | 1,000 | pbt-td3 | 5 | 7 ['))
+             if line.startswith('| Pendulum-v1 | 1,000 | 2 | pbt-td3 | 5 | 7 ['))
   assert row.endswith('| 0.00 [0.00, 0.00] | worse | 1.00 [1.00, 1.00] '
                       '| better |'), row
   parity = next(line for line in table.splitlines()
-                if line.startswith('| HalfCheetah-v5 | 2,000 | seeds-ppo-zoo '
-                                   '| sb3-ppo-zoo | 5 | 5 |'))
+                if line.startswith('| HalfCheetah-v5 | 2,000 | 1 | '
+                                   'seeds-ppo-zoo | sb3-ppo-zoo | 5 | 5 |'))
   assert parity.endswith('| 1.00 [1.00, 1.00] | better |'), parity
-  assert table.startswith('Population size 2; 1 for sb3-ppo-zoo on '
-                          'HalfCheetah-v5 at 2,000, seeds-ppo-zoo on '
-                          'HalfCheetah-v5 at 2,000;'), table[:200]
+  # A population of 4 at the same task and budget is a group of its own:
+  # its seeds do not count against the 2-member rows.
+  _write_runs(out, 'Pendulum-v1', 1000, {
+      'seeds-td3': [100.0] * 5}, population_size=4)
+  table = learning.report(str(out))
+  assert '| Pendulum-v1 | 1,000 | 4 | seeds-td3 | 5 | 100 ' in table
+  row = next(line for line in table.splitlines()
+             if line.startswith('| Pendulum-v1 | 1,000 | 2 | pbt-td3 | 5 | 7 ['))
+  assert row.endswith('| 0.00 [0.00, 0.00] | worse | 1.00 [1.00, 1.00] '
+                      '| better |'), row
 
 
 def test_zoo_methods_take_the_zoo_settings_and_skip_other_tasks():
@@ -442,17 +455,19 @@ def _runs(*finals):
 
 
 def test_matrix_gives_each_pbt_variants_verdict_per_task():
-  by = {('Pendulum-v1', 20_000): {
+  by = {('Pendulum-v1', 20_000, 4): {
       'seeds-td3': _runs(-150.0, -140.0, -160.0, -145.0, -155.0),
       # Every seed above every default seed, then every one below.
       'pbt-td3': _runs(-100.0, -110.0, -90.0, -105.0, -95.0),
       'pbt-pb2-td3': _runs(-200.0, -210.0, -190.0, -205.0, -195.0),
       # -100 beats all 5 default seeds, -300 none: P = 5 / 10.
       'pbt-resample-td3': _runs(-100.0, -300.0)},
-        ('Hopper-v5', 50_000): {'pbt-td3': _runs(1.0, 2.0, 3.0),
-                                'pbt-pb2-td3': _runs(4.0)},
+        ('Hopper-v5', 50_000, 4): {'pbt-td3': _runs(1.0, 2.0, 3.0),
+                                   'pbt-pb2-td3': _runs(4.0)},
         # Not a budget of the matrix: not in it.
-        ('HalfCheetah-v5', 100_000): {'seeds-td3': _runs(1.0)}}
+        ('HalfCheetah-v5', 100_000, 4): {'seeds-td3': _runs(1.0)},
+        # Not its population size (4 members): not in it either.
+        ('HalfCheetah-v5', 50_000, 16): {'seeds-td3': _runs(1.0)}}
   lines = learning.matrix_summary(by)
   rows = {line.split(' | ')[0][2:]: line.split(' | ')[1:] for line in lines
           if line.startswith('| ') and not line.startswith('| task')}
@@ -469,6 +484,8 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
   assert resample.startswith('too few seeds (< 5): P 0.50 [')
   assert resample.endswith(', 2 seeds')
   assert shared == 'not run'
+  cheetah = rows['HalfCheetah-v5 at 50,000 env steps']
+  assert [c.rstrip(' |') for c in cheetah] == ['not run'] * 5
   hopper = [c.rstrip(' |') for c in rows['Hopper-v5 at 50,000 env steps']]
   assert hopper == ['not run', 'no baseline yet, 3 seeds', 'not run',
                     'no baseline yet, 1 seed', 'not run']
@@ -479,7 +496,7 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
       'Every method has 5 seeds or more on 0 of 5 tasks.')
   # A folder with no run of the matrix (another experiment's) has none.
   assert learning.matrix_summary(
-      {('HalfCheetah-v5', 100_000): {'pbt-td3': _runs(1.0)}}) == []
+      {('HalfCheetah-v5', 100_000, 4): {'pbt-td3': _runs(1.0)}}) == []
 
 
 def test_power_note_gives_the_threshold_of_five_seeds_a_side():
