@@ -480,6 +480,10 @@ def ppo_speed(folder: str, *names: str) -> str:
     facts.append(f'{_prefix(name, names)}{_command(record["command"])}, '
                  f'machine {_machine_words(record["machine"])}, date '
                  f'{record["date"]}, {_commit(record)}')
+    for added in record.get('additions', []):  # ppo_speed --merge
+      rows = ', '.join(f'N={n} ({mode})' for n, mode in added['rows'])
+      facts.append(f'rows {rows}: {_command(added["command"])}, date '
+                   f'{added["date"]}, {_commit(added)}')
   return '\n\n'.join(parts + [_source(links, *facts)])
 
 
