@@ -138,7 +138,7 @@ TASKS = {
     'Walker2d-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),
     'Ant-v5': Task(100_000, 10_000, 5_000, 10_000, 25_000),
 }
-HELD_OUT = ('Walker2d-v5', 'Ant-v5')
+HELD_OUT = ('Walker2d-v5', 'Ant-v5', 'gymnax:MountainCarContinuous-v0')
 # Members per run unless --population-size says otherwise; runs at another
 # size are stored and reported apart (``result_path``, ``cell_of``).
 DEFAULT_POPULATION = 4
@@ -152,6 +152,13 @@ TASKS.update({
     # Brax's own PPO does (ROLLOUT_SETTINGS), at multiples of that
     # iteration's 2,048 env steps per member.
     'brax:inverted_pendulum': Task(524_288, 0, 65_536, 131_072, 131_072),
+    # The larger on-device populations (16 PPO members, 2^20 env steps
+    # each): gymnax:Pendulum-v1 above at --env-steps 1048576 (its
+    # evaluations every 104,857 steps, decisions every 131,072), and these
+    # two with the same decisions. MountainCarContinuous is held out.
+    'gymnax:Acrobot-v1': Task(1_048_576, 0, 65_536, 131_072, 262_144),
+    'gymnax:MountainCarContinuous-v0': Task(1_048_576, 0, 65_536, 131_072,
+                                            262_144),
 })
 # Static settings of rollout agents (PPO) per task, where the agent's own
 # defaults (SB3's: one env, 2,048-step rollouts) do not fit how the task's
@@ -165,6 +172,14 @@ ROLLOUT_SETTINGS = {
         'num_envs=64', 'rollout_length=32', 'batch_size=512', 'epochs=4',
         'normalize_observations=True'),
 }
+# PureJaxRL's layout for gymnax tasks (its ppo.py: 4 envs x 128 steps,
+# 4 epochs of 4 minibatches), the way gymnax's users run PPO; fixed before
+# the 16-member runs. gymnax:CartPole-v1 keeps SB3's, as its rows were run.
+GYMNAX_LAYOUT = ('num_envs=4', 'rollout_length=128', 'batch_size=128',
+                 'epochs=4')
+ROLLOUT_SETTINGS.update({name: GYMNAX_LAYOUT for name in (
+    'gymnax:Pendulum-v1', 'gymnax:Acrobot-v1',
+    'gymnax:MountainCarContinuous-v0')})
 
 # rl-baselines3-zoo's tuned PPO settings (``hyperparams/ppo.yml``, its
 # HalfCheetah and Hopper entries, written for v3/v4 and taken unchanged for
