@@ -648,6 +648,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     'cpu-actor-baseline': lambda: actor_baseline('cpu'),
     'resume-curve': resume_curve,
     'cpu-ppo-speed': lambda: ppo_speed('ppo', 'speed_cartpole'),
+    'cpu-ppo-speed-256': lambda: ppo_speed('ppo', 'speed_cartpole_256'),
     'cpu-ppo-update-speed': lambda: update_speed(
         os.path.join('ppo', 'update_speed'), 'ppo'),
     'cpu-ppo-actor-speed': lambda: ppo_actor_speed('ppo', 'actor_speed',
