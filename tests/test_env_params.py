@@ -278,7 +278,8 @@ def test_random_search_draws_the_env_parameters_pbt_starts_from():
 
 
 @pytest.mark.parametrize('hparams, message', [
-    (('env_energy_bonus=-1',), r'env_energy_bonus=-1 is outside its valid range \[0, inf\)'),
+    (('env_energy_bonus=-1',),
+     r'env_energy_bonus=-1 is outside its valid range \[0, inf\)'),
     (('env_gravity=2',), 'env_gravity: not parameters of --env'),
 ])
 def test_bad_env_values_are_refused_in_one_line(tmp_path, hparams, message):
@@ -290,3 +291,24 @@ def test_bad_env_values_are_refused_in_one_line(tmp_path, hparams, message):
                    track='none')
   assert '\n' not in str(e.value)
   assert not os.path.exists(tmp_path / 'run')
+
+
+@pytest.mark.slow
+def test_a_run_through_the_actors_reports_the_true_objective(tmp_path):
+  """Random search through the actor processes: each member's drawn bonus
+  shapes its returns, and every episode's objective is the unshaped
+  return (-1 a step)."""
+  run_dir = str(tmp_path / 'run')
+  fastpbrl.train('random', env=GYM_ID, agent='ppo', population_size=2,
+                 seed=2, env_steps=256, eval_every=128, eval_episodes=1,
+                 hidden_sizes=(8,), agent_settings=(
+                     'rollout_length=64', 'batch_size=32', 'epochs=1'),
+                 run_dir=run_dir, progress=False, track='none')
+  run = fastpbrl.load_run(run_dir)
+  episodes = run.episodes
+  np.testing.assert_array_equal(episodes['true_objective'],
+                                -episodes['episode_length'])
+  bonus = run.hparams.groupby('member').first()[BONUS]
+  assert (bonus > 0).all()  # drawn from [0, 100]: both members shaped
+  shaped = episodes['episode_return'] != episodes['true_objective']
+  assert shaped.all()
