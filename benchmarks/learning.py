@@ -172,6 +172,11 @@ ROLLOUT_SETTINGS = {
         'num_envs=64', 'rollout_length=32', 'batch_size=512', 'epochs=4',
         'normalize_observations=True'),
 }
+# Reward shaping searched as an env parameter (fastpbrl.shaping): gymnax's
+# MountainCar-v0 with an energy bonus whose weight is env_energy_bonus
+# (default 0: no shaping), scored on the unshaped return. Fixed before its
+# runs.
+TASKS['shaped:MountainCar-v0'] = Task(196_608, 0, 16_384, 32_768, 65_536)
 # PureJaxRL's layout for gymnax tasks (its ppo.py: 4 envs x 128 steps,
 # 4 epochs of 4 minibatches), the way gymnax's users run PPO; fixed before
 # the 16-member runs. gymnax:CartPole-v1 keeps SB3's, as its rows were run.
@@ -180,6 +185,10 @@ GYMNAX_LAYOUT = ('num_envs=4', 'rollout_length=128', 'batch_size=128',
 ROLLOUT_SETTINGS.update({name: GYMNAX_LAYOUT for name in (
     'gymnax:Pendulum-v1', 'gymnax:Acrobot-v1',
     'gymnax:MountainCarContinuous-v0')})
+# MountainCar's velocity is about a hundredth of its position's scale: its
+# PPO users normalise observations (rl-baselines3-zoo's MountainCar entry).
+ROLLOUT_SETTINGS['shaped:MountainCar-v0'] = GYMNAX_LAYOUT + (
+    'normalize_observations=True',)
 
 # rl-baselines3-zoo's tuned PPO settings (``hyperparams/ppo.yml``, its
 # HalfCheetah and Hopper entries, written for v3/v4 and taken unchanged for
@@ -290,6 +299,13 @@ METHODS = {
     'pbt-ppo': ('pbt', ['--agent', 'ppo']),
     'pbt-pb2-ppo': ('pbt', ['--agent', 'ppo', '--explore', 'pb2']),
     'random-ppo': ('random', ['--agent', 'ppo']),
+    # PBT from the prior, selecting on the env's true objective (Sample
+    # Factory's PBT with reward shaping), and the trap beside it: selecting
+    # on the shaped return, which the searched bonus itself feeds.
+    'pbt-objective-ppo': ('pbt', ['--agent', 'ppo', '--init-hparams',
+                                  'prior', '--true-objective']),
+    'pbt-shaped-return-ppo': ('pbt', ['--agent', 'ppo', '--init-hparams',
+                                      'prior']),
     # SB3's PPO at its own defaults, which are our PPO's defaults.
     'sb3-ppo': ('sb3', ['ppo']),
     # The parity pair at rl-baselines3-zoo's tuned PPO settings for the task
@@ -377,20 +393,43 @@ def result_path(out: str, task: str, method: str, seed: int,
 # --------------------------------------------------------------------------
 
 
-def _curve(run_dir: str, eval_episodes: int, eval_every: int) -> list:
+def _curve(run_dir: str, eval_episodes: int, eval_every: int,
+           field: str = 'episode_return') -> list:
   """``[(env_steps, best member's evaluation mean, population mean)]`` with
   evaluations binned to the ``eval_every`` grid (the final one at the
-  budget)."""
+  budget), of ``field`` (``'true_objective'``: the env's own score)."""
   from fastpbrl.logging import evaluation_points, read_member_csvs  # noqa: PLC0415
 
   bins: dict[int, list[float]] = {}
   for rows in read_member_csvs(run_dir):
     seen = {}
-    for steps, _, value in evaluation_points(rows, eval_episodes):
+    for steps, _, value in evaluation_points(rows, eval_episodes, field):
       seen[int(round(steps / eval_every) * eval_every)] = value
     for steps, value in seen.items():
       bins.setdefault(steps, []).append(value)
   return [(s, max(v), float(np.mean(v))) for s, v in sorted(bins.items())]
+
+
+def scored_field(run_dir: str) -> str:
+  """What a run's results are scored on: ``'true_objective'`` where every
+  evaluation episode reports the env's own score (a shaped env's unshaped
+  return, ``fastpbrl.env_params``), else ``'episode_return'``."""
+  from fastpbrl.logging import read_member_csvs  # noqa: PLC0415
+
+  rows = [r for member in read_member_csvs(run_dir) for r in member
+          if r['evaluation'] == 'True']
+  if rows and all(r.get('true_objective') not in (None, '') for r in rows):
+    return 'true_objective'
+  return 'episode_return'
+
+
+def final_scores(run_dir: str, eval_episodes: int, field: str) -> list:
+  """Each member's final evaluation (its last one) as the mean of
+  ``field``."""
+  from fastpbrl.logging import evaluation_points, read_member_csvs  # noqa: PLC0415
+
+  return [evaluation_points(rows, eval_episodes, field)[-1][2]
+          for rows in read_member_csvs(run_dir)]
 
 
 def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
@@ -432,20 +471,29 @@ def run_fastpbrl(args, task_name: str, method: str, seed: int) -> dict:
   start = time.monotonic()
   result = module.main(argv)
   wall = time.monotonic() - start
+  field = scored_field(os.path.join(run_dir, 'run'))
+  finals = (result.final_returns if field == 'episode_return' else
+            final_scores(os.path.join(run_dir, 'run'), args.eval_episodes,
+                         field))
   out = {
-      'final_returns': result.final_returns,
+      # A shaped env's runs are scored on its true objective (``scored``);
+      # their shaped returns are ``final_shaped_returns``.
+      'final_returns': finals,
+      'scored': field,
       'wall_time_s': wall,
       'env_steps': result.env_steps,
       'update_steps': result.update_steps,
       'hparams': result.hparams,
       'curve': _curve(os.path.join(run_dir, 'run'), args.eval_episodes,
-                      task.eval_every),
+                      task.eval_every, field),
       'command': f'python -m experiments.{module_name} ' + ' '.join(argv),
       'rule_scalars': getattr(result, 'rule_scalars', {}) or {},
       # The rule's scalars over the run (rule.csv): DvD's lambda and action
       # distance, whose last value alone depends on the bandit's last arm.
       'rule_curves': read_rule_csv(os.path.join(run_dir, 'run')),
   }
+  if field != 'episode_return':
+    out['final_shaped_returns'] = result.final_returns
   lineages = lineages_at_end(os.path.join(run_dir, 'run'))
   if lineages is not None:
     out['lineages_at_end'] = lineages
@@ -682,7 +730,7 @@ def run_sync(args, task_name: str, agent_name: str, seed: int) -> dict:
                             for k, v in replay.items()})
       state = update(state, hparams, batch)
     if (t + 1) % task.eval_every == 0 or t + 1 == cap:
-      returns, _ = evaluate_population(
+      returns, _, _ = evaluate_population(
           agent, lambda: make_env(task_name), policy_params(state), hparams,
           args.eval_episodes, seed)
       means = returns.mean(axis=1)

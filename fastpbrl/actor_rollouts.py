@@ -396,7 +396,7 @@ class ActorRollouts(PolicyPublisher):
   # ------------------------------------------------- asked by rules
 
   def evaluate(self, policy_params: Any, actor_hparams: Any, episodes: int,
-               seed: int) -> tuple[np.ndarray, np.ndarray]:
+               seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``DataPath.evaluate``, played here on the host as ``Pipeline``'s
     (works after :meth:`close`)."""
     if self._agent is None:

@@ -18,11 +18,12 @@ import gymnasium as gym
 import jax
 
 from fastpbrl import agents as agents_lib
-from fastpbrl import distributed, jax_envs, sharding
+from fastpbrl import distributed, env_params, jax_envs, sharding
+from fastpbrl import search_space as ss
 from fastpbrl.actor_rollouts import check_rollout_settings
 from fastpbrl.config import (ConfigError, RunConfig, agent_config,
                              agent_spec, check, parse_hparams, resolved)
-from fastpbrl.envs import make_env
+from fastpbrl.envs import make_env, parameters_of
 from fastpbrl.imports import add_cwd_to_path
 from fastpbrl.jax_envs import is_jax_env
 from fastpbrl.replay.buffers import format_bytes
@@ -83,13 +84,36 @@ def make_agent(config: RunConfig, env_spec):
                       f'{message}') from None
   if spec.image_run_settings and len(env_spec.observations.shape) == 3:
     warn_image_run_settings(config, spec)
+  agent = with_env_parameters(agent, config.env)
   values = parse_hparams(config.hparams)
   if not values:
     return agent
+  check_env_values(values, config.env)
   try:
     return agents_lib.with_defaults(agent, **values)
   except ValueError as e:
     raise ConfigError(f'--hparams: {e}') from None
+
+
+def with_env_parameters(agent, env_id: str):
+  """``agent`` with one ``env_<name>`` hyperparameter per parameter the
+  env declares (``fastpbrl.env_params``); ``agent`` for an env without."""
+  try:
+    return env_params.with_env_params(agent, parameters_of(env_id))
+  except ValueError as e:
+    raise ConfigError(f'--env {env_id}: {e}') from None
+
+
+def check_env_values(values: dict, env_id: str) -> None:
+  """``--hparams`` values of env parameters: parameters of ``env_id``, in
+  their declared domains."""
+  params = parameters_of(env_id)
+  unknown = env_params.unknown_fields(values, params, env_id)
+  check(unknown is None, f'--hparams {unknown}')
+  try:
+    ss.check_values(env_params.domains(params), values)
+  except ValueError as e:
+    raise ConfigError(f'--hparams {e}') from None
 
 
 def warn_warmup_ignored(config: RunConfig) -> None:

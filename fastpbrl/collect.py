@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from acme import specs
 
+from fastpbrl import env_params
 from fastpbrl.jax_envs import JaxEnv
 from fastpbrl.replay import device as device_replay
 from fastpbrl.types import Rollout
@@ -76,6 +77,9 @@ class Episodes(NamedTuple):
   done: jax.Array  # bool: an episode ended at this step
   episode_return: jax.Array  # float32: its return (where done)
   episode_length: jax.Array  # int32: its length (where done)
+  # float32: the env's ``objective`` of it (where done); NaN for an env
+  # that reports none
+  true_objective: jax.Array
 
 
 def split_grid(key: jax.Array, shape: tuple[int, int]) -> jax.Array:
@@ -139,8 +143,32 @@ def _member_actions(agent, params, hparams, observation, env_steps,
   return jnp.where(warmup_left > 0, random.astype(acted.dtype), acted)
 
 
+def member_params(env: JaxEnv, hparams) -> dict:
+  """``{name: [N] values}`` of the env's parameters in the members'
+  ``hparams`` (``fastpbrl.env_params``); ``{}`` for an env without."""
+  return env_params.values_of(hparams, [n for n, _ in env.env_params])
+
+
+def with_member_params(env: JaxEnv, env_state, values: dict):
+  """``env_state`` (``[N, E, ...]``) acting with member ``i``'s ``values``
+  in each of its ``E`` envs (``env.with_params``); as it was for an env
+  without parameters."""
+  if not values:
+    return env_state
+  return jax.vmap(jax.vmap(env.with_params, in_axes=(0, None)))(
+      env_state, values)
+
+
+def objectives(env: JaxEnv, env_state, like: jax.Array) -> jax.Array:
+  """``env.objective`` of every env (``[N, E]``), NaN where the env has
+  none."""
+  if env.objective is None:
+    return jnp.full(like.shape, jnp.nan, jnp.float32)
+  return jax.vmap(jax.vmap(env.objective))(env_state).astype(jnp.float32)
+
+
 def _step_envs(env: JaxEnv, spec: specs.Array, state: EnvsState,
-               actions: jax.Array, keys: jax.Array):
+               actions: jax.Array, keys: jax.Array, values: dict):
   """Steps every env with the members' ``[N, E]`` (normalised) ``actions``
   and keeps the episodes going: what :func:`step` and
   :func:`rollout_step` share.
@@ -148,6 +176,7 @@ def _step_envs(env: JaxEnv, spec: specs.Array, state: EnvsState,
   Args:
     spec: the agent's action spec (``scale_actions``).
     keys: ``(next key, env step key, reset key)``, split from ``state.key``.
+    values: the members' env parameters (``member_params``).
 
   Returns:
     ``(state, transitions, episodes)``: the envs after the step (the
@@ -159,8 +188,9 @@ def _step_envs(env: JaxEnv, spec: specs.Array, state: EnvsState,
   n, e = state.episode_length.shape
   key, step_key, reset_key = keys
   env_state, next_obs, reward, terminated = jax.vmap(jax.vmap(env.step))(
-      state.env_state, scale_actions(actions, spec),
-      split_grid(step_key, (n, e)))
+      with_member_params(env, state.env_state, values),
+      scale_actions(actions, spec), split_grid(step_key, (n, e)))
+  objective = objectives(env, env_state, reward)
   length = state.episode_length + 1
   episode_return = state.episode_return + reward
   truncated = (length >= env.max_episode_steps) & ~terminated
@@ -179,7 +209,7 @@ def _step_envs(env: JaxEnv, spec: specs.Array, state: EnvsState,
       episode_return=jnp.where(done, 0.0, episode_return),
       episode_length=jnp.where(done, 0, length),
       env_steps=state.env_steps + e, key=key)
-  return new, transitions, Episodes(done, episode_return, length)
+  return new, transitions, Episodes(done, episode_return, length, objective)
 
 
 def step(env: JaxEnv, agent, policy_params, hparams,
@@ -197,7 +227,8 @@ def step(env: JaxEnv, agent, policy_params, hparams,
       agent, policy_params, hparams, state.observation, state.env_steps,
       state.warmup_left, jax.random.split(act_key, n))
   new, transitions, episodes = _step_envs(
-      env, agent.env_spec.actions, state, actions, (key, step_key, reset_key))
+      env, agent.env_spec.actions, state, actions, (key, step_key, reset_key),
+      member_params(env, hparams))
   replay = device_replay.insert(state.replay, jnp.arange(n, dtype=jnp.int32),
                                 transitions, e)
   return new._replace(warmup_left=jnp.maximum(state.warmup_left - e, 0),
@@ -227,7 +258,8 @@ def rollout_step(env: JaxEnv, agent, policy_params, hparams,
   actions, log_prob = jax.vmap(agent.behave)(
       policy_params, state.observation, jax.random.split(act_key, n), hparams)
   new, transitions, episodes = _step_envs(
-      env, agent.env_spec.actions, state, actions, (key, step_key, reset_key))
+      env, agent.env_spec.actions, state, actions, (key, step_key, reset_key),
+      member_params(env, hparams))
   return new, Rollout(**transitions, log_prob=log_prob), episodes
 
 
@@ -275,39 +307,47 @@ def restart(env: JaxEnv, state: EnvsState, members: jax.Array,
 
 
 def evaluate(env: JaxEnv, agent, policy_params, hparams, key: jax.Array,
-             episodes: int) -> tuple[jax.Array, jax.Array]:
+             episodes: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """``episodes`` noise-free episodes of every member (``act(...,
-  explore=False)``), each played to its end or its time limit.
+  explore=False)``), each played to its end or its time limit, in envs
+  acting with the member's env parameters.
 
   Returns:
-    ``(returns, lengths)``, ``[N, episodes]`` each.
+    ``(returns, lengths, objectives)``, ``[N, episodes]`` each; the
+    objectives are the env's ``objective`` of each episode (NaN for an env
+    without one).
   """
   n = jax.tree.leaves(hparams)[0].shape[0]
   key, reset_key = jax.random.split(key)
   env_state, obs = _reset_many(env, reset_key, (n, episodes))
+  values = member_params(env, hparams)
 
   def member_actions(params, member_hparams, observation, member_key):
     return agent.act(params, observation, member_key, member_hparams, False)
 
   def one_step(carry, step_key):
-    env_state, obs, returns, lengths, running = carry
+    env_state, obs, returns, lengths, objective, running = carry
     act_key, env_key = jax.random.split(step_key)
     actions = jax.vmap(member_actions)(policy_params, hparams, obs,
                                        jax.random.split(act_key, n))
     env_state, obs, reward, terminated = jax.vmap(jax.vmap(env.step))(
-        env_state, scale_actions(actions, agent.env_spec.actions),
+        with_member_params(env, env_state, values),
+        scale_actions(actions, agent.env_spec.actions),
         split_grid(env_key, (n, episodes)))
     returns = returns + jnp.where(running, reward, 0.0)
+    objective = jnp.where(running, objectives(env, env_state, reward),
+                          objective)
     lengths = lengths + running.astype(jnp.int32)
     running = running & ~terminated & (lengths < env.max_episode_steps)
-    return (env_state, obs, returns, lengths, running), None
+    return (env_state, obs, returns, lengths, objective, running), None
 
   shape = (n, episodes)
   carry = (env_state, obs, jnp.zeros(shape, jnp.float32),
-           jnp.zeros(shape, jnp.int32), jnp.ones(shape, bool))
-  (_, _, returns, lengths, _), _ = jax.lax.scan(
+           jnp.zeros(shape, jnp.int32), jnp.zeros(shape, jnp.float32),
+           jnp.ones(shape, bool))
+  (_, _, returns, lengths, objective, _), _ = jax.lax.scan(
       one_step, carry, jax.random.split(key, env.max_episode_steps))
-  return returns, lengths
+  return returns, lengths, objective
 
 
 def random_states(env: JaxEnv, key: jax.Array,

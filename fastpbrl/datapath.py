@@ -179,10 +179,12 @@ class DataPath(Protocol):
   # ------------------------------------------------- asked by rules
 
   def evaluate(self, policy_params: Any, actor_hparams: Any, episodes: int,
-               seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(returns, lengths)``, ``[N, episodes]`` each over the whole
-    population: noise-free episodes of ``policy_params`` (this process's
-    rows), seeded from ``seed``. Works after :meth:`close` (the final
+               seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(returns, lengths, objectives)``, ``[N, episodes]`` each over the
+    whole population: noise-free episodes of ``policy_params`` (this
+    process's rows, acting with ``actor_hparams``, env parameters
+    included), seeded from ``seed``; ``objectives`` are the env's true
+    objective of each episode (NaN where it reports none). Works after :meth:`close` (the final
     evaluation)."""
 
   def random_states(self, num_states: int, seed: int) -> np.ndarray:

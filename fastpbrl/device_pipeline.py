@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import time
 from typing import Any, NamedTuple, Sequence
@@ -357,10 +358,10 @@ class DeviceEnvs:
     ``self._steps``), numbered from 0 as its rows."""
     shape = (-1, self.num_members, self.envs_per_member)
     first = self._local.start
-    done, returns, lengths = (
+    done, returns, lengths, objectives = (
         np.asarray(x).reshape(shape)[:, self._local]
         for x in (episodes.done, episodes.episode_return,
-                  episodes.episode_length))
+                  episodes.episode_length, episodes.true_objective))
     for t, m, e in zip(*np.nonzero(done)):
       self._episodes.append(EpisodeRecord(
           member=int(m), episode_return=float(returns[t, m, e]),
@@ -368,7 +369,8 @@ class DeviceEnvs:
           env_steps=int(self._steps[first + m]
                         + (t + 1) * self.envs_per_member),
           policy_version=self.policy_version,
-          start_policy_version=int(self._start_version[first + m, e])))
+          start_policy_version=int(self._start_version[first + m, e]),
+          true_objective=_objective(objectives[t, m, e])))
       self._start_version[first + m, e] = self.policy_version
     del self._episodes[:-100_000]  # undrained records kept at most
 
@@ -381,23 +383,25 @@ class DeviceEnvs:
     while self._next_eval <= self._steps.min():
       self._next_eval += self.config.eval_interval
     key = host_key(self._seed, at)
-    returns, lengths = self._processes.host(self._evaluate(
-        learner.policy_params(state), actor_hparams, key,
-        self.config.eval_episodes))
-    returns, lengths = returns[self._local], lengths[self._local]
+    returns, lengths, objectives = (
+        x[self._local] for x in self._processes.host(self._evaluate(
+            learner.policy_params(state), actor_hparams, key,
+            self.config.eval_episodes)))
     for m in range(returns.shape[0]):
       for k in range(returns.shape[1]):
         self._episodes.append(EpisodeRecord(
             member=m, episode_return=float(returns[m, k]),
             episode_length=int(lengths[m, k]), evaluation=True, env_steps=at,
             policy_version=self.policy_version,
-            start_policy_version=self.policy_version))
+            start_policy_version=self.policy_version,
+            true_objective=_objective(objectives[m, k])))
 
   def evaluate(self, policy_params, actor_hparams, episodes: int,
-               seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``[N, episodes]`` returns and lengths of noise-free episodes of
-    ``policy_params`` (this process's rows, as published), played on the
-    device (the final evaluation); every member's, in every process."""
+               seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[N, episodes]`` returns, lengths and true objectives of noise-free
+    episodes of ``policy_params`` (this process's rows, as published),
+    played on the device (the final evaluation); every member's, in every
+    process."""
     key = host_key(seed, 2**30)
     rows = self._processes.global_rows
     return self._processes.host(self._evaluate(
@@ -737,3 +741,12 @@ def host_key(seed: int, data: int | None = None) -> np.ndarray:
 def _split_key(envs: collect.EnvsState):
   key, sample_key = jax.random.split(envs.key)
   return envs._replace(key=key), sample_key
+
+
+def _objective(value) -> float:
+  """An episode's true objective as its record holds it: the record's own
+  default (one NaN object, so that records of an env without one compare
+  equal) where the env reports none."""
+  value = float(value)
+  return value if math.isfinite(value) else (
+      EpisodeRecord._field_defaults['true_objective'])

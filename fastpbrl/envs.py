@@ -46,6 +46,7 @@ import functools
 import gymnasium as gym
 import numpy as np
 
+from fastpbrl import env_params, jax_envs
 from fastpbrl.jax_envs import GymnasiumView, is_jax_env
 
 ATARI_EXTRA = "pip install -e '.[atari]' (ale-py and OpenCV)"
@@ -151,3 +152,21 @@ class GameScore(gym.Wrapper):
     if terminated or truncated:
       info = {**info, 'true_objective': self._score}
     return obs, reward, terminated, truncated, info
+
+
+@functools.cache
+def parameters_of(env_id: str) -> dict:
+  """``{name: EnvParam}`` the env of ``env_id`` declares
+  (``fastpbrl.env_params``: a JAX env's ``env_params``, a gymnasium env's
+  or wrapper's); ``{}`` for an env without parameters.
+
+  Raises:
+    ValueError: a declaration that contradicts itself (one line).
+  """
+  if is_jax_env(env_id):
+    return env_params.declared(jax_envs.make(env_id))
+  env = make_env(env_id)
+  try:
+    return env_params.declared(env)
+  finally:
+    env.close()

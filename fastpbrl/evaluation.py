@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from acme import specs
 
+from fastpbrl import env_params
+from fastpbrl.actors.env_batch import true_objective
 from fastpbrl.envs import make_env
 from fastpbrl.types import scale_action
 
@@ -35,9 +37,11 @@ def evaluation_seeds(seed: int, member: int, episodes: int) -> list[int]:
 def evaluate_population(agent, env_fn: Callable[[], Any], policy_params,
                         hparams, episodes: int, seed: int,
                         members: Optional[list[int]] = None
-                        ) -> tuple[np.ndarray, np.ndarray]:
-  """Returns ``(returns, lengths)``, each ``[N, episodes]``: noise-free
-  episodes of each policy.
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Returns ``(returns, lengths, objectives)``, each ``[N, episodes]``:
+  noise-free episodes of each policy, in envs acting with each member's
+  env parameters (``fastpbrl.env_params``); ``objectives`` are the envs'
+  ``info['true_objective']`` at each episode's end (NaN where none).
 
   Args:
     agent: the agent whose ``act`` plays the policies.
@@ -69,12 +73,18 @@ def evaluate_population(agent, env_fn: Callable[[], Any], policy_params,
   discrete = isinstance(agent.env_spec.actions, specs.DiscreteArray)
   envs = [env_fn() for _ in rows]
   try:
+    values = {k: np.asarray(v) for k, v in env_params.env_part(
+        hparams).items()}
+    for env, row in zip(envs, rows) if values else ():
+      # each member's env parameters (``fastpbrl.env_params``)
+      env_params.setter(env)({k: float(v[row]) for k, v in values.items()})
     obs = np.stack([
         env.reset(seed=evaluation_seeds(seed, members[m], episodes)[k])[0]
         for env, (m, k) in zip(envs, ((r, i % episodes)
                                       for i, r in enumerate(rows)))
     ]).astype(agent.env_spec.observations.dtype)
     totals = np.zeros(len(envs))
+    objectives = np.full(len(envs), np.nan)
     lengths = np.zeros(len(envs), np.int64)
     active = np.ones(len(envs), bool)
     keys = jax.random.split(jax.random.PRNGKey(seed), len(envs))
@@ -85,17 +95,19 @@ def evaluate_population(agent, env_fn: Callable[[], Any], policy_params,
       if not discrete:
         actions = scale_action(actions, agent.env_spec.actions)
       for i in np.flatnonzero(active):
-        o, r, terminated, truncated, _ = envs[i].step(actions[i])
+        o, r, terminated, truncated, info = envs[i].step(actions[i])
         totals[i] += float(r)
         lengths[i] += 1
         obs[i] = o
         if terminated or truncated:
           active[i] = False
+          objectives[i] = true_objective(info)
       t += 1
   finally:
     for env in envs:
       env.close()
-  return totals.reshape(n, episodes), lengths.reshape(n, episodes)
+  return (totals.reshape(n, episodes), lengths.reshape(n, episodes),
+          objectives.reshape(n, episodes))
 
 
 def evaluate_policy(agent, env_id: str, policy_params, episodes: int,
@@ -103,6 +115,6 @@ def evaluate_policy(agent, env_id: str, policy_params, episodes: int,
   """Returns of ``episodes`` noise-free episodes of ONE policy
   (``policy_params`` without a population axis)."""
   stacked = jax.tree.map(lambda x: jnp.asarray(x)[None], policy_params)
-  returns, _ = evaluate_population(agent, lambda: make_env(env_id), stacked,
+  returns, _, _ = evaluate_population(agent, lambda: make_env(env_id), stacked,
                                    None, episodes, seed)
   return [float(r) for r in returns[0]]

@@ -66,14 +66,15 @@ def final_evaluation(loop: Loop, rule: Rule, logger, data,
   # every process then has everyone's returns.
   params = processes.local_view(loop.learner.policy_params(loop.state))
   hparams = processes.local_view(rule.actor_hparams(loop.hparams))
-  returns, lengths = data.evaluate(params, hparams, config.eval_episodes,
-                                   config.seed)
+  returns, lengths, objectives = data.evaluate(
+      params, hparams, config.eval_episodes, config.seed)
   logger.drop_partial_evaluations()
   logger.episodes(
       [EpisodeRecord(member=m, episode_return=float(returns[m, k]),
                      episode_length=int(lengths[m, k]), evaluation=True,
                      env_steps=loop.env_steps, policy_version=-1,
-                     start_policy_version=-1)
+                     start_policy_version=-1,
+                     true_objective=float(objectives[m, k]))
        for m in range(returns.shape[0]) for k in range(returns.shape[1])],
       loop.env_steps, loop.update_steps)
   logger.finish_progress(loop.env_steps * config.population_size,

@@ -41,6 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from acme import specs
 
+from fastpbrl import shaping
+
 GYMNAX_EXTRA = "pip install 'fastpbrl[gymnax]'"
 BRAX_EXTRA = "pip install 'fastpbrl[brax]'"
 # Brax's tasks have no time limit of their own; 1,000 steps is what its
@@ -60,7 +62,15 @@ class JaxEnvError(ValueError):
 
 
 class JaxEnv(NamedTuple):
-  """A pure-JAX environment, as ``fastpbrl.collect`` steps it."""
+  """A pure-JAX environment, as ``fastpbrl.collect`` steps it.
+
+  An env with parameters searched as hyperparameters
+  (``fastpbrl.env_params``) also gives ``env_params`` (``(name,
+  EnvParam)`` pairs), ``with_params(env_state, values) -> env_state`` (the
+  state acting with ``{name: scalar}``) and, for its fitness,
+  ``objective(env_state)``: the task's own score of the episode so far
+  (the true objective a shaped reward departs from).
+  """
 
   env_id: str
   env_spec: specs.EnvironmentSpec
@@ -68,6 +78,9 @@ class JaxEnv(NamedTuple):
   reset: Callable[[jax.Array], tuple[Any, jax.Array]]
   step: Callable[[Any, jax.Array, jax.Array], tuple[Any, jax.Array,
                                                     jax.Array, jax.Array]]
+  env_params: tuple = ()
+  with_params: Callable[[Any, dict], Any] | None = None
+  objective: Callable[[Any], jax.Array] | None = None
 
 
 def provider_of(env_id: str) -> str | None:
@@ -189,8 +202,52 @@ def _brax(env_id: str, name: str) -> JaxEnv:
                 reset, step)
 
 
+# ------------------------------------------------------------------ shaped
+
+
+class ShapedState(NamedTuple):
+  """The state of a shaped env: the task's own, the member's shaping
+  coefficient and the unshaped return of the episode so far."""
+
+  inner: Any
+  energy_bonus: jax.Array
+  true_return: jax.Array
+
+
+def _shaped(env_id: str, name: str) -> JaxEnv:
+  """gymnax's ``name`` with ``fastpbrl.shaping``'s energy bonus, its
+  coefficient an env parameter (``fastpbrl.env_params``)."""
+  if name not in shaping.SHAPED_TASKS:
+    raise JaxEnvError(f'--env {env_id!r}: no shaped version of {name}; '
+                      f'shaped tasks: {", ".join(shaping.SHAPED_TASKS)}')
+  inner = _gymnax(env_id, name)
+  default = shaping.ENV_PARAMS['energy_bonus'].default
+
+  def energy(state):
+    return shaping.energy(state.position, state.velocity, jnp.sin)
+
+  def reset(key):
+    state, obs = inner.reset(key)
+    return ShapedState(state, jnp.float32(default), jnp.float32(0)), obs
+
+  def step(state, action, key):
+    env_state, obs, reward, terminated = inner.step(state.inner, action, key)
+    bonus = state.energy_bonus * (energy(env_state) - energy(state.inner))
+    new = ShapedState(env_state, state.energy_bonus,
+                      state.true_return + reward)
+    return new, obs, (reward + bonus).astype(jnp.float32), terminated
+
+  def with_params(state, values):
+    return state._replace(
+        energy_bonus=jnp.asarray(values['energy_bonus'], jnp.float32))
+
+  return inner._replace(
+      reset=reset, step=step, env_params=tuple(shaping.ENV_PARAMS.items()),
+      with_params=with_params, objective=lambda state: state.true_return)
+
+
 PROVIDERS: dict[str, Callable[[str, str], JaxEnv]] = {
-    'gymnax': _gymnax, 'brax': _brax}
+    'gymnax': _gymnax, 'brax': _brax, 'shaped': _shaped}
 
 
 def _spec(observations, actions) -> specs.EnvironmentSpec:

@@ -23,8 +23,11 @@ from tqdm.auto import tqdm
 
 from fastpbrl.tracking import open_trackers
 
+# ``true_objective``: the env's own score of the episode where it reports
+# one (``info['true_objective']``, a shaped env's ``objective``), else empty.
 EPISODE_FIELDS = ('wall_time', 'env_steps', 'update_steps', 'member',
-                  'episode_return', 'episode_length', 'evaluation')
+                  'episode_return', 'episode_length', 'evaluation',
+                  'true_objective')
 FINAL_RETURNS = 'final_returns.json'  # each member's final evaluation
 HPARAMS_CSV = 'hparams.csv'  # every member's hyperparameters over time
 RULE_CSV = 'rule.csv'  # the population rule's scalars over time
@@ -248,7 +251,8 @@ class RunLogger:
              'update_steps': update_steps, 'member': member,
              'episode_return': float(r['episode_return']),
              'episode_length': int(r['episode_length']),
-             'evaluation': bool(r['evaluation'])}
+             'evaluation': bool(r['evaluation']),
+             'true_objective': _objective(r, keys)}
       if not row['evaluation']:
         self._write(row)
         continue
@@ -287,8 +291,11 @@ class RunLogger:
       self._append(member, member_rows)
 
   def _append(self, member: int, rows: list[dict]) -> None:
-    with open(self._paths[member], 'a', newline='') as f:
-      writer = csv.DictWriter(f, fieldnames=EPISODE_FIELDS)
+    path = self._paths[member]
+    # A resumed run's CSV keeps the columns it was started with.
+    fields = _header(path) or EPISODE_FIELDS
+    with open(path, 'a', newline='') as f:
+      writer = csv.DictWriter(f, fieldnames=fields, extrasaction='ignore')
       if f.tell() == 0:  # new, or cut back to before its header by a resume
         writer.writeheader()  # (a checkpoint's log sizes count it)
       writer.writerows(rows)
@@ -341,6 +348,23 @@ def _keys(record) -> tuple:
   return getattr(record, '_fields', None) or tuple(record)
 
 
+def _objective(record: Mapping, keys) -> float | str:
+  """An episode's ``true_objective`` for its CSV row ('' for none)."""
+  value = float(record['true_objective']) if 'true_objective' in keys else (
+      math.nan)
+  return value if math.isfinite(value) else ''
+
+
+def _header(path: str) -> Optional[tuple]:
+  """The columns of the CSV at ``path`` (None: no file, or an empty one)."""
+  try:
+    with open(path, newline='') as f:
+      first = f.readline()
+  except FileNotFoundError:
+    return None
+  return tuple(next(csv.reader([first]))) if first.strip() else None
+
+
 def read_member_csvs(run_dir: str) -> list[list[dict]]:
   """Reads every member's CSV back (for summaries, plots and tests)."""
   folder = os.path.join(run_dir, 'members')
@@ -351,9 +375,12 @@ def read_member_csvs(run_dir: str) -> list[list[dict]]:
   return rows
 
 
-def evaluation_points(rows: Sequence[Mapping], eval_episodes: int = 1
+def evaluation_points(rows: Sequence[Mapping], eval_episodes: int = 1,
+                      field: str = 'episode_return'
                       ) -> list[tuple[float, float, float]]:
-  """One member's evaluations as ``(env_steps, wall_time, mean return)``.
+  """One member's evaluations as ``(env_steps, wall_time, mean return)``
+  (the mean of ``field``: ``'true_objective'`` for the env's own score,
+  NaN in rows without it).
 
   An evaluation is ``eval_episodes`` consecutive evaluation episodes (the
   logger writes only whole evaluations); its point sits at their
@@ -367,8 +394,12 @@ def evaluation_points(rows: Sequence[Mapping], eval_episodes: int = 1
     group = evals[k:k + eval_episodes]
     points.append((float(group[-1]['env_steps']),
                    float(group[-1]['wall_time']),
-                   sum(float(r['episode_return']) for r in group) / len(group)))
+                   sum(_number(r.get(field)) for r in group) / len(group)))
   return points
+
+
+def _number(text) -> float:
+  return math.nan if text in (None, '') else float(text)
 
 
 def summary_table(run_dir: str, hparams: Optional[Sequence[Mapping]] = None,

@@ -101,7 +101,8 @@ class RuleQueries:
   def evaluate(self, policy_params, actor_hparams, episodes: int, seed: int):
     processes = self.processes
     if not processes.several:  # this process's rows are the K policies
-      return self.data.evaluate(policy_params, actor_hparams, episodes, seed)
+      return self.data.evaluate(policy_params, actor_hparams, episodes,
+                                seed)[:2]
     # Over several processes the data path plays the population's rows,
     # each process its own: the K policies become rows 0..K-1 (the others
     # repeat row 0), so policy k is seeded as member k, as in one process.
@@ -111,7 +112,7 @@ class RuleQueries:
       raise ValueError(f'a rule may evaluate at most {n} policies at once '
                        f'over several processes, got {k}')
     rows = np.where(np.arange(n) < k, np.arange(n), 0)[processes.local]
-    returns, lengths = self.data.evaluate(
+    returns, lengths, _ = self.data.evaluate(
         jax.tree.map(lambda x: np.asarray(x)[rows], policy_params),
         jax.tree.map(lambda x: np.asarray(x)[rows], actor_hparams),
         episodes, seed)

@@ -49,6 +49,7 @@ import jax
 import numpy as np
 from acme import specs
 
+from fastpbrl import env_params
 from fastpbrl.actors import shm
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.actors.param_store import ParamStore
@@ -233,9 +234,9 @@ class EpisodeBuffer:
 
 def evaluate_local(agent, env_fn, processes, policy_params: Any,
                    actor_hparams: Any, episodes: int, seed: int
-                   ) -> tuple[np.ndarray, np.ndarray]:
-  """``[N, episodes]`` returns and lengths (every member's, in every
-  process) of noise-free episodes of ``policy_params`` (this process's
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """``[N, episodes]`` returns, lengths and true objectives (every
+  member's, in every process) of noise-free episodes of ``policy_params`` (this process's
   rows), played here on the host by ``evaluation.evaluate_population``,
   each member seeded by its population index."""
   local = processes.local
@@ -299,8 +300,8 @@ class PolicyPublisher:
       self._publisher.wait(None)  # an older asynchronous one lands first
     with self._lock:
       restarts = self._restart_requests.copy()
-    return self._store.write(
-        (*jax.device_get((policy_params, actor_hparams)), restarts))
+    return self._store.write((*jax.device_get(
+        (policy_params, env_params.for_actors(actor_hparams))), restarts))
 
   def publish_async(self, policy_params: Any, actor_hparams: Any) -> None:
     """:meth:`publish` off the caller's critical path.
@@ -325,7 +326,8 @@ class PolicyPublisher:
     if self._publisher is None:
       self._publisher = _AsyncPublisher(self._store.write,
                                         keep_every=self.publish_every_version)
-    self._publisher.submit((policy_params, actor_hparams, restarts))
+    self._publisher.submit(
+        (policy_params, env_params.for_actors(actor_hparams), restarts))
 
   def wait_published(self, timeout: float | None = None) -> bool:
     """Waits until the newest :meth:`publish_async` is in the store (True),
@@ -686,8 +688,8 @@ class Pipeline(PolicyPublisher):
                        else processes.members(self.last_active))
 
   def evaluate(self, policy_params: Any, actor_hparams: Any, episodes: int,
-               seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``[N, episodes]`` returns and lengths (every member's, in every
+               seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[N, episodes]`` returns, lengths and true objectives (every member's, in every
     process) of noise-free episodes of ``policy_params`` (this process's
     rows), played here on the host by ``evaluation.evaluate_population``,
     each member seeded by its population index. Needs no actor: works
@@ -942,10 +944,11 @@ def _probe_env_spec(env_fn: Callable[[], Any]) -> specs.EnvironmentSpec:
 
 def _population_layout(policy_params: Any,
                        actor_hparams: Any) -> tuple[tuple, bool, int]:
-  """``(policy_params, actor_hparams)`` (copied to the host if it holds
-  values), whether it holds values (not ``jax.ShapeDtypeStruct`` layouts),
-  and the population size ``N`` every leaf leads with."""
-  tree = (policy_params, actor_hparams)
+  """``(policy_params, actor_hparams)`` as the actors read them
+  (``env_params.for_actors``; copied to the host if it holds values),
+  whether it holds values (not ``jax.ShapeDtypeStruct`` layouts), and the
+  population size ``N`` every leaf leads with."""
+  tree = (policy_params, env_params.for_actors(actor_hparams))
   has_values = not any(isinstance(x, jax.ShapeDtypeStruct)
                        for x in jax.tree.leaves(tree))
   if has_values:

@@ -44,10 +44,11 @@ from fastpbrl.rules.registry import run_outputs
 
 # Columns of ``RunData.episodes``: the member CSVs' (``EPISODE_FIELDS``:
 # wall_time, env_steps, update_steps, member, episode_return,
-# episode_length, evaluation).
+# episode_length, evaluation, true_objective: NaN where the env reports
+# none, and in CSVs written before the column was).
 EPISODE_DTYPES = dict(zip(EPISODE_FIELDS, ('float64', 'int64', 'int64',
                                            'int64', 'float64', 'int64',
-                                           'bool')))
+                                           'bool', 'float64')))
 EVALUATION_DTYPES = {'member': 'int64', 'env_steps': 'int64',
                      'wall_time': 'float64', 'mean_return': 'float64'}
 KEYS = ('env_steps', 'update_steps', 'member')  # hparams.csv's first columns
@@ -70,7 +71,9 @@ class RunData:
   episodes: pd.DataFrame
   """Every training and evaluation episode of every member, in the order
   written: ``wall_time``, ``env_steps``, ``update_steps``, ``member``,
-  ``episode_return``, ``episode_length``, ``evaluation`` (bool)."""
+  ``episode_return``, ``episode_length``, ``evaluation`` (bool),
+  ``true_objective`` (the env's own score of the episode; NaN where the
+  env reports none)."""
   evaluations: pd.DataFrame
   """One row per evaluation of a member: ``member``, ``env_steps`` (where
   its policy was frozen), ``wall_time``, ``mean_return`` (the mean of its
@@ -262,7 +265,7 @@ def _table(rows: list[dict], dtypes: dict) -> pd.DataFrame:
   """``rows`` (strings as the CSVs hold them, or numbers) as a DataFrame with
   exactly ``dtypes``' columns and types; numbers are parsed by Python
   (``float(repr(x)) == x``)."""
-  columns = {name: [_PARSE[dtype](r[name]) for r in rows]
+  columns = {name: [_PARSE[dtype](r.get(name, '')) for r in rows]
              for name, dtype in dtypes.items()}
   return pd.DataFrame(columns, columns=list(dtypes)).astype(dtypes)
 

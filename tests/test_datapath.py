@@ -84,7 +84,7 @@ def test_actor_path_random_states_and_evaluate():
   np.testing.assert_array_equal(states, probe_states_of_dvd('Pendulum-v1',
                                                             250, 3))
   assert not np.array_equal(states, data.random_states(250, seed=4))
-  returns, lengths = data.evaluate(learner.policy_params(state), hparams,
+  returns, lengths, _ = data.evaluate(learner.policy_params(state), hparams,
                                    episodes=2, seed=0)
   assert returns.shape == lengths.shape == (2, 2)
   assert (lengths == 200).all()
@@ -108,7 +108,7 @@ def test_device_path_random_states_and_evaluate():
     np.testing.assert_allclose(states[:, 0]**2 + states[:, 1]**2, 1,
                                atol=1e-5)
     assert np.abs(np.diff(states[:, 2])).max() > 0
-  returns, lengths = data.evaluate(learner.policy_params(state), hparams,
+  returns, lengths, _ = data.evaluate(learner.policy_params(state), hparams,
                                    episodes=2, seed=0)
   assert returns.shape == lengths.shape == (2, 2)
   assert (np.asarray(lengths) == 200).all()

@@ -200,7 +200,7 @@ def test_device_rollouts_is_a_data_path_without_replay():
   path.restart_members([1])
   np.testing.assert_array_equal(path.envs.episode_length[1], [0, 0])
   np.testing.assert_array_equal(path.last_active, [True, True])
-  returns, lengths = path.evaluate(learner.policy_params(call.state), hparams,
+  returns, lengths, _ = path.evaluate(learner.policy_params(call.state), hparams,
                                    2, seed=0)
   assert returns.shape == lengths.shape == (2, 2)
   assert path.random_states(5, seed=0).shape == (5, 4)

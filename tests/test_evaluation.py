@@ -28,7 +28,7 @@ def test_lockstep_evaluation_equals_one_episode_at_a_time():
   # The policies in float64: the two routes' actions then agree to ~1e-14.
   with numerics.float64():
     params, hparams = numerics.as_float64((state.policy, hparams))
-    returns, lengths = evaluate_population(agent, env_fn, params, hparams, k,
+    returns, lengths, _ = evaluate_population(agent, env_fn, params, hparams, k,
                                            seed=7)
     assert returns.shape == lengths.shape == (n, k)
     np.testing.assert_array_equal(lengths, 30)

@@ -86,6 +86,7 @@ from acme import specs
 from fastpbrl.actors.channel import Channel, ChannelHandle
 from fastpbrl.actors.param_store import ParamStore, ParamStoreHandle
 from fastpbrl.actors.vector_envs import make_batch
+from fastpbrl.env_params import ActorHParams
 from fastpbrl.types import make_env_spec, scale_action
 
 ACTOR_STREAM = 1  # spawn_key[0] of the actors' seed sequences
@@ -319,6 +320,7 @@ class Actor:
     self._version = 0
     self._params = None
     self._hparams = None
+    self._env_values = {}  # {name: [M]} env parameters (fastpbrl.env_params)
     # On the device once, not converted from numpy at every policy call.
     self._key_data = jax.device_put(np.stack(
         [key_data_of(s.key, prng_impl) for s in self._seeds]))
@@ -353,9 +355,15 @@ class Actor:
     if got is None:
       return
     self._version, tree = got
-    params, hparams = tree[0], tree[1]
+    params, acting = tree[0], tree[1]
+    # ``env_params.ActorHParams`` from the data paths; a store written with
+    # the agent's hyperparameters alone holds no env parameters.
+    hparams, env_values = (acting if isinstance(acting, ActorHParams)
+                           else (acting, {}))
     self._params = jax.device_put(params)
     self._hparams = jax.device_put(hparams)
+    self._env_values = {k: np.asarray(v) for k, v in env_values.items()}
+    self._batch.set_env_params(self._env_values)
     if len(tree) > 2:  # per-member restart counters (pipeline layout)
       self._adopt_restarts(np.asarray(tree[2], np.int64))
 
@@ -433,6 +441,10 @@ class Actor:
     else:
       self._eval_params = self._freeze_rows(due, self._params,
                                             self._eval_params)
+    k = self._eval_episodes
+    self._eval_batch.set_env_params(
+        {n: np.repeat(v, k) for n, v in self._env_values.items()},
+        [j * k + i for j in np.flatnonzero(due) for i in range(k)])
     for j in np.flatnonzero(due):
       self._eval_start_version[j] = self._version
       self._eval_start_steps[j] = self._steps[j]

@@ -29,10 +29,12 @@ envs they know with one numpy computation for all ``M`` envs.
 from __future__ import annotations
 
 import abc
-from typing import NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import gymnasium as gym
 import numpy as np
+
+from fastpbrl import env_params
 
 
 class EnvStep(NamedTuple):
@@ -67,6 +69,17 @@ class EnvBatch(abc.ABC):
            active: np.ndarray | None = None) -> EnvStep:
     """Steps every env (or those ``active``, ``[M]`` bool, flags) with its
     row of ``actions`` (the env's units)."""
+
+  def set_env_params(self, values: Mapping[str, np.ndarray],
+                     which: Sequence[int] | None = None) -> None:
+    """Env ``j`` (each of ``which``; default: every env) acts with
+    ``{name: values[name][j]}`` from its next step (``set_env_params`` of
+    an env with parameters, ``fastpbrl.env_params``); nothing for ``{}``."""
+    if not values:
+      return
+    for j in range(self.size) if which is None else which:
+      env_params.setter(self.envs[j])(
+          {name: float(v[j]) for name, v in values.items()})
 
   def close(self) -> None:
     for env in self.envs:

@@ -46,6 +46,7 @@ from gymnasium.envs.mujoco.half_cheetah_v5 import HalfCheetahEnv
 from gymnasium.envs.mujoco.hopper_v5 import HopperEnv
 from gymnasium.envs.mujoco.walker2d_v5 import Walker2dEnv
 
+from fastpbrl import env_params
 from fastpbrl.actors.env_batch import EnvBatch, EnvStep, SerialEnvs, stepped
 
 # The wrappers gymnasium.make adds; any other one may change what the env
@@ -261,7 +262,8 @@ def batch_kind(env: gym.Env, size: int, vectorized: bool = True
   calls cost what the env's own Python does
   (``benchmarks/actor_throughput.py`` measured 0.85-0.9x)."""
   kind = BATCHES.get(type(env.unwrapped))
-  if kind is None or not vectorized or size < 2 or not _plain(env):
+  if kind is None or not vectorized or size < 2 or not _plain(env) or (
+      env_params.declared(env)):  # its parameters live in each env
     return SerialEnvs
   return kind
 

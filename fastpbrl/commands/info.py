@@ -11,7 +11,9 @@ range and unit, the prior PBT and HyperTrick search (the agent's default
 search space; ``--search-space FILE`` replaces it) and, on the line below,
 its meaning: what the agent registered (``hparam_domains``; a field it
 declared nothing for reads "undeclared: unchecked"). The defaults are the agent's own for ``--env``:
-DQN's differ on image observations. A rule's page lists its presets and
+DQN's differ on image observations. An ``--env`` with parameters searched
+as hyperparameters (``fastpbrl.env_params``: ``fastpbrl info ppo --env
+shaped:MountainCar-v0``) adds them, as ``env_<name>``. A rule's page lists its presets and
 the settings in which each differs from the first (the default).
 """
 
@@ -26,9 +28,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from fastpbrl import agents as agents_lib
+from fastpbrl import env_params
 from fastpbrl import search_space as ss
 from fastpbrl.build import make_env_spec
 from fastpbrl.config import ConfigError
+from fastpbrl.envs import parameters_of
 from fastpbrl.rules import registry
 
 
@@ -91,12 +95,17 @@ def agent_page(name: str, env: str) -> list[str]:
   except ValueError as e:
     raise ConfigError(f'--env {env}: {e}; pass an env the agent can act '
                       'in') from None
-  space = dict(spec.default_search_space.distributions)
+  # An env with parameters adds them as env_<name> fields (env_params).
+  params = parameters_of(env)
+  agent = env_params.with_env_params(agent, params)
+  space = dict(env_params.with_space(spec.default_search_space,
+                                     params).distributions)
+  domains = {**spec.hparam_domains, **env_params.domains(params)}
   rows = [('hyperparameter', 'default', 'valid range', 'unit',
            'searched by PBT / HyperTrick')]
   meanings = []
   for field, value in agent.default_hparams()._asdict().items():
-    domain = spec.hparam_domains.get(field)
+    domain = domains.get(field)
     rows.append((field, f'{float(np.asarray(value)):g}',
                  str(domain) if domain else 'undeclared: unchecked',
                  (domain.unit or '-') if domain else '-',

@@ -15,19 +15,24 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from fastpbrl import env_params
 from fastpbrl import search_space as ss
 from fastpbrl.config import (ConfigError, RunConfig, agent_spec, check,
                              parse_hparams)
+from fastpbrl.envs import parameters_of
 
 
 def search_space_of(config: RunConfig) -> ss.SearchSpace:
   """``--search-space``: a file, or the space itself as a JSON object (the
   Python API passes a dict as one, so that config.json keeps it); if unset,
-  the agent's default space. Its ranges must lie in the agent's declared
-  domains (``register(..., hparam_domains=...)``)."""
+  the agent's default space and the priors of the env's parameters
+  (``fastpbrl.env_params``). Its ranges must lie in the agent's declared
+  domains (``register(..., hparam_domains=...)``) and the env parameters'
+  (a given space searches the env parameters it names, and holds the
+  others at their defaults)."""
   path = getattr(config, 'search_space', None)
   if path is None:
-    return agent_spec(config.agent).default_search_space
+    return default_space(config)
   try:
     if path.lstrip().startswith('{'):
       space = ss.from_dict(json.loads(path))
@@ -38,11 +43,41 @@ def search_space_of(config: RunConfig) -> ss.SearchSpace:
   except ValueError as e:
     source = 'the given space' if path.lstrip().startswith('{') else path
     raise ConfigError(f'--search-space {source}: {e}') from None
+  check_space(config, space)
+  return space
+
+
+def default_space(config: RunConfig) -> ss.SearchSpace:
+  """The agent's default space with the priors of the parameters of the
+  env (``config.env``; none where the config names no env)."""
+  space = agent_spec(config.agent).default_search_space
+  return env_params.with_space(space, env_parameters(config))
+
+
+def env_parameters(config: RunConfig) -> dict:
+  """``{name: EnvParam}`` of ``config.env`` (``{}`` without one)."""
+  env_id = getattr(config, 'env', None)
+  if env_id is None:
+    return {}
+  try:
+    return parameters_of(env_id)
+  except ValueError as e:
+    raise ConfigError(f'--env {env_id}: {e}') from None
+
+
+def check_space(config: RunConfig, space: ss.SearchSpace) -> None:
+  """Every range of ``space`` in its field's domain: the agent's
+  hyperparameters' and the env parameters'; an ``env_`` field the env does
+  not declare is refused."""
+  params = env_parameters(config)
+  unknown = env_params.unknown_fields(space.fields, params,
+                                      getattr(config, 'env', None))
+  check(unknown is None, f'{_source_of(config, space)}: {unknown}')
   try:
     agent_spec(config.agent).check_search_space(space)
+    ss.check_space(env_params.domains(params), space)
   except ValueError as e:
     raise ConfigError(f'{_source_of(config, space)}: {e}') from None
-  return space
 
 
 def validate_space(config: RunConfig, space: ss.SearchSpace,
@@ -50,10 +85,7 @@ def validate_space(config: RunConfig, space: ss.SearchSpace,
   """Every field of the space is a hyperparameter of the agent, its range
   lies in the field's declared domain, and a value ``--hparams`` gives a
   searched field lies in its range."""
-  try:
-    agent_spec(config.agent).check_search_space(space)
-  except ValueError as e:
-    raise ConfigError(f'{_source_of(config, space)}: {e}') from None
+  check_space(config, space)
   given = parse_hparams(getattr(config, 'hparams', ()))
   for name, value in given.items():
     if name in space.fields and not ss.contains(space[name], value):
@@ -73,8 +105,9 @@ def _source_of(config: RunConfig, space: ss.SearchSpace) -> str:
   if path:
     return ('--search-space' if path.lstrip().startswith('{')
             else f'--search-space {path}')
-  if space == agent_spec(config.agent).default_search_space:
-    return f'the default search space of --agent {config.agent}'
+  if space == default_space(config):
+    return f'the default search space of --agent {config.agent}' + (
+        f' and --env {config.env}' if env_parameters(config) else '')
   return 'the search space'  # a space passed to the rule in code
 
 

@@ -575,3 +575,34 @@ def test_methods_are_skipped_where_their_agent_cannot_act():
   assert 'discrete' in learning.fits('CartPole-v1', 'pbt-td3')
   assert learning.fits('gymnax:CartPole-v1', 'sb3-ppo') == (
       'sb3 steps gymnasium envs only')
+
+
+def _member_csv(path, rows):
+  """A member CSV of ``(evaluation, return, objective)`` rows."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w', newline='') as f:
+    writer = csv.writer(f)
+    writer.writerow(['wall_time', 'env_steps', 'update_steps', 'member',
+                     'episode_return', 'episode_length', 'evaluation',
+                     'true_objective'])
+    for k, (evaluation, ret, objective) in enumerate(rows):
+      writer.writerow([k, 100 * k, 100 * k, 0, ret, 200, evaluation,
+                       objective])
+
+
+def test_a_shaped_run_is_scored_on_its_true_objective(tmp_path):
+  shaped = str(tmp_path / 'shaped')
+  for m, final in enumerate((-120.0, -140.0)):
+    _member_csv(os.path.join(shaped, 'members', f'member_00{m}.csv'), [
+        (False, -150.0, -200.0), (True, -90.0, -200.0), (True, -80.0, -180.0),
+        (True, -60.0, final), (True, -50.0, final)])
+  assert learning.scored_field(shaped) == 'true_objective'
+  # Two evaluations of two episodes each; the last is (final + final) / 2.
+  assert learning.final_scores(shaped, 2, 'true_objective') == [-120.0,
+                                                                  -140.0]
+  assert learning.final_scores(shaped, 2, 'episode_return') == [-55.0, -55.0]
+  # An env that reports no objective (or a CSV from before the column).
+  plain = str(tmp_path / 'plain')
+  _member_csv(os.path.join(plain, 'members', 'member_000.csv'),
+              [(True, -90.0, ''), (True, -80.0, '')])
+  assert learning.scored_field(plain) == 'episode_return'
