@@ -57,6 +57,10 @@ from fastpbrl import search_space as ss
 PREFIX = 'env_'  # an env parameter ``name`` is the hyperparameter ``env_name``
 
 
+class DeclarationError(ValueError):
+  """An env's declaration of its parameters contradicts itself."""
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvParam:
   """One parameter of an environment, as the env declares it.
@@ -95,19 +99,22 @@ def declared(env) -> dict[str, EnvParam]:
   without parameters.
 
   Raises:
-    ValueError: a declaration that contradicts itself, or an env that
+    DeclarationError: a declaration that contradicts itself, or an env that
       declares parameters and cannot take values (no ``set_env_params`` on
       a gymnasium env, no ``with_params`` on a JAX env).
   """
   params = dict(_attribute(env, 'env_params') or {})
   for name, param in params.items():
     if not isinstance(param, EnvParam):
-      raise ValueError(f'env parameter {name!r}: expected an EnvParam, got '
-                       f'{param!r}')
-    param.check(name)
+      raise DeclarationError(f'env parameter {name!r}: expected an '
+                             f'EnvParam, got {param!r}')
+    try:
+      param.check(name)
+    except ValueError as e:
+      raise DeclarationError(str(e)) from None
   setter = 'with_params' if hasattr(env, 'with_params') else 'set_env_params'
   if params and not callable(_attribute(env, setter)):
-    raise ValueError(f'an env that declares env_params needs {setter}')
+    raise DeclarationError(f'an env that declares env_params needs {setter}')
   return params
 
 

@@ -47,6 +47,7 @@ import gymnasium as gym
 import numpy as np
 
 from fastpbrl import env_params, jax_envs
+from fastpbrl.imports import add_cwd_to_path
 from fastpbrl.jax_envs import GymnasiumView, is_jax_env
 
 ATARI_EXTRA = "pip install -e '.[atari]' (ale-py and OpenCV)"
@@ -161,8 +162,11 @@ def parameters_of(env_id: str) -> dict:
   or wrapper's); ``{}`` for an env without parameters.
 
   Raises:
-    ValueError: a declaration that contradicts itself (one line).
+    env_params.DeclarationError: a declaration that contradicts itself.
+    What making the env raises (an unknown id, a missing extra).
   """
+  if ':' in env_id and not is_jax_env(env_id):
+    add_cwd_to_path()  # 'mymod:Point-v0': mymod may sit where it runs
   if is_jax_env(env_id):
     return env_params.declared(jax_envs.make(env_id))
   env = make_env(env_id)

@@ -3,6 +3,7 @@
 policy, runs through ``fastpbrl.train`` finish and resume, and nothing
 leaks."""
 
+import csv
 import functools
 import os
 import signal
@@ -160,7 +161,7 @@ def test_a_run_through_train_finishes_and_writes_its_logs(
   assert len(result.run.final_returns) == 2
   for m in range(2):  # training and evaluation episodes, as the actors'
     with open(os.path.join(run_dir, 'members', f'member_00{m}.csv')) as f:
-      kinds = {line.rstrip().rsplit(',', 1)[1] for line in f.readlines()[1:]}
+      kinds = {row['evaluation'] for row in csv.DictReader(f)}
     assert kinds == {'False', 'True'}
   if rule == 'pbt':
     events = [e['event'] for e in result.lineage]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Optional, Sequence
 
+import gymnasium as gym
 import numpy as np
 
 from fastpbrl import env_params
@@ -55,14 +56,18 @@ def default_space(config: RunConfig) -> ss.SearchSpace:
 
 
 def env_parameters(config: RunConfig) -> dict:
-  """``{name: EnvParam}`` of ``config.env`` (``{}`` without one)."""
+  """``{name: EnvParam}`` of ``config.env`` (``{}`` without one, or for an
+  env that cannot be made here: the run refuses it, naming ``--env``, when
+  it makes the env's spec)."""
   env_id = getattr(config, 'env', None)
   if env_id is None:
     return {}
   try:
     return parameters_of(env_id)
-  except ValueError as e:
+  except env_params.DeclarationError as e:
     raise ConfigError(f'--env {env_id}: {e}') from None
+  except (ValueError, ImportError, gym.error.Error):
+    return {}
 
 
 def check_space(config: RunConfig, space: ss.SearchSpace) -> None:
