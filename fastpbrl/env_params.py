@@ -141,7 +141,6 @@ def hparams_class(base: type, names: tuple[str, ...]) -> type:
   give equal pytree structures)."""
   fields = [(f, Any) for f in base._fields] + [(field(n), Any) for n in names]
   cls = NamedTuple(f'{base.__name__}WithEnv', fields)
-  cls.agent_fields = tuple(base._fields)
   cls.agent_class = base
   return cls
 
@@ -219,11 +218,6 @@ def setter(env):
 # ------------------------------------------- search spaces and domains
 
 
-def search_space(params: Mapping[str, EnvParam]) -> ss.SearchSpace:
-  """Each parameter's ``prior``, under its field name."""
-  return ss.SearchSpace({field(n): p.prior for n, p in params.items()})
-
-
 def domains(params: Mapping[str, EnvParam]) -> dict[str, ss.HParamDomain]:
   """Each parameter's ``domain``, under its field name."""
   return {field(n): p.domain for n, p in params.items()}
@@ -239,13 +233,6 @@ def with_space(space: ss.SearchSpace,
     return space
   return dataclasses.replace(space, distributions=tuple(
       space.distributions) + tuple(extra))
-
-
-def describe(params: Mapping[str, EnvParam]) -> list[str]:
-  """One line per parameter (``fastpbrl info``): field, default, meaning,
-  valid range and prior."""
-  return [f'{field(n)} = {p.default:g}: {p.domain.meaning} ({p.domain}; '
-          f'searched over {p.prior})' for n, p in params.items()]
 
 
 def unknown_fields(names, params: Mapping[str, EnvParam],
