@@ -67,6 +67,11 @@ Methods:
   one agent per member slot, as ``sb3-td3``. A method whose agent cannot
   act in a task (TD3 on CartPole's discrete actions) is skipped there.
 
+The report ends with the papers' comparison at larger populations
+(``population_summary``): per cell of ``POPULATION_CELLS``, PBT and PB2
+against random search from the same prior and against default seeds, and
+a sentence per task on what wins.
+
 Every result lands in ``--out`` as one JSON per run
 (``runs/<task>/<method>/seed<k>.json``), so an interrupted benchmark
 continues where it stopped (existing results are kept unless ``--redo``;
@@ -361,10 +366,23 @@ def parse_args(argv=None) -> argparse.Namespace:
   return args
 
 
+# PB2's own setting (Parker-Holder et al. 2020, its PPO runs): 1M env steps
+# per member and a decision every 50,000; here every 49,152, a whole number
+# (24) of PPO's 2,048-step iterations, so decisions fall between learner
+# calls at the same points in every run. Evaluations at the same points.
+# Fixed before its runs (``POPULATION_CELLS``).
+BUDGETS = {(name, 1_000_000): Task(1_000_000, 0, 49_152, 49_152, 245_760)
+           for name in ('HalfCheetah-v5', 'Hopper-v5')}
+
+
 def task_budget(args, task_name: str) -> Task:
+  """The task's budget; at ``--env-steps``, its ``BUDGETS`` entry if it
+  has one, else every count scaled to that budget."""
   task = TASKS[task_name]
   if args.env_steps is None:
     return task
+  if (task_name, args.env_steps) in BUDGETS:
+    return BUDGETS[(task_name, args.env_steps)]
   scale = args.env_steps / task.env_steps
   return Task(args.env_steps, max(1, int(task.warmup_steps * scale)),
               max(1, int(task.eval_every * scale)),
@@ -1161,6 +1179,137 @@ def power_note() -> str:
           f'"not distinguishable" at these seed counts.')
 
 
+# The papers' comparison at the sizes where rules should pay off (Jaderberg
+# et al. 2017 and HyperTrick compare with random search over the same
+# prior; PB2 with PBT at 4 members): per cell (task, env steps per member,
+# members, whether it counts toward the goal), the four arms below. The
+# 16-member cells run on the device; the 4-member ones are PB2's own setting
+# through the actors. Fixed before their runs.
+POPULATION_CELLS = (
+    ('gymnax:Pendulum-v1', 1_048_576, 16, True),
+    ('gymnax:Acrobot-v1', 1_048_576, 16, True),
+    ('gymnax:MountainCarContinuous-v0', 1_048_576, 16, True),
+    ('HalfCheetah-v5', 1_000_000, 4, False),
+    ('Hopper-v5', 1_000_000, 4, False),
+)
+POPULATION_BASELINE = 'seeds-ppo'
+POPULATION_CONTROL = 'random-ppo'
+POPULATION_RULES = ('pbt-ppo', 'pbt-pb2-ppo')
+POPULATION_GOAL = 2  # tasks where PBT or PB2 beats random search
+POPULATION_NOTE = (
+    f'PBT and PB2 against random search from the same prior '
+    f'({POPULATION_CONTROL}, the papers\' control arm) and against default '
+    f'seeds ({POPULATION_BASELINE}), at the larger populations: per task, '
+    f'each arm\'s best member\'s final IQM [95% CI] and seeds, and each '
+    f'rule\'s verdict and probability of improvement with its interval; '
+    f'then a sentence per task on what wins, and the goal\'s count over the '
+    f'16-member tasks.')
+
+
+def _arm_cell(finals: Optional[list]) -> str:
+  if not finals:
+    return 'not run'
+  return (f'{stats.fmt_interval(stats.iqm_interval(finals))}, '
+          f'{_seeds(len(finals))}')
+
+
+def _versus_cell(rule: Optional[list], other: Optional[list]) -> str:
+  if rule is not None and other is None:
+    return f'nothing to compare with yet, {_seeds(len(rule))}'
+  return _matrix_cell(rule, other)
+
+
+def _population_finals(by: dict, cell: tuple) -> dict:
+  return {m: [max(r['final_returns']) for r in runs]
+          for m, runs in by.get(cell, {}).items()}
+
+
+def _short_arms(finals: dict) -> list[str]:
+  """``'<arm> <seeds>'`` of each arm of a population cell with fewer than
+  ``MIN_SEEDS`` seeds."""
+  arms = (POPULATION_BASELINE, POPULATION_CONTROL) + POPULATION_RULES
+  return [f'{m} {len(finals.get(m, []))}' for m in arms
+          if len(finals.get(m, [])) < stats.MIN_SEEDS]
+
+
+def population_sentence(name: str, finals: dict) -> tuple[str, bool, bool]:
+  """One sentence on what wins in a cell of ``POPULATION_CELLS``, whether
+  a rule beats random search there, and whether one is worse than default
+  seeds (both False until every arm has ``MIN_SEEDS`` seeds)."""
+  short = _short_arms(finals)
+  if not finals:
+    return f'{name}: not run yet.', False, False
+  if short:
+    return (f'{name}: no verdict yet, too few seeds ({", ".join(short)}; '
+            f'{stats.MIN_SEEDS} an arm needed).', False, False)
+  vs_control = {r: compare(tuple(finals[r]), tuple(finals[POPULATION_CONTROL]))
+                for r in POPULATION_RULES}
+  vs_seeds = {r: compare(tuple(finals[r]), tuple(finals[POPULATION_BASELINE]))
+              for r in POPULATION_RULES + (POPULATION_CONTROL,)}
+  wins = [r for r in POPULATION_RULES if vs_control[r][1] == 'better']
+  worse = [r for r in POPULATION_RULES if vs_seeds[r][1] == 'worse']
+  head = (' and '.join(wins) + (' beats' if len(wins) == 1 else ' beat')
+          if wins else 'no rule beats')
+  parts = [f'{r} against random search: {v} (P '
+           f'{stats.fmt_interval(poi, 2)})' for r, (poi, v) in
+           vs_control.items()]
+  poi, verdict = vs_seeds[POPULATION_CONTROL]
+  parts.append(f'random search against default seeds: {verdict} (P '
+               f'{stats.fmt_interval(poi, 2)})')
+  parts.append(' and '.join(worse) + ' worse than default seeds' if worse
+               else 'no rule worse than default seeds')
+  iqm = {m: stats.iqm_interval(v).value for m, v in finals.items()
+         if m in (POPULATION_BASELINE, POPULATION_CONTROL) + POPULATION_RULES}
+  top = max(iqm, key=iqm.get)
+  return (f'{name}: {head} random search from the same prior; '
+          + '; '.join(parts) + f'; highest IQM: {top} ({iqm[top]:.0f}).',
+          bool(wins), bool(worse))
+
+
+def population_summary(by: dict) -> list[str]:
+  """Markdown: a row per cell of ``POPULATION_CELLS`` (each arm's IQM,
+  each rule against random search and default seeds), a sentence per cell
+  on what wins (``population_sentence``), and the goal's count over the
+  cells that count toward it. Empty when no run of these cells is in
+  ``by``."""
+  if not any(cell[:3] in by for cell in POPULATION_CELLS):
+    return []
+  columns = [POPULATION_BASELINE, POPULATION_CONTROL]
+  for rule in POPULATION_RULES:
+    columns += [f'{rule} vs {POPULATION_CONTROL}',
+                f'{rule} vs {POPULATION_BASELINE}']
+  lines = ['| task | ' + ' | '.join(columns) + ' |',
+           '|---|' + '---|' * len(columns)]
+  sentences, wins, worse, complete, counted = [], [], [], 0, 0
+  for task, steps, members, goal in POPULATION_CELLS:
+    finals = _population_finals(by, (task, steps, members))
+    name = (f'{task}, {members} members, {steps:,} env steps each'
+            + (' (held out)' if task in HELD_OUT else ''))
+    cells = [_arm_cell(finals.get(POPULATION_BASELINE)),
+             _arm_cell(finals.get(POPULATION_CONTROL))]
+    for rule in POPULATION_RULES:
+      cells += [_versus_cell(finals.get(rule), finals.get(other))
+                for other in (POPULATION_CONTROL, POPULATION_BASELINE)]
+    lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
+    sentence, won, lost = population_sentence(name, finals)
+    sentences.append(sentence)
+    if goal:
+      counted += 1
+      complete += not _short_arms(finals)
+      wins += [name] if won else []
+      worse += [name] if lost else []
+  lines += [''] + [f'- {s}' for s in sentences]
+  lines += ['', f'Goal (PBT or PB2 better than random search on at least '
+            f'{POPULATION_GOAL} of the {counted} 16-member tasks, worse '
+            f'than default seeds on none): better on {len(wins)}'
+            + (f' ({"; ".join(wins)})' if wins else '')
+            + f', worse on {len(worse)}'
+            + (f' ({"; ".join(worse)})' if worse else '')
+            + f'; every arm has {stats.MIN_SEEDS} seeds or more on '
+            f'{complete} of {counted}.']
+  return lines
+
+
 SUPERSEDED_NOTE = (
     'Left out, run on code without a later fix (what was tried before it): '
     'each row\'s best member\'s final return over its seeds, and its '
@@ -1365,6 +1514,7 @@ def report(out: str) -> str:
             f'chosen on them, every method runs there untuned): '
             f'{", ".join(HELD_OUT)}.\n\n')
   matrix = matrix_summary(by)
+  population = population_summary(by)
   reference = reference_statistics(by, tasks)
   table = (header + '\n'.join(lines) + '\n\n' + STATISTICS_NOTE + '\n\n'
            + '\n'.join(seed_statistics(by, tasks, order)) + '\n'
@@ -1372,6 +1522,8 @@ def report(out: str) -> str:
               if reference else '')
            + ('\n' + MATRIX_NOTE + '\n\n' + '\n'.join(matrix) + '\n'
               if matrix else '')
+           + ('\n' + POPULATION_NOTE + '\n\n' + '\n'.join(population)
+              + '\n' if population else '')
            + '\n'.join(superseded_summary(dropped, by))
            + ('\n' if dropped else ''))
   with open(os.path.join(out, 'results.md'), 'w') as f:

@@ -117,6 +117,7 @@ def test_the_learning_table_agrees_with_the_run_jsons():
   over_seeds, matrix = over_seeds.split(learning.MATRIX_NOTE)
   over_seeds, reference = over_seeds.split(learning.REFERENCE_NOTE)
   matrix, apart = matrix.split(learning.SUPERSEDED_NOTE)
+  matrix, population = matrix.split(learning.POPULATION_NOTE)
   # The runs left out: each row's seeds, codes and best final over seeds.
   seen = {}
   for cells in body_rows(apart):
@@ -184,6 +185,28 @@ def test_the_learning_table_agrees_with_the_run_jsons():
         assert f': P {win_share(x, y):.2f}' in cells[method]
         compared += 1
   assert compared >= 5
+  # The larger populations: each arm's seeds, and each rule's P against
+  # random search and against default seeds, from the same runs.
+  rows = table_rows(population[population.index('|'):])
+  assert len(rows) == len(learning.POPULATION_CELLS)
+  compared = 0
+  for (task, steps, members, _), (name, cells) in zip(
+      learning.POPULATION_CELLS, rows.items()):
+    assert name.startswith(f'{task}, {members} members, {steps:,} env')
+    key = (task, f'{steps:,}', str(members))
+    for arm in (learning.POPULATION_BASELINE, learning.POPULATION_CONTROL):
+      y = runs.get((*key, arm))
+      assert cells[arm].endswith(f', {seed_count(len(y))}' if y else
+                                 'not run'), cells[arm]
+    for rule in learning.POPULATION_RULES:
+      x = runs.get((*key, rule))
+      for other in (learning.POPULATION_CONTROL,
+                    learning.POPULATION_BASELINE):
+        y = runs.get((*key, other))
+        if x and y:
+          assert f': P {win_share(x, y):.2f}' in cells[f'{rule} vs {other}']
+          compared += 1
+  assert compared >= 4
 
 
 def seed_count(count: int) -> str:

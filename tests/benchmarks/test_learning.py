@@ -499,6 +499,77 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
       {('HalfCheetah-v5', 100_000, 4): {'pbt-td3': _runs(1.0)}}) == []
 
 
+def test_population_summary_compares_each_rule_with_random_search():
+  cell = ('gymnax:Acrobot-v1', 1_048_576, 16)
+  by = {cell: {
+      'seeds-ppo': _runs(-300.0, -310.0, -290.0, -305.0, -295.0),
+      # Every seed above the default seeds', none above random search's:
+      # against random search P = 0 of 25 pairs, against seeds 25 of 25.
+      'random-ppo': _runs(-100.0, -110.0, -90.0, -105.0, -95.0),
+      'pbt-ppo': _runs(-200.0, -210.0, -190.0, -205.0, -195.0),
+      # Every seed above random search's.
+      'pbt-pb2-ppo': _runs(-80.0, -85.0, -75.0, -70.0, -60.0)},
+        ('gymnax:Pendulum-v1', 1_048_576, 16): {
+            'seeds-ppo': _runs(-150.0, -140.0), 'pbt-ppo': _runs(-120.0)},
+        # PB2's own setting at another budget: not a cell of the summary.
+        ('Hopper-v5', 100_000, 4): {'pbt-ppo': _runs(1.0)}}
+  lines = learning.population_summary(by)
+  rows = {line.split(' | ')[0][2:]: [c.rstrip(' |') for c in
+                                     line.split(' | ')[1:]]
+          for line in lines if line.startswith('| ') and
+          not line.startswith('| task')}
+  acrobot = 'gymnax:Acrobot-v1, 16 members, 1,048,576 env steps each'
+  assert list(rows) == [
+      'gymnax:Pendulum-v1, 16 members, 1,048,576 env steps each', acrobot,
+      'gymnax:MountainCarContinuous-v0, 16 members, 1,048,576 env steps '
+      'each (held out)', 'HalfCheetah-v5, 4 members, 1,000,000 env steps '
+      'each', 'Hopper-v5, 4 members, 1,000,000 env steps each']
+  seeds, random, pbt_r, pbt_s, pb2_r, pb2_s = rows[acrobot]
+  # IQM of 5 values: the mean of the middle 3 (scipy's trimmed share 0.25
+  # drops one from each end): -300 for the seeds, -100 for random search,
+  # (-80 - 75 - 70) / 3 = -75 for PB2.
+  assert seeds.startswith('-300 [') and seeds.endswith(', 5 seeds')
+  assert random.startswith('-100 [')
+  assert pbt_r == 'worse: P 0.00 [0.00, 0.00], 5 seeds'
+  assert pbt_s == 'better: P 1.00 [1.00, 1.00], 5 seeds'
+  assert pb2_r == 'better: P 1.00 [1.00, 1.00], 5 seeds'
+  assert pb2_s == 'better: P 1.00 [1.00, 1.00], 5 seeds'
+  pendulum = rows['gymnax:Pendulum-v1, 16 members, 1,048,576 env steps '
+                  'each']
+  assert pendulum[1] == 'not run'
+  assert pendulum[2] == 'nothing to compare with yet, 1 seed'
+  assert pendulum[3].startswith('too few seeds (< 5): P 1.00')
+  sentences = [line for line in lines if line.startswith('- ')]
+  assert sentences[1] == (
+      f'- {acrobot}: pbt-pb2-ppo beats random search from the same prior; '
+      'pbt-ppo against random search: worse (P 0.00 [0.00, 0.00]); '
+      'pbt-pb2-ppo against random search: better (P 1.00 [1.00, 1.00]); '
+      'random search against default seeds: better (P 1.00 [1.00, 1.00]); '
+      'no rule worse than default seeds; highest IQM: pbt-pb2-ppo (-75).')
+  assert sentences[0].endswith(': no verdict yet, too few seeds (seeds-ppo '
+                               '2, random-ppo 0, pbt-ppo 1, pbt-pb2-ppo 0; '
+                               '5 an arm needed).')
+  assert sentences[3].endswith(': not run yet.')
+  assert lines[-1] == (
+      'Goal (PBT or PB2 better than random search on at least 2 of the 3 '
+      f'16-member tasks, worse than default seeds on none): better on 1 '
+      f'({acrobot}), worse on 0; every arm has 5 seeds or more on 1 of 3.')
+  # A folder with none of these cells (another experiment's) has none.
+  assert learning.population_summary(
+      {('Hopper-v5', 100_000, 4): {'pbt-ppo': _runs(1.0)}}) == []
+
+
+def test_pb2_setting_budget_decides_every_24_ppo_iterations():
+  args = learning.parse_args(['--env-steps', '1000000'])
+  for name in ('HalfCheetah-v5', 'Hopper-v5'):
+    task = learning.task_budget(args, name)
+    assert (task.env_steps, task.ready_after, task.eval_every) == (
+        1_000_000, 24 * 2048, 24 * 2048)
+  # Another task at that budget is scaled as before: Walker2d's 100,000
+  # steps x 10.
+  assert learning.task_budget(args, 'Walker2d-v5').ready_after == 100_000
+
+
 def test_power_note_gives_the_threshold_of_five_seeds_a_side():
   # 21 of 25 pairs (tests/benchmarks/test_stats.py); the gap by hand:
   # sqrt(2) * Phi^-1(0.84) = 1.414 * 0.994 = 1.41.
