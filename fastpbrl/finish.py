@@ -11,6 +11,8 @@ import math
 import os
 from typing import Optional
 
+import numpy as np
+
 from fastpbrl import plots
 from fastpbrl.actors import EpisodeRecord
 from fastpbrl.distributed import Processes
@@ -46,11 +48,13 @@ class RunResult:
   env_steps_per_second: float = 0.0
 
 
-def final_evaluation(loop: Loop, rule: Rule, logger, data,
-                     processes=None) -> list[float]:
+def final_evaluation(loop: Loop, rule: Rule, logger, data, processes=None
+                     ) -> tuple[list[float], Optional[list[float]]]:
   """Evaluates every member's final policy (``--eval-episodes`` noise-free
   episodes each, seeded from the run seed), logs the episodes as one whole
-  evaluation per member at the budget's env steps, and returns the means.
+  evaluation per member at the budget's env steps, and returns the means of
+  the returns and of the true objective (None where the env reports no
+  objective).
 
   The periodic evaluations run in the actors alongside training and end
   wherever the budget cuts them; this one always exists, so a run whose
@@ -83,18 +87,29 @@ def final_evaluation(loop: Loop, rule: Rule, logger, data,
   log.info('final evaluation (%d episodes per member at %d env steps): %s',
            config.eval_episodes, loop.env_steps,
            ', '.join(f'{x:.1f}' for x in means))
-  return means
+  objectives = np.asarray(objectives, np.float64)
+  if np.isnan(objectives).all():
+    return means, None
+  objective_means = [float(x) for x in objectives.mean(axis=1)]
+  log.info('final true objective: %s',
+           ', '.join(f'{x:.1f}' for x in objective_means))
+  return means, objective_means
 
 
 def write_final_returns(loop: Loop, run_dir: str, checkpoint_step,
-                        final_returns: list[float]) -> None:
+                        final_returns: list[float],
+                        final_objectives: Optional[list[float]] = None
+                        ) -> None:
   """``final_returns.json``: each member's final evaluation, with what
-  produced it."""
+  produced it; ``final_true_objectives`` too where the env reports its
+  true objective (a shaped env's returns are the shaped ones)."""
   config = loop.config
-  write_json_atomic(os.path.join(run_dir, FINAL_RETURNS), {
-      'env_steps': loop.env_steps, 'eval_episodes': config.eval_episodes,
-      'seed': config.seed, 'checkpoint_step': checkpoint_step,
-      'final_returns': final_returns})
+  final = {'env_steps': loop.env_steps, 'eval_episodes': config.eval_episodes,
+           'seed': config.seed, 'checkpoint_step': checkpoint_step,
+           'final_returns': final_returns}
+  if final_objectives is not None:
+    final['final_true_objectives'] = final_objectives
+  write_json_atomic(os.path.join(run_dir, FINAL_RETURNS), final)
 
 
 def result(loop: Loop, rule: Rule, rule_state, logger, run_dir: str,

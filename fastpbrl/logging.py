@@ -405,15 +405,23 @@ def _number(text) -> float:
 def summary_table(run_dir: str, hparams: Optional[Sequence[Mapping]] = None,
                   eval_episodes: int = 1) -> str:
   """A text table: per member, episodes, its last and best evaluation (each
-  the mean of ``eval_episodes`` episodes), and its final hyperparameters."""
-  lines = []
+  the mean of ``eval_episodes`` episodes), where the env reports a true
+  objective (a shaped env) the last evaluation's objective
+  (``objective_last``), and its final hyperparameters."""
+  members = read_member_csvs(run_dir)
+  objective = any(row.get('true_objective') not in (None, '')
+                  for rows in members for row in rows)
   header = f'{"member":>6} {"episodes":>8} {"eval_last":>10} {"eval_best":>10}'
-  lines.append(header + ('  hyperparameters' if hparams else ''))
-  for i, rows in enumerate(read_member_csvs(run_dir)):
+  header += f' {"objective_last":>14}' if objective else ''
+  lines = [header + ('  hyperparameters' if hparams else '')]
+  for i, rows in enumerate(members):
     means = [p[2] for p in evaluation_points(rows, eval_episodes)]
     last = means[-1] if means else float('nan')
     best = max(means) if means else float('nan')
     line = f'{i:>6} {len(rows):>8} {last:>10.1f} {best:>10.1f}'
+    if objective:
+      scores = evaluation_points(rows, eval_episodes, 'true_objective')
+      line += f' {scores[-1][2] if scores else math.nan:>14.1f}'
     if hparams:
       line += '  ' + json.dumps({k: float(f'{v:.4g}') for k, v in hparams[i].items()})
     lines.append(line)

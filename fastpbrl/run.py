@@ -198,10 +198,10 @@ def _train(built: Built, start: resume.Restored,
           resume_command(registry.ref_of(type(rule)), run_dir))
     stack.callback(stop.disarm)
     data.close()  # frees the cores for the final evaluation
-    final_returns = finish.final_evaluation(loop, rule, logger, data,
-                                            processes)
+    final_returns, final_objectives = finish.final_evaluation(
+        loop, rule, logger, data, processes)
     finish.write_final_returns(loop, own_dir, checkpointer.latest_step(),
-                               final_returns)
+                               final_returns, final_objectives)
   outcome = finish.result(loop, rule, rule_run.state, logger, run_dir,
                           final_returns)
   if processes.main:  # process 0 summarises and draws

@@ -22,6 +22,7 @@ from fastpbrl.actors import Actor, ParamStore, chunk_layout
 from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.config import ConfigError
 from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.logging import read_final_returns
 from fastpbrl.rules.base import Population
 from fastpbrl.rules.pbt import PBT, PBTRunConfig
 from fastpbrl.rules.random_search import RandomSearch, RandomSearchRunConfig
@@ -312,3 +313,15 @@ def test_a_run_through_the_actors_reports_the_true_objective(tmp_path):
   assert (bonus > 0).all()  # drawn from [0, 100]: both members shaped
   shaped = episodes['episode_return'] != episodes['true_objective']
   assert shaped.all()
+  # The final evaluation's objective, beside its shaped return, in
+  # final_returns.json and the summary: each member's last evaluation row.
+  last = episodes[episodes['evaluation']].groupby('member').last()
+  final = read_final_returns(run_dir)
+  assert final['final_true_objectives'] == list(last['true_objective'])
+  assert final['final_returns'] == list(last['episode_return'])
+  with open(os.path.join(run_dir, 'summary.txt')) as f:
+    lines = f.read().splitlines()
+  assert lines[0].split()[:5] == ['member', 'episodes', 'eval_last',
+                                  'eval_best', 'objective_last']
+  assert [float(line.split()[4]) for line in lines[1:3]] == list(
+      last['true_objective'])

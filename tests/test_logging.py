@@ -45,6 +45,36 @@ def test_logger_files_summary_and_plot(tmp_path):
   assert os.path.getsize(path) > 1000
 
 
+def test_summary_gives_the_true_objective_where_the_env_reports_one(
+    tmp_path):
+  logger = RunLogger(str(tmp_path), 2, total_env_steps=100, progress=False,
+                     eval_episodes=2, track='none')
+  # member, shaped return, evaluation, true objective (NaN: none reported)
+  episodes = [(0, 50.0, False, -90.0), (0, 40.0, True, -80.0),
+              (0, 20.0, True, -60.0), (1, 70.0, True, -100.0),
+              (1, 10.0, True, -120.0)]
+  logger.episodes([EpisodeRecord(m, r, 10, e, 10, 1, 1, o)
+                   for m, r, e, o in episodes], env_steps=10,
+                  update_steps=10)
+  logger.close()
+  lines = summary_table(str(tmp_path), eval_episodes=2).splitlines()
+  assert lines[0].split() == ['member', 'episodes', 'eval_last', 'eval_best',
+                              'objective_last']
+  # Member 0: returns (40 + 20) / 2 = 30, objective (-80 - 60) / 2 = -70;
+  # member 1: 40 and -110.
+  assert lines[1].split() == ['0', '3', '30.0', '30.0', '-70.0']
+  assert lines[2].split() == ['1', '2', '40.0', '40.0', '-110.0']
+  # An env without an objective: no such column.
+  other = tmp_path / 'other'
+  logger = RunLogger(str(other), 1, total_env_steps=100, progress=False,
+                     track='none')
+  logger.episodes([EpisodeRecord(0, 1.0, 10, True, 10, 1)], env_steps=10,
+                  update_steps=10)
+  logger.close()
+  assert summary_table(str(other)).splitlines()[0].split() == [
+      'member', 'episodes', 'eval_last', 'eval_best']
+
+
 def test_logger_writes_whole_evaluations_only(tmp_path):
   from fastpbrl.actors import EpisodeRecord
   run_dir = str(tmp_path)
