@@ -1044,8 +1044,10 @@ def _cell_columns(cell: tuple) -> str:
 
 
 def _best_finals(by: dict, cell: tuple) -> dict:
+  """Each method's best member's final return per seed in ``cell`` (none
+  where ``by`` has no run of it)."""
   return {method: [max(r['final_returns']) for r in runs]
-          for method, runs in by[cell].items()}
+          for method, runs in by.get(cell, {}).items()}
 
 
 def seed_statistics(by: dict, tasks: list, order: dict) -> list[str]:
@@ -1195,6 +1197,7 @@ POPULATION_CELLS = (
 POPULATION_BASELINE = 'seeds-ppo'
 POPULATION_CONTROL = 'random-ppo'
 POPULATION_RULES = ('pbt-ppo', 'pbt-pb2-ppo')
+POPULATION_ARMS = (POPULATION_BASELINE, POPULATION_CONTROL) + POPULATION_RULES
 POPULATION_GOAL = 2  # tasks where PBT or PB2 beats random search
 POPULATION_NOTE = (
     f'PBT and PB2 against random search from the same prior '
@@ -1219,24 +1222,18 @@ def _versus_cell(rule: Optional[list], other: Optional[list]) -> str:
   return _matrix_cell(rule, other)
 
 
-def _population_finals(by: dict, cell: tuple) -> dict:
-  return {m: [max(r['final_returns']) for r in runs]
-          for m, runs in by.get(cell, {}).items()}
-
-
 def _short_arms(finals: dict) -> list[str]:
   """``'<arm> <seeds>'`` of each arm of a population cell with fewer than
   ``MIN_SEEDS`` seeds."""
-  arms = (POPULATION_BASELINE, POPULATION_CONTROL) + POPULATION_RULES
-  return [f'{m} {len(finals.get(m, []))}' for m in arms
+  return [f'{m} {len(finals.get(m, []))}' for m in POPULATION_ARMS
           if len(finals.get(m, [])) < stats.MIN_SEEDS]
 
 
-def population_sentence(name: str, finals: dict) -> tuple[str, bool, bool]:
+def population_sentence(name: str, finals: dict,
+                        short: list[str]) -> tuple[str, bool, bool]:
   """One sentence on what wins in a cell of ``POPULATION_CELLS``, whether
   a rule beats random search there, and whether one is worse than default
-  seeds (both False until every arm has ``MIN_SEEDS`` seeds)."""
-  short = _short_arms(finals)
+  seeds (both False while an arm is ``short``, ``_short_arms``)."""
   if not finals:
     return f'{name}: not run yet.', False, False
   if short:
@@ -1258,8 +1255,7 @@ def population_sentence(name: str, finals: dict) -> tuple[str, bool, bool]:
                f'{stats.fmt_interval(poi, 2)})')
   parts.append(' and '.join(worse) + ' worse than default seeds' if worse
                else 'no rule worse than default seeds')
-  iqm = {m: stats.iqm_interval(v).value for m, v in finals.items()
-         if m in (POPULATION_BASELINE, POPULATION_CONTROL) + POPULATION_RULES}
+  iqm = {m: stats.iqm(finals[m]) for m in POPULATION_ARMS}
   top = max(iqm, key=iqm.get)
   return (f'{name}: {head} random search from the same prior; '
           + '; '.join(parts) + f'; highest IQM: {top} ({iqm[top]:.0f}).',
@@ -1282,7 +1278,8 @@ def population_summary(by: dict) -> list[str]:
            '|---|' + '---|' * len(columns)]
   sentences, wins, worse, complete, counted = [], [], [], 0, 0
   for task, steps, members, goal in POPULATION_CELLS:
-    finals = _population_finals(by, (task, steps, members))
+    finals = _best_finals(by, (task, steps, members))
+    short = _short_arms(finals)
     name = (f'{task}, {members} members, {steps:,} env steps each'
             + (' (held out)' if task in HELD_OUT else ''))
     cells = [_arm_cell(finals.get(POPULATION_BASELINE)),
@@ -1291,11 +1288,11 @@ def population_summary(by: dict) -> list[str]:
       cells += [_versus_cell(finals.get(rule), finals.get(other))
                 for other in (POPULATION_CONTROL, POPULATION_BASELINE)]
     lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
-    sentence, won, lost = population_sentence(name, finals)
+    sentence, won, lost = population_sentence(name, finals, short)
     sentences.append(sentence)
     if goal:
       counted += 1
-      complete += not _short_arms(finals)
+      complete += not short
       wins += [name] if won else []
       worse += [name] if lost else []
   lines += [''] + [f'- {s}' for s in sentences]
