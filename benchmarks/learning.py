@@ -108,6 +108,7 @@ import tempfile
 import time
 from typing import Optional
 
+import gymnasium
 import jax
 import numpy as np
 
@@ -894,8 +895,9 @@ def _fmt(values: list) -> str:
   if not values:
     return '-'
   if len(values) == 1:
-    return f'{values[0]:.0f}'
-  return f'{np.mean(values):.0f} ± {stats.sample_std(values):.0f}'
+    return stats.fmt_value(values[0])
+  return (f'{stats.fmt_value(np.mean(values))} ± '
+          f'{stats.fmt_value(stats.sample_std(values))}')
 
 
 RULE_MODULES = ('pbt', 'cemrl', 'dvd', 'hypertrick', 'random')
@@ -1209,6 +1211,33 @@ POPULATION_NOTE = (
     f'16-member tasks.')
 
 
+# Providers whose envs port gymnasium's, rewards included (gymnax's
+# classic-control envs), so that gymnasium's registry states their
+# reward threshold.
+GYMNASIUM_PORTS = ('gymnax:',)
+
+
+def reward_threshold(task: str) -> Optional[float]:
+  """gymnasium's ``reward_threshold`` for ``task``, the return at which its
+  registry calls the env solved; None where it states none."""
+  env_id = task
+  for prefix in GYMNASIUM_PORTS:
+    env_id = env_id.removeprefix(prefix)
+  try:
+    return gymnasium.spec(env_id).reward_threshold
+  except gymnasium.error.Error:
+    return None
+
+
+def _reached(finals: dict, threshold: Optional[float]) -> dict:
+  """Per arm, how many seeds' best member ends at ``threshold`` or above
+  (empty without a threshold)."""
+  if threshold is None:
+    return {}
+  return {m: sum(v >= threshold for v in finals.get(m, []))
+          for m in POPULATION_ARMS}
+
+
 def _arm_cell(finals: Optional[list]) -> str:
   if not finals:
     return 'not run'
@@ -1229,11 +1258,15 @@ def _short_arms(finals: dict) -> list[str]:
           if len(finals.get(m, [])) < stats.MIN_SEEDS]
 
 
-def population_sentence(name: str, finals: dict,
-                        short: list[str]) -> tuple[str, bool, bool]:
+def population_sentence(name: str, finals: dict, short: list[str],
+                        threshold: Optional[float] = None
+                        ) -> tuple[str, bool, bool]:
   """One sentence on what wins in a cell of ``POPULATION_CELLS``, whether
   a rule beats random search there, and whether one is worse than default
-  seeds (both False while an arm is ``short``, ``_short_arms``)."""
+  seeds (both False while an arm is ``short``, ``_short_arms``). With the
+  task's ``threshold`` (``reward_threshold``), it also counts the seeds
+  whose best member reaches it: a verdict where every arm or none does
+  compares policies that all solve the task, or none."""
   if not finals:
     return f'{name}: not run yet.', False, False
   if short:
@@ -1255,10 +1288,17 @@ def population_sentence(name: str, finals: dict,
                f'{stats.fmt_interval(poi, 2)})')
   parts.append(' and '.join(worse) + ' worse than default seeds' if worse
                else 'no rule worse than default seeds')
+  reached = _reached(finals, threshold)
+  if reached:
+    parts.append(f'best member at gymnasium\'s reward threshold '
+                 f'({threshold:g}) or above: ' + ', '.join(
+                     f'{m} {n} of {len(finals[m])} seeds'
+                     for m, n in reached.items()))
   iqm = {m: stats.iqm(finals[m]) for m in POPULATION_ARMS}
   top = max(iqm, key=iqm.get)
   return (f'{name}: {head} random search from the same prior; '
-          + '; '.join(parts) + f'; highest IQM: {top} ({iqm[top]:.0f}).',
+          + '; '.join(parts)
+          + f'; highest IQM: {top} ({stats.fmt_value(iqm[top])}).',
           bool(wins), bool(worse))
 
 
@@ -1288,12 +1328,17 @@ def population_summary(by: dict) -> list[str]:
       cells += [_versus_cell(finals.get(rule), finals.get(other))
                 for other in (POPULATION_CONTROL, POPULATION_BASELINE)]
     lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
-    sentence, won, lost = population_sentence(name, finals, short)
+    threshold = reward_threshold(task)
+    sentence, won, lost = population_sentence(name, finals, short,
+                                              threshold)
     sentences.append(sentence)
     if goal:
       counted += 1
       complete += not short
-      wins += [name] if won else []
+      reached = _reached(finals, threshold)
+      unsolved = bool(reached) and not any(reached.values())
+      wins += [name + (', where no seed of any arm reaches the reward '
+                       'threshold' if unsolved else '')] if won else []
       worse += [name] if lost else []
   lines += [''] + [f'- {s}' for s in sentences]
   lines += ['', f'Goal (PBT or PB2 better than random search on at least '

@@ -153,9 +153,20 @@ def verdict(interval: Interval, seeds: int) -> str:
   return 'not distinguishable'
 
 
+def fmt_value(value: float, digits: int = 0) -> str:
+  """``value`` to ``digits`` decimals, or to two significant digits where
+  those decimals would round a nonzero value to zero (a return of -2e-06
+  reads ``-2e-06``, not ``-0``)."""
+  if value != 0 and abs(value) < 0.5 * 10.0 ** -digits:
+    return f'{value:.2g}'
+  return f'{value:.{digits}f}'
+
+
 def fmt_interval(interval: Interval, digits: int = 0) -> str:
-  """``value [low, high]``, or the value alone without an interval."""
+  """``value [low, high]``, or the value alone without an interval, each
+  by ``fmt_value``."""
   if math.isnan(interval.low):
-    return f'{interval.value:.{digits}f}'
-  return (f'{interval.value:.{digits}f} [{interval.low:.{digits}f}, '
-          f'{interval.high:.{digits}f}]')
+    return fmt_value(interval.value, digits)
+  return (f'{fmt_value(interval.value, digits)} '
+          f'[{fmt_value(interval.low, digits)}, '
+          f'{fmt_value(interval.high, digits)}]')

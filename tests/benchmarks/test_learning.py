@@ -545,7 +545,10 @@ def test_population_summary_compares_each_rule_with_random_search():
       'pbt-ppo against random search: worse (P 0.00 [0.00, 0.00]); '
       'pbt-pb2-ppo against random search: better (P 1.00 [1.00, 1.00]); '
       'random search against default seeds: better (P 1.00 [1.00, 1.00]); '
-      'no rule worse than default seeds; highest IQM: pbt-pb2-ppo (-75).')
+      'no rule worse than default seeds; best member at gymnasium\'s reward '
+      'threshold (-100) or above: seeds-ppo 0 of 5 seeds, random-ppo 3 of 5 '
+      'seeds, pbt-ppo 0 of 5 seeds, pbt-pb2-ppo 5 of 5 seeds; highest IQM: '
+      'pbt-pb2-ppo (-75).')
   assert sentences[0].endswith(': no verdict yet, too few seeds (seeds-ppo '
                                '2, random-ppo 0, pbt-ppo 1, pbt-pb2-ppo 0; '
                                '5 an arm needed).')
@@ -557,6 +560,40 @@ def test_population_summary_compares_each_rule_with_random_search():
   # A folder with none of these cells (another experiment's) has none.
   assert learning.population_summary(
       {('Hopper-v5', 100_000, 4): {'pbt-ppo': _runs(1.0)}}) == []
+
+
+def test_population_goal_names_a_win_where_no_arm_solves_the_task():
+  # MountainCarContinuous: +100 at the goal, minus 0.1 a^2 a step; a
+  # policy that never reaches it ends just below 0. PB2's members push
+  # less than random search's (every seed above, P = 1), yet none of any
+  # arm reaches gymnasium's threshold of 90: the goal line says so.
+  by = {('gymnax:MountainCarContinuous-v0', 1_048_576, 16): {
+      'seeds-ppo': _runs(-2e-5, -3e-5, -1e-5, -4e-5, -5e-5),
+      'random-ppo': _runs(-2e-5, -3e-5, -1e-5, -4e-5, -5e-5),
+      'pbt-ppo': _runs(-2e-5, -3e-5, -1e-5, -4e-5, -5e-5),
+      'pbt-pb2-ppo': _runs(-2e-6, -3e-6, -1e-6, -4e-6, -5e-6)}}
+  lines = learning.population_summary(by)
+  name = ('gymnax:MountainCarContinuous-v0, 16 members, 1,048,576 env '
+          'steps each (held out)')
+  row = next(line for line in lines if line.startswith(f'| {name}'))
+  # IQM of -2e-5, -3e-5, -4e-5 (the middle 3 of 5): -3e-5, not -0.
+  assert row.split(' | ')[1].startswith('-3e-05 [')
+  sentence = next(line for line in lines if line.startswith(f'- {name}'))
+  assert ("reward threshold (90) or above: seeds-ppo 0 of 5 seeds, "
+          "random-ppo 0 of 5 seeds, pbt-ppo 0 of 5 seeds, pbt-pb2-ppo 0 "
+          "of 5 seeds; highest IQM: pbt-pb2-ppo (-3e-06).") in sentence
+  assert lines[-1].startswith(
+      'Goal (PBT or PB2 better than random search on at least 2 of the 3 '
+      f'16-member tasks, worse than default seeds on none): better on 1 '
+      f'({name}, where no seed of any arm reaches the reward threshold), '
+      'worse on 0;')
+
+
+def test_reward_threshold_is_gymnasiums_for_a_port_or_none():
+  assert learning.reward_threshold('gymnax:MountainCarContinuous-v0') == 90
+  assert learning.reward_threshold('Hopper-v5') == 3800
+  assert learning.reward_threshold('gymnax:Pendulum-v1') is None
+  assert learning.reward_threshold('brax:inverted_pendulum') is None
 
 
 def test_pb2_setting_budget_decides_every_24_ppo_iterations():

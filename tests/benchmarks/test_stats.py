@@ -104,3 +104,15 @@ def test_normal_gap_inverts_the_probability_of_improvement():
   for gap in (0.0, 0.5, 1.41):
     p = 0.5 * (1.0 + math.erf(gap / 2.0))
     assert abs(stats.normal_gap(p) - gap) < 1e-9
+
+
+def test_fmt_value_never_rounds_a_nonzero_value_to_zero():
+  assert stats.fmt_value(-284.4) == '-284'
+  assert stats.fmt_value(0.0) == '0'
+  # Below half a unit of the last decimal: two significant digits.
+  assert stats.fmt_value(-1.94e-6) == '-1.9e-06'
+  assert stats.fmt_value(-0.4) == '-0.4'
+  assert stats.fmt_value(0.004, 2) == '0.004'
+  assert stats.fmt_value(0.5, 2) == '0.50'
+  assert stats.fmt_interval(stats.Interval(-2e-6, -3e-6, -1e-6)) == (
+      '-2e-06 [-3e-06, -1e-06]')
