@@ -128,11 +128,10 @@ def test_the_learning_table_agrees_with_the_run_jsons():
   for key, group in superseded.items():
     group.sort(key=lambda r: r['seed'])
     bests = [max(r['final_returns']) for r in group]
-    assert seen[key] == (
+    assert seen[key][:2] == (
         ', '.join(str(r['seed']) for r in group),
-        ', '.join(sorted({r['code'] for r in group})),
-        f'{bests[0]:.0f}' if len(bests) == 1 else
-        f'{statistics.fmean(bests):.0f} ± {statistics.stdev(bests):.0f}'), key
+        ', '.join(sorted({r['code'] for r in group}))), key
+    assert _mean_std_shown(seen[key][2], bests), key
   seen = {}
   for cells in body_rows(means):
     task, steps, members, method, seeds, best = (c.strip()
@@ -140,10 +139,8 @@ def test_the_learning_table_agrees_with_the_run_jsons():
     seen[(task, steps, members, method)] = (int(seeds), best)
   assert set(seen) == set(runs)
   for key, bests in runs.items():
-    expected = (f'{bests[0]:.0f}' if len(bests) == 1 else
-                f'{statistics.fmean(bests):.0f} ± '
-                f'{statistics.stdev(bests):.0f}')
-    assert seen[key] == (len(bests), expected), key
+    assert seen[key][0] == len(bests), key
+    assert _mean_std_shown(seen[key][1], bests), key
   compared = 0
   for cells in body_rows(over_seeds):
     task, steps, members, method, _, _, poi = (c.strip() for c in cells[:7])
@@ -225,3 +222,23 @@ def body_rows(text: str) -> list[list[str]]:
   """The body rows of the markdown tables in ``text``, split into cells."""
   return [line.strip('|').split('|') for line in text.splitlines()
           if line.startswith('| ') and not line.startswith('| task')]
+
+def _shown(printed: str, value: float) -> bool:
+  """``printed`` is ``value`` rounded to the digits it shows (fixed
+  decimals or scientific notation), and not 0 for a nonzero value."""
+  mantissa, _, exponent = printed.partition('e')
+  decimals = len(mantissa.partition('.')[2])
+  unit = 10.0 ** (int(exponent or 0) - decimals)
+  # Half a unit of the last digit shown, and a float's relative error.
+  close = abs(float(printed) - value) <= unit / 2 + 1e-9 * abs(value)
+  return close and (float(printed) != 0 or value == 0)
+
+
+def _mean_std_shown(cell: str, values: list) -> bool:
+  """A "mean ± sample std" cell (the value alone for one seed) shows the
+  mean and standard deviation of ``values``."""
+  if len(values) == 1:
+    return _shown(cell, values[0])
+  mean, std = cell.split(' ± ')
+  return (_shown(mean, statistics.fmean(values))
+          and _shown(std, statistics.stdev(values)))
