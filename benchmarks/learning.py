@@ -1259,14 +1259,16 @@ def _short_arms(finals: dict) -> list[str]:
 
 
 def population_sentence(name: str, finals: dict, short: list[str],
-                        threshold: Optional[float] = None
+                        threshold: Optional[float] = None,
+                        reached: Optional[dict] = None
                         ) -> tuple[str, bool, bool]:
   """One sentence on what wins in a cell of ``POPULATION_CELLS``, whether
   a rule beats random search there, and whether one is worse than default
   seeds (both False while an arm is ``short``, ``_short_arms``). With the
-  task's ``threshold`` (``reward_threshold``), it also counts the seeds
-  whose best member reaches it: a verdict where every arm or none does
-  compares policies that all solve the task, or none."""
+  task's ``threshold`` (``reward_threshold``), it also gives ``reached``,
+  per arm the seeds whose best member reaches it (``_reached``): a
+  verdict where every arm or none does compares policies that all solve
+  the task, or none."""
   if not finals:
     return f'{name}: not run yet.', False, False
   if short:
@@ -1288,7 +1290,6 @@ def population_sentence(name: str, finals: dict, short: list[str],
                f'{stats.fmt_interval(poi, 2)})')
   parts.append(' and '.join(worse) + ' worse than default seeds' if worse
                else 'no rule worse than default seeds')
-  reached = _reached(finals, threshold)
   if reached:
     parts.append(f'best member at gymnasium\'s reward threshold '
                  f'({threshold:g}) or above: ' + ', '.join(
@@ -1329,16 +1330,17 @@ def population_summary(by: dict) -> list[str]:
                 for other in (POPULATION_CONTROL, POPULATION_BASELINE)]
     lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
     threshold = reward_threshold(task)
+    reached = _reached(finals, threshold)
     sentence, won, lost = population_sentence(name, finals, short,
-                                              threshold)
+                                              threshold, reached)
     sentences.append(sentence)
     if goal:
       counted += 1
       complete += not short
-      reached = _reached(finals, threshold)
       unsolved = bool(reached) and not any(reached.values())
-      wins += [name + (', where no seed of any arm reaches the reward '
-                       'threshold' if unsolved else '')] if won else []
+      if won:
+        wins.append(name + (', where no seed of any arm reaches the reward '
+                            'threshold' if unsolved else ''))
       worse += [name] if lost else []
   lines += [''] + [f'- {s}' for s in sentences]
   lines += ['', f'Goal (PBT or PB2 better than random search on at least '

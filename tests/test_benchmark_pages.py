@@ -223,6 +223,7 @@ def body_rows(text: str) -> list[list[str]]:
   return [line.strip('|').split('|') for line in text.splitlines()
           if line.startswith('| ') and not line.startswith('| task')]
 
+
 def _shown(printed: str, value: float) -> bool:
   """``printed`` is ``value`` rounded to the digits it shows (fixed
   decimals or scientific notation), and not 0 for a nonzero value."""
