@@ -166,7 +166,10 @@ class RunConfig:
   TD3's and Stable-Baselines3's reference loops (one update per env step
   from the warm-up's end: ratio x (env steps - warm-up) in all)."""
   num_actors: Optional[int] = bounded(None, ge=1)
-  """Actor processes (default: CPU cores minus one, at least 1)."""
+  """Actor processes (default: CPU cores minus one, at least 1; every core
+  for on-policy agents such as PPO, whose learner waits while the actors
+  step, and whose results the split of members over processes leaves
+  unchanged)."""
   vector_envs: bool = True
   """Each actor steps its members' envs as one numpy batch where fastpbrl
   has one for the env (MuJoCo HalfCheetah, Hopper, Walker2d v5;

@@ -102,7 +102,8 @@ class PipelineConfig:
   ceil(num_steps / update_to_data_ratio) + chunk_steps``. At least
   ``ceil(num_steps / update_to_data_ratio) + chunk_steps``."""
   num_actor_processes: int | None = None
-  """Actor processes ``P``; default: available cores minus one, at most N."""
+  """Actor processes ``P``; default: ``fastpbrl.actors.default_num_processes``
+  (available cores minus one; every core on the on-policy path), at most N."""
   chunk_steps: int = 32
   """Env steps per member an actor sends in one chunk."""
   queue_chunks: int = 8

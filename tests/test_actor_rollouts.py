@@ -17,7 +17,8 @@ import fastpbrl
 from fastpbrl import agents, datapath
 from fastpbrl.actor_rollouts import (ActorRollouts, check_rollout_settings,
                                      rollout_fields)
-from fastpbrl.actors import Actor, ParamStore, chunk_layout
+from fastpbrl.actors import (Actor, ParamStore, chunk_layout,
+                             default_num_processes)
 from fastpbrl.agents import ppo
 from fastpbrl.config import RunConfig
 from fastpbrl.learner import PopulationLearner, population_hparams
@@ -166,6 +167,53 @@ def test_a_run_through_train_finishes_and_writes_its_logs(
   if rule == 'pbt':
     events = [e['event'] for e in result.lineage]
     assert events.count('init') == 2 and 'exploit' in events
+  assert not our_segments()
+
+
+@pytest.mark.parametrize('cores, members, off_policy, on_policy', [
+    (2, 4, 1, 2), (16, 4, 4, 4), (8, 16, 7, 8), (1, 4, 1, 1), (4, 1, 1, 1)])
+def test_on_policy_actors_default_to_every_core(monkeypatch, cores, members,
+                                                off_policy, on_policy):
+  # Synchronous collection: the learner waits while the actors step, so
+  # no core is kept for it; off-policy, the learner runs beside them.
+  monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(cores)))
+  assert default_num_processes(members) == off_policy
+  assert default_num_processes(members, on_policy=True) == on_policy
+
+
+def test_the_on_policy_path_starts_an_actor_per_core(monkeypatch):
+  monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1})
+  agent, learner, state, hparams = population()
+  with open_rollouts(agent, learner, state, hparams, processes=None) as path:
+    assert path._pool.num_processes == 2
+  assert not our_segments()
+
+
+def episodes_of(run_dir, member):
+  """A member's training and evaluation episodes, without wall times."""
+  with open(os.path.join(run_dir, 'members', f'member_00{member}.csv')) as f:
+    return [{k: v for k, v in row.items() if k != 'wall_time'}
+            for row in csv.DictReader(f)]
+
+
+def test_the_split_of_members_over_actor_processes_changes_no_result(
+    tmp_path):
+  # Each member's env seeds and sampling keys are its own and each rollout
+  # is collected by the version it learns (synchronous): one process for
+  # both members or one each gives the same episodes, hence the same
+  # updates. CartPole's returns count steps, so they compare exactly.
+  runs = {}
+  for processes in (1, 2):
+    run_dir = str(tmp_path / f'p{processes}')
+    result = fastpbrl.train('seeds', env_steps=12 * T, run_dir=run_dir,
+                            seed=2, **{**TINY, 'num_actors': processes,
+                                       'eval_every': 6 * T})
+    runs[processes] = ([episodes_of(run_dir, m) for m in range(2)],
+                       result.run.final_returns)
+  (episodes_1, final_1), (episodes_2, final_2) = runs[1], runs[2]
+  assert all(len(e) > 3 for e in episodes_1)  # several episodes a member
+  assert episodes_1 == episodes_2
+  np.testing.assert_array_equal(final_1, final_2)
   assert not our_segments()
 
 

@@ -4,8 +4,8 @@ Host-side module (``multiprocessing`` with the spawn start method, threads,
 shared memory; nothing here is jittable).
 
 ``N`` members are split into ``P`` contiguous, balanced groups, one actor
-process per group (``P`` defaults to the available cores minus one, and is
-at most ``N``). Each process has its own :class:`~fastpbrl.actors.channel.
+process per group (``P`` defaults to the available cores minus one, every
+core for synchronous on-policy collection, and is at most ``N``). Each process has its own :class:`~fastpbrl.actors.channel.
 Channel`; in the learner process one reader thread per channel hands every
 chunk to a ``sink`` callback (the pipeline inserts it into the replay) and
 frees the slot. A monitor thread checks every ``poll_s`` seconds that each
@@ -163,13 +163,18 @@ class ActorStatus(NamedTuple):
   blocked_s: float  # seconds it waited on a full channel (backpressure)
 
 
-def default_num_processes(num_members: int) -> int:
-  """The available cores minus one (the learner's), at least 1, at most N."""
+def default_num_processes(num_members: int, on_policy: bool = False) -> int:
+  """Actor processes by default, at least 1, at most N: the available
+  cores minus one (the learner's) beside a learner that runs while the
+  actors step (off-policy); every available core for synchronous on-policy
+  collection, where the learner waits while the actors step and the actors
+  wait while it learns (``fastpbrl.actor_rollouts``), so that a core kept
+  for it would idle through every rollout."""
   try:
     cores = len(os.sched_getaffinity(0))
   except AttributeError:
     cores = os.cpu_count() or 2
-  return max(1, min(num_members, cores - 1))
+  return max(1, min(num_members, cores if on_policy else cores - 1))
 
 
 def split_members(num_members: int,
@@ -259,8 +264,8 @@ class ActorPool:
       sink: ``sink(actor_id, members[M], chunk_views)`` called in a reader
         thread for every chunk; it must copy what it keeps.
       seed: the run seed.
-      num_processes: actor processes ``P`` in ``[1, N]`` (default: available
-        cores minus one).
+      num_processes: actor processes ``P`` in ``[1, N]`` (default:
+        ``default_num_processes(N, on_policy)``).
       chunk_steps: env steps per member in one chunk, >= 1.
       queue_chunks: chunks each channel holds before its actor blocks, >= 1.
       warmup_steps: random-action env steps per member (int or ``N`` ints).
@@ -295,7 +300,7 @@ class ActorPool:
     exit_if_spawned_import('an actor pool was created')
     _check_pool_args(num_members, chunk_steps, queue_chunks, max_restarts,
                      store, env_fn, agent_fn)
-    num_processes = (default_num_processes(num_members)
+    num_processes = (default_num_processes(num_members, on_policy)
                      if num_processes is None else int(num_processes))
     self.groups = split_members(num_members, num_processes)
     self.num_members = num_members
