@@ -487,6 +487,17 @@ def ppo_speed(folder: str, *names: str) -> str:
   return '\n\n'.join(parts + [_source(links, *facts)])
 
 
+def _actor_processes(record: dict) -> str:
+  """The actor processes of an actor-speed record; a record written before
+  they were recorded ran the default of its time, the cores minus one."""
+  recorded = record['fastpbrl'].get('actor_processes')
+  if recorded is not None:
+    return str(recorded)
+  cores = int(record['machine'].get('cores_available') or
+              record['machine']['cpus'])
+  return f'{max(1, min(record["population_size"], cores - 1))} (cores - 1)'
+
+
 def ppo_actor_speed(folder: str, *names: str) -> str:
   """``benchmarks/ppo_actor_speed.py``'s wall times, one row a file."""
   rows, links, facts = [], [], []
@@ -495,6 +506,7 @@ def ppo_actor_speed(folder: str, *names: str) -> str:
     ours, sb3 = record['fastpbrl'], record['sb3']
     rows.append([record['env'], f'{record["population_size"]} x '
                  f'{ours["env_steps_per_member"]:,}',
+                 _actor_processes(record),
                  f'{ours["wall_s"]:.1f}', f'1 x {sb3["env_steps"]:,}',
                  f'{sb3["wall_s"]:.1f}', f'{record["wall_time_ratio"]:.2f}'])
     links.append(_link(folder, f'{name}.json'))
@@ -502,9 +514,9 @@ def ppo_actor_speed(folder: str, *names: str) -> str:
                  f'machine {record["machine"]["cpu_model"]} '
                  f'({record["machine"]["cpus"]} CPUs), date '
                  f'{record["date"][:10]}, {_commit(record)}')
-  header = ['env', 'fastpbrl PPO members x env steps', 'seconds',
-            'SB3 PPO x env steps', 'seconds', 'wall-time ratio']
-  return '\n\n'.join([_table(header, 'lrrrrr', rows),
+  header = ['env', 'fastpbrl PPO members x env steps', 'actor processes',
+            'seconds', 'SB3 PPO x env steps', 'seconds', 'wall-time ratio']
+  return '\n\n'.join([_table(header, 'lrrrrrr', rows),
                        _source(links, *facts)])
 
 

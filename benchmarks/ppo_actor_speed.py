@@ -55,7 +55,10 @@ def run_fastpbrl(env: str, agent_ref: str, population_size: int,
                  env_steps: int, num_actors: int | None) -> dict:
   """``population_size`` members x ``env_steps`` through the actors."""
   import fastpbrl  # local: see agent_config
+  from fastpbrl.actors import default_num_processes
   config = agent_config(agent_ref)
+  processes = (default_num_processes(population_size, on_policy=True)
+               if num_actors is None else min(num_actors, population_size))
   start = time.perf_counter()
   with tempfile.TemporaryDirectory() as run_dir:
     result = fastpbrl.train(
@@ -68,6 +71,7 @@ def run_fastpbrl(env: str, agent_ref: str, population_size: int,
   return {'wall_s': time.perf_counter() - start,
           'run_wall_s': result.run.wall_time,
           'env_steps_per_member': result.run.env_steps,
+          'actor_processes': processes,
           'calls': result.run.calls}
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from benchmarks import ppo_actor_speed
 
+SMOKE_MEMBERS = ppo_actor_speed.SMOKE['population_size']
+
 
 @pytest.mark.slow
 def test_smoke_writes_the_record_with_its_provenance(tmp_path):
@@ -19,4 +21,6 @@ def test_smoke_writes_the_record_with_its_provenance(tmp_path):
     assert saved[key]
   steps = ppo_actor_speed.SMOKE['env_steps']
   assert saved['fastpbrl']['env_steps_per_member'] == steps
+  # --num-actors unset: the on-policy default, an actor per core, at most N.
+  assert 1 <= saved['fastpbrl']['actor_processes'] <= SMOKE_MEMBERS
   assert saved['sb3']['env_steps'] >= steps
