@@ -663,8 +663,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     'cpu-ppo-speed-256': lambda: ppo_speed('ppo', 'speed_cartpole_256'),
     'cpu-ppo-update-speed': lambda: update_speed(
         os.path.join('ppo', 'update_speed'), 'ppo'),
-    'cpu-ppo-actor-speed': lambda: ppo_actor_speed('ppo', 'actor_speed',
-                                                   'actor_speed_100k'),
+    'cpu-ppo-actor-speed': lambda: ppo_actor_speed(
+        'ppo', 'actor_speed', 'actor_speed_100k', 'actor_speed_100k_1actor'),
     'learning budgets': lambda: learning_budgets('learning'),
     'learning results': lambda: learning('learning'),
     'rules learning results': lambda: learning(os.path.join('rules',
