@@ -5,10 +5,11 @@ shared memory; nothing here is jittable).
 
 ``N`` members are split into ``P`` contiguous, balanced groups, one actor
 process per group (``P`` defaults to the available cores minus one, every
-core for synchronous on-policy collection, and is at most ``N``). Each process has its own :class:`~fastpbrl.actors.channel.
-Channel`; in the learner process one reader thread per channel hands every
-chunk to a ``sink`` callback (the pipeline inserts it into the replay) and
-frees the slot. A monitor thread checks every ``poll_s`` seconds that each
+core for synchronous on-policy collection, and is at most ``N``). Each
+process has its own :class:`~fastpbrl.actors.channel.Channel`; in the
+learner process one reader thread per channel hands every chunk to a
+``sink`` callback (the pipeline inserts it into the replay) and frees the
+slot. A monitor thread checks every ``poll_s`` seconds that each
 process is alive. When one dies the pool drains the chunks it completed,
 reports an :class:`ActorFailure` (members, exit code, traceback), and either
 restarts that actor (fresh seeds, same members, env-step counters carried
