@@ -504,7 +504,8 @@ def ppo_actor_speed(folder: str, *names: str) -> str:
   for name in names:
     record = _json(folder, f'{name}.json')
     ours, sb3 = record['fastpbrl'], record['sb3']
-    rows.append([record['env'], f'{record["population_size"]} x '
+    rows.append([f'`{name}`', record['env'],
+                 f'{record["population_size"]} x '
                  f'{ours["env_steps_per_member"]:,}',
                  _actor_processes(record),
                  f'{ours["wall_s"]:.1f}', f'1 x {sb3["env_steps"]:,}',
@@ -514,9 +515,10 @@ def ppo_actor_speed(folder: str, *names: str) -> str:
                  f'machine {record["machine"]["cpu_model"]} '
                  f'({record["machine"]["cpus"]} CPUs), date '
                  f'{record["date"][:10]}, {_commit(record)}')
-  header = ['env', 'fastpbrl PPO members x env steps', 'actor processes',
-            'seconds', 'SB3 PPO x env steps', 'seconds', 'wall-time ratio']
-  return '\n\n'.join([_table(header, 'lrrrrrr', rows),
+  header = ['record', 'env', 'fastpbrl PPO members x env steps',
+            'actor processes', 'seconds', 'SB3 PPO x env steps', 'seconds',
+            'wall-time ratio']
+  return '\n\n'.join([_table(header, 'llrrrrrr', rows),
                        _source(links, *facts)])
 
 
