@@ -522,6 +522,28 @@ def ppo_actor_speed(folder: str, *names: str) -> str:
                        _source(links, *facts)])
 
 
+def policy_call(folder: str, *names: str) -> str:
+  """``benchmarks/policy_call.py``'s rows, one table a file: the actors'
+  policy call, one output buffer against an array per output."""
+  return '\n\n'.join(_policy_call_table(folder, n) for n in names)
+
+
+def _policy_call_table(folder: str, name: str) -> str:
+  record = _json(folder, name)
+  rows = [[r['agent'], f'`{r["call"]}`', str(r['outputs']), str(r['members']),
+           f'{r["us_one_buffer"]:.1f}', f'{r["us_array_per_output"]:.1f}',
+           f'{r["us_array_per_output"] / r["us_one_buffer"]:.2f}x']
+          for r in record['rows']]
+  header = ['agent', 'call', 'outputs', 'members', 'one buffer, µs',
+            'an array per output, µs', 'ratio']
+  fact = (f'XLA_FLAGS `{record["xla_flags"]}`, '
+          f'{_command(record["command"])}, machine '
+          f'{record["machine"]["cpu_model"]} ({record["machine"]["cpus"]} '
+          f'CPUs), date {record["date"][:10]}, {_commit(record)}')
+  return '\n\n'.join([_table(header, 'llrrrrr', rows),
+                       _source([_link(folder, name)], fact)])
+
+
 # --------------------------------------------------------------------------
 # Resume (benchmarks/resume_curve)
 # --------------------------------------------------------------------------
@@ -660,6 +682,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     'cpu-actor-step-split': lambda: actor_throughput(
         'cpu', 'actor_step_split.json'),
     'cpu-actor-baseline': lambda: actor_baseline('cpu'),
+    'cpu-policy-call': lambda: policy_call(
+        'cpu', 'policy_call.json', 'policy_call_concurrent.json'),
     'resume-curve': resume_curve,
     'cpu-ppo-speed': lambda: ppo_speed('ppo', 'speed_cartpole'),
     'cpu-ppo-speed-256': lambda: ppo_speed('ppo', 'speed_cartpole_256'),

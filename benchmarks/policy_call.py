@@ -4,8 +4,11 @@ array per output.
 An actor calls its members' policy once per env step
 (``fastpbrl.actors.actor.make_policy_fns``), so that call's fixed cost
 bounds how fast the actors step. This times the same vmapped functions
-(``policy_fns``) compiled two ways, in a process set up as an actor (one
-XLA thread, synchronous dispatch):
+(``policy_fns``) compiled two ways, in a process set up as an actor
+(``configure_actor_process``: one XLA thread, synchronous dispatch, the
+program's steps in order; a flag set in ``XLA_FLAGS`` beforehand wins, so
+``XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=true`` times
+the calls under XLA's default scheduler):
 
 * ``one buffer``: what the actors run, ``fastpbrl.actors.packed.PackedCall``
   (every output packed into one uint32 array, unpacked with numpy);
@@ -123,8 +126,9 @@ def markdown(record: dict) -> str:
            f'`{record["command"]}`; {record["machine"]["cpu_model"]} '
            f'({record["machine"]["cpus"]} CPUs), jax '
            f'{record["machine"]["jax"]}, {record["date"][:10]}, commit '
-           f'{record["commit"][:7]}. Wall µs per call, {record["env"]}, '
-           'median of interleaved blocks.', '',
+           f'{record["commit"][:7]}; XLA_FLAGS `{record["xla_flags"]}`. '
+           f'Wall µs per call, {record["env"]}, median of interleaved '
+           'blocks.', '',
            '| agent | call | outputs | members | one buffer (µs) | '
            'an array per output (µs) | ratio |',
            '| --- | --- | ---: | ---: | ---: | ---: | ---: |']
@@ -158,6 +162,7 @@ def main(argv=None) -> dict:
       'date': datetime.datetime.now(datetime.timezone.utc).isoformat(
           timespec='seconds'),
       'commit': git_commit(), 'machine': cpu_machine(), 'smoke': args.smoke,
+      'xla_flags': os.environ.get('XLA_FLAGS', ''),
       'env': args.env, 'rows': rows}
   write_record(args.out, record, markdown(record))
   print(markdown(record))

@@ -92,9 +92,18 @@ from fastpbrl.types import make_env_spec, scale_action
 
 ACTOR_STREAM = 1  # spawn_key[0] of the actors' seed sequences
 
-# XLA flags that keep an actor's JAX to one thread (see the JAX FAQ).
-SINGLE_THREAD_XLA_FLAGS = (
-    '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1')
+# XLA flags of an actor process (each unless XLA_FLAGS already sets it):
+# JAX to one thread (the first two, as the JAX FAQ gives them), and the
+# compiled program's steps run one after another on the calling thread.
+# XLA:CPU's default scheduler orders independent steps to run concurrently,
+# handing them between threads: for a policy call of a few µs of arithmetic
+# those hand-offs cost most of the call (PPO's, two HalfCheetah members:
+# about 110 µs against 25 µs without; benchmarks/results/cpu/policy_call.md).
+ACTOR_XLA_FLAGS = (
+    ('--xla_cpu_multi_thread_eigen', 'false'),
+    ('intra_op_parallelism_threads', '1'),
+    ('--xla_cpu_enable_concurrency_optimized_scheduler', 'false'),
+)
 
 
 class MemberSeeds(NamedTuple):
@@ -707,8 +716,9 @@ class ActorSpec:
 
 
 def configure_actor_process() -> None:
-  """Pins JAX to the CPU with one thread and synchronous dispatch (call
-  before any JAX computation).
+  """Pins JAX to the CPU with one thread, synchronous dispatch and a
+  program's steps run in order (``ACTOR_XLA_FLAGS``; call before any JAX
+  computation).
 
   Synchronous: the actor needs each policy call's actions at once, and
   JAX's asynchronous CPU dispatch would hand every call to a worker
@@ -728,8 +738,9 @@ def configure_actor_process() -> None:
   """
   os.environ['JAX_PLATFORMS'] = 'cpu'
   flags = os.environ.get('XLA_FLAGS', '')
-  if '--xla_cpu_multi_thread_eigen' not in flags:
-    os.environ['XLA_FLAGS'] = f'{flags} {SINGLE_THREAD_XLA_FLAGS}'.strip()
+  extra = [f'{name}={value}' for name, value in ACTOR_XLA_FLAGS
+           if name not in flags]
+  os.environ['XLA_FLAGS'] = ' '.join([flags, *extra]).strip()
   jax.config.update('jax_platforms', 'cpu')
   jax.config.update('jax_cpu_enable_async_dispatch', False)
 

@@ -8,10 +8,12 @@ computation that returns two arrays ran much slower than the same
 computation returning one: PPO's ``behave`` for two HalfCheetah members
 (the actions and their log-probabilities) took about 61 µs a call against
 23 µs with both packed into one array (same HLO but for the root; 2-core
-AMD EPYC VM, single-threaded actor settings). ``PackedCall`` packs every
-output leaf into one ``uint32`` buffer ``[M, width]`` inside the compiled
-program (``lax.bitcast_convert_type``, exact: no value is converted) and
-unpacks it on the host with numpy views.
+AMD EPYC VM, single-threaded actor settings; ``benchmarks/policy_call.py``
+times both routes). ``PackedCall`` packs every output leaf into one
+``uint32`` buffer ``[M, width]`` inside the compiled program
+(``lax.bitcast_convert_type``, exact: no value is converted) and unpacks
+it on the host with numpy views. A function of one output is compiled as
+it is: there is nothing to pack.
 
 The layout is fixed by the first call's shapes: the call is compiled ahead
 of time for them (``jit(...).lower(...).compile()``), so a later call with
@@ -89,11 +91,16 @@ class PackedCall:
       leaves.append(_Leaf(dtype, shape, start, stop))
       start = stop
     self._leaves = tuple(leaves)
-    self._compiled = jax.jit(self._pack).lower(*args).compile()
+    # One output needs no packing (packing it cost a few µs more).
+    fn = self._pack if len(leaves) > 1 else self._fn
+    self._compiled = jax.jit(fn).lower(*args).compile()
 
   def __call__(self, *args) -> Any:
     if self._compiled is None:
       self._compile(args)
+    if len(self._leaves) == 1:
+      out = np.array(jax.tree.leaves(self._compiled(*args))[0])
+      return jax.tree.unflatten(self._treedef, [out])
     buf = np.asarray(self._compiled(*args))
     m = buf.shape[0]
     out = []

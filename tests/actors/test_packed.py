@@ -32,15 +32,24 @@ def test_values_dtypes_and_tree_match_the_plain_jit():
 
 def test_nan_and_negative_zero_survive_bit_for_bit():
   x = np.array([[np.nan, -0.0, np.inf, -1e-45]], np.float32)
-  got = PackedCall(lambda v: v)(x)
+  got, neg = PackedCall(lambda v: (v, -v))(x)
   assert got.view(np.uint32).tolist() == x.view(np.uint32).tolist()
+  assert neg.view(np.uint32).tolist() == (-x).view(np.uint32).tolist()
+
+
+def test_one_output_comes_back_unpacked_and_writable():
+  x = np.arange(6, dtype=np.float32).reshape(2, 3)
+  got = PackedCall(lambda v: {'a': v * 2.0})(x)
+  assert got['a'].flags.writeable
+  np.testing.assert_array_equal(got['a'], x * 2.0)
 
 
 def test_later_calls_with_other_shapes_are_refused():
-  call = PackedCall(lambda v: v + 1)
-  call(np.zeros((2, 3), np.float32))
-  with pytest.raises(TypeError):
-    call(np.zeros((4, 3), np.float32))
+  for fn in (lambda v: v + 1, lambda v: (v + 1, v > 0)):
+    call = PackedCall(fn)
+    call(np.zeros((2, 3), np.float32))
+    with pytest.raises(TypeError):
+      call(np.zeros((4, 3), np.float32))
 
 
 def test_outputs_without_a_shared_leading_axis_are_refused():
