@@ -93,15 +93,16 @@ from fastpbrl.types import make_env_spec, scale_action
 ACTOR_STREAM = 1  # spawn_key[0] of the actors' seed sequences
 
 # XLA flags of an actor process (each unless XLA_FLAGS already sets it):
-# JAX to one thread (the first two, as the JAX FAQ gives them), and the
-# compiled program's steps run one after another on the calling thread.
-# XLA:CPU's default scheduler orders independent steps to run concurrently,
-# handing them between threads: for a policy call of a few µs of arithmetic
-# those hand-offs cost most of the call (PPO's, two HalfCheetah members:
-# about 110 µs against 25 µs without; benchmarks/results/cpu/policy_call.md).
+# Eigen's matmuls on one thread, and the compiled program's steps run one
+# after another on the calling thread. XLA:CPU's default scheduler orders
+# independent steps to run concurrently, handing them between threads: for
+# a policy call of a few µs of arithmetic those hand-offs cost most of the
+# call (PPO's, two HalfCheetah members: about 110 µs against 25 µs without;
+# benchmarks/results/cpu/policy_call.md). The JAX FAQ's
+# `intra_op_parallelism_threads=1` is left out: it is no XLA flag, and XLA
+# reads no flag after it.
 ACTOR_XLA_FLAGS = (
     ('--xla_cpu_multi_thread_eigen', 'false'),
-    ('intra_op_parallelism_threads', '1'),
     ('--xla_cpu_enable_concurrency_optimized_scheduler', 'false'),
 )
 
@@ -738,9 +739,10 @@ def configure_actor_process() -> None:
   """
   os.environ['JAX_PLATFORMS'] = 'cpu'
   flags = os.environ.get('XLA_FLAGS', '')
+  # First: XLA stops reading flags at a word that is none.
   extra = [f'{name}={value}' for name, value in ACTOR_XLA_FLAGS
            if name not in flags]
-  os.environ['XLA_FLAGS'] = ' '.join([flags, *extra]).strip()
+  os.environ['XLA_FLAGS'] = ' '.join([*extra, flags]).strip()
   jax.config.update('jax_platforms', 'cpu')
   jax.config.update('jax_cpu_enable_async_dispatch', False)
 
