@@ -249,7 +249,7 @@ def policy_us(hidden: tuple, env_id: str, n: int, seconds: float,
   obs = np.zeros((n, *spec.observations.shape), spec.observations.dtype)
   steps = np.arange(n, dtype=np.uint32)
   return _cpu_us_per_call(
-      lambda i: policy(params, hparams, obs, keys, steps), seconds)
+      lambda i: np.array(policy(params, hparams, obs, keys, steps)), seconds)
 
 
 class _NoPhysics:

@@ -522,25 +522,22 @@ def ppo_actor_speed(folder: str, *names: str) -> str:
                        _source(links, *facts)])
 
 
-def policy_call(folder: str, *names: str) -> str:
-  """``benchmarks/policy_call.py``'s rows, one table a file: the actors'
-  policy call, one output buffer against an array per output."""
-  return '\n\n'.join(_policy_call_table(folder, n) for n in names)
-
-
-def _policy_call_table(folder: str, name: str) -> str:
+def policy_call(folder: str, name: str = 'policy_call.json') -> str:
+  """``benchmarks/policy_call.py``'s rows: the actors' policy call under
+  XLA:CPU's two schedulers."""
   record = _json(folder, name)
-  rows = [[r['agent'], f'`{r["call"]}`', str(r['outputs']), str(r['members']),
-           f'{r["us_one_buffer"]:.1f}', f'{r["us_array_per_output"]:.1f}',
-           f'{r["us_array_per_output"] / r["us_one_buffer"]:.2f}x']
+  rows = [[r['agent'], f'`{r["call"]}`', str(r['members']),
+           f'{r["us_in_order"]:.1f}', f'{r["us_concurrent"]:.1f}',
+           f'{r["us_concurrent"] / r["us_in_order"]:.2f}x']
           for r in record['rows']]
-  header = ['agent', 'call', 'outputs', 'members', 'one buffer, µs',
-            'an array per output, µs', 'ratio']
-  fact = (f'XLA_FLAGS `{record["xla_flags"]}`, '
+  header = ['agent', 'call', 'members', 'in order, µs', 'concurrent, µs',
+            'ratio']
+  fact = (f'the median of {record["repeats"]} processes per scheduler, '
+          f'{record["seconds"]:g} s of calls each; '
           f'{_command(record["command"])}, machine '
           f'{record["machine"]["cpu_model"]} ({record["machine"]["cpus"]} '
           f'CPUs), date {record["date"][:10]}, {_commit(record)}')
-  return '\n\n'.join([_table(header, 'llrrrrr', rows),
+  return '\n\n'.join([_table(header, 'llrrrr', rows),
                        _source([_link(folder, name)], fact)])
 
 
@@ -682,8 +679,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     'cpu-actor-step-split': lambda: actor_throughput(
         'cpu', 'actor_step_split.json'),
     'cpu-actor-baseline': lambda: actor_baseline('cpu'),
-    'cpu-policy-call': lambda: policy_call(
-        'cpu', 'policy_call.json', 'policy_call_concurrent.json'),
+    'cpu-policy-call': lambda: policy_call('cpu'),
     'resume-curve': resume_curve,
     'cpu-ppo-speed': lambda: ppo_speed('ppo', 'speed_cartpole'),
     'cpu-ppo-speed-256': lambda: ppo_speed('ppo', 'speed_cartpole_256'),

@@ -1,25 +1,24 @@
-"""Time of the actors' per-step policy call: one output buffer against an
-array per output.
+"""Time of the actors' per-step policy call under XLA:CPU's two schedulers.
 
 An actor calls its members' policy once per env step
 (``fastpbrl.actors.actor.make_policy_fns``), so that call's fixed cost
-bounds how fast the actors step. This times the same vmapped functions
-(``policy_fns``) compiled two ways, in a process set up as an actor
-(``configure_actor_process``: one XLA thread, synchronous dispatch, the
-program's steps in order; a flag set in ``XLA_FLAGS`` beforehand wins, so
-``XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=true`` times
-the calls under XLA's default scheduler):
+bounds how fast the actors step. This times the call as an actor runs it
+(jitted, outputs copied to numpy) in a fresh process set up as an actor
+(``configure_actor_process``: one Eigen thread, synchronous dispatch),
+under each scheduler:
 
-* ``one buffer``: what the actors run, ``fastpbrl.actors.packed.PackedCall``
-  (every output packed into one uint32 array, unpacked with numpy);
-* ``an array per output``: ``jax.jit`` of the same function, each output
-  copied to numpy (the actors' call before ``PackedCall``).
+* ``in order``: ``--xla_cpu_enable_concurrency_optimized_scheduler=false``,
+  what the actors run;
+* ``concurrent``: XLA's default, which orders a program's independent
+  steps to run at once on other threads (the actors before they set the
+  flag).
 
 Rows: PPO's on-policy call (actions and log-probabilities), TD3's (actions
-only), and each with the evaluation envs' actions beside
+with noise), each alone and with the evaluation envs' actions beside
 (``policy_and_eval``), for ``M`` members of HalfCheetah-v5. Wall
-microseconds per call (the actor waits for each), the median of interleaved
-blocks of the two routes. Host-side benchmark code.
+microseconds per call (the actor waits for each): the median over
+``--repeats`` processes per scheduler, the two alternating. Host-side
+benchmark code.
 
 ::
 
@@ -39,10 +38,10 @@ import time
 import jax
 import numpy as np
 
-from benchmarks.provenance import cpu_machine, git_commit, write_record
+from benchmarks.provenance import (answered_one_row, cpu_machine, git_commit,
+                                   row_in_process, write_record)
 from fastpbrl.actors.actor import (configure_actor_process, key_data_of,
-                                   policy_fns)
-from fastpbrl.actors.packed import PackedCall
+                                   make_policy_fns)
 from fastpbrl.agents.registry import make_agent
 from fastpbrl.pipeline import _make_gym_env, _probe_env_spec
 
@@ -50,93 +49,93 @@ RESULT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       'results', 'cpu', 'policy_call.json')
 IMPL = 'threefry2x32'  # the actors' default (PipelineConfig.prng_impl)
 EVAL_ENVS = 5  # evaluation envs per member (the default --eval-episodes)
+SCHEDULER = '--xla_cpu_enable_concurrency_optimized_scheduler'
+SCHEDULERS = {'in order': 'false', 'concurrent': 'true'}
+CALLS = (('ppo', 'policy'), ('ppo', 'policy_and_eval'), ('td3', 'policy'),
+         ('td3', 'policy_and_eval'))
 
 
-def _population(agent_ref: str, env_id: str, m: int):
-  """The agent and ``m`` members' stacked policy params and hparams."""
+def _call_and_args(agent_ref: str, call: str, m: int, env_id: str):
+  """The actor's jitted call ``call`` of ``agent_ref`` and the arguments an
+  actor passes it, for ``m`` members."""
   spec = _probe_env_spec(functools.partial(_make_gym_env, env_id))
   agent = make_agent(agent_ref, spec)
   hp = jax.device_get(agent.default_hparams())
   states = [agent.init(jax.random.key(i), hp) for i in range(m)]
   stack = lambda xs: jax.tree.map(lambda *a: np.stack(a), *xs)
-  params = stack([jax.device_get(agent.policy_params(s)) for s in states])
-  return spec, agent, jax.device_put(params), jax.device_put(stack([hp] * m))
-
-
-def _call_args(spec, params, hparams, m: int, with_eval: bool) -> tuple:
-  """The arguments an actor passes, for ``m`` members."""
+  params = jax.device_put(
+      stack([jax.device_get(agent.policy_params(s)) for s in states]))
+  hparams = jax.device_put(stack([hp] * m))
+  policy, with_eval = make_policy_fns(agent, IMPL,
+                                      behave=agent.learns_from == 'rollout')
   rng = np.random.default_rng(0)
   obs = rng.standard_normal((m, *spec.observations.shape)).astype(np.float32)
   keys = jax.device_put(np.stack([key_data_of(j, IMPL) for j in range(m)]))
   steps = np.arange(m, dtype=np.uint32)
-  if not with_eval:
-    return params, hparams, obs, keys, steps
+  if call == 'policy':
+    return policy, (params, hparams, obs, keys, steps)
   eval_obs = rng.standard_normal(
       (m, EVAL_ENVS, *spec.observations.shape)).astype(np.float32)
-  return params, params, hparams, obs, eval_obs, keys, keys, steps
+  return with_eval, (params, params, hparams, obs, eval_obs, keys, keys,
+                     steps)
 
 
-def _per_output(fn):
-  """The call before ``PackedCall``: jit, then each output to numpy."""
-  jitted = jax.jit(fn)
-  return lambda *args: jax.tree.map(np.asarray, jitted(*args))
+def time_call(args, agent_ref: str, call: str, m: int) -> dict:
+  """Wall µs per call, in this process (set up as an actor first)."""
+  configure_actor_process()
+  fn, call_args = _call_and_args(agent_ref, call, m, args.env)
+  as_numpy = lambda: jax.tree.map(np.asarray, fn(*call_args))
+  for _ in range(50):  # compiled and warm
+    as_numpy()
+  n, start = 0, time.perf_counter()
+  while (used := time.perf_counter() - start) < args.seconds:
+    for _ in range(20):
+      as_numpy()
+    n += 20
+  return {'us': used / n * 1e6, 'xla_flags': os.environ['XLA_FLAGS']}
 
 
-def _check_same(a, b) -> None:
-  """The two routes act alike (to float32 rounding: XLA may fuse the two
-  programs differently)."""
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-4)
+def _one(args, m: int, what: str) -> dict:
+  """``--one M AGENT:CALL`` (a row's process)."""
+  agent_ref, call = what.split(':')
+  return time_call(args, agent_ref, call, m)
 
 
-def _median_us(calls: dict, args: tuple, block_s: float, blocks: int) -> dict:
-  """Median wall µs per call of each of ``calls``, over ``blocks``
-  interleaved blocks of at least ``block_s`` seconds each."""
-  times = {name: [] for name in calls}
-  for _ in range(blocks):
-    for name, call in calls.items():
-      n, start = 0, time.perf_counter()
-      while (used := time.perf_counter() - start) < block_s:
-        for _ in range(20):
-          call(*args)
-        n += 20
-      times[name].append(used / n * 1e6)
-  return {name: float(np.median(t)) for name, t in times.items()}
+def one_row(args, agent_ref: str, call: str, m: int) -> dict:
+  """Both schedulers for one call, ``--repeats`` processes each."""
+  times = {name: [] for name in SCHEDULERS}
+  flags = {}
+  for _ in range(args.repeats):
+    for name, value in SCHEDULERS.items():
+      env = {**os.environ, 'XLA_FLAGS': f'{SCHEDULER}={value}'}
+      got = row_in_process('benchmarks.policy_call', [str(m),
+                           f'{agent_ref}:{call}'], _argv(args), env=env)
+      if 'error' in got:
+        raise SystemExit(f'{agent_ref} {call} {m}: {got["error"]}')
+      times[name].append(got['us'])
+      flags[name] = got['xla_flags']
+  return {'agent': agent_ref, 'call': call, 'members': m, 'xla_flags': flags,
+          **{f'us_{name.replace(" ", "_")}': float(np.median(t))
+             for name, t in times.items()}}
 
 
-def one_row(agent_ref: str, behave: bool, with_eval: bool, m: int,
-            env_id: str, block_s: float, blocks: int) -> dict:
-  spec, agent, params, hparams = _population(agent_ref, env_id, m)
-  fn = policy_fns(agent, IMPL, behave)[1 if with_eval else 0]
-  args = _call_args(spec, params, hparams, m, with_eval)
-  calls = {'one buffer': PackedCall(fn), 'an array per output':
-           _per_output(fn)}
-  _check_same(calls['one buffer'](*args), calls['an array per output'](*args))
-  us = _median_us(calls, args, block_s, blocks)
-  return {'agent': agent_ref, 'call': ('policy_and_eval' if with_eval
-                                       else 'policy'),
-          'outputs': len(jax.tree.leaves(jax.eval_shape(fn, *args))),
-          'members': m, 'us_one_buffer': us['one buffer'],
-          'us_array_per_output': us['an array per output']}
+def _argv(args) -> list[str]:
+  return ['--env', args.env, '--seconds', str(args.seconds)]
 
 
 def markdown(record: dict) -> str:
-  lines = ['# The actors\' policy call: one output buffer against an array '
-           'per output', '',
+  lines = ["# The actors' policy call under XLA:CPU's two schedulers", '',
            f'`{record["command"]}`; {record["machine"]["cpu_model"]} '
            f'({record["machine"]["cpus"]} CPUs), jax '
            f'{record["machine"]["jax"]}, {record["date"][:10]}, commit '
-           f'{record["commit"][:7]}; XLA_FLAGS `{record["xla_flags"]}`. '
-           f'Wall µs per call, {record["env"]}, median of interleaved '
-           'blocks.', '',
-           '| agent | call | outputs | members | one buffer (µs) | '
-           'an array per output (µs) | ratio |',
-           '| --- | --- | ---: | ---: | ---: | ---: | ---: |']
+           f'{record["commit"][:7]}. Wall µs per call, {record["env"]}, '
+           f'median of {record["repeats"]} processes per scheduler.', '',
+           '| agent | call | members | in order (µs) | concurrent (µs) | '
+           'ratio |', '| --- | --- | ---: | ---: | ---: | ---: |']
   for r in record['rows']:
-    lines.append(f'| {r["agent"]} | `{r["call"]}` | {r["outputs"]} | '
-                 f'{r["members"]} | {r["us_one_buffer"]:.1f} | '
-                 f'{r["us_array_per_output"]:.1f} | '
-                 f'{r["us_array_per_output"] / r["us_one_buffer"]:.2f}x |')
+    lines.append(f'| {r["agent"]} | `{r["call"]}` | {r["members"]} | '
+                 f'{r["us_in_order"]:.1f} | {r["us_concurrent"]:.1f} | '
+                 f'{r["us_concurrent"] / r["us_in_order"]:.2f}x |')
   return '\n'.join(lines) + '\n'
 
 
@@ -144,31 +143,35 @@ def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--env', default='HalfCheetah-v5')
   parser.add_argument('--members', type=int, nargs='+', default=[2, 8])
-  parser.add_argument('--block-seconds', type=float, default=0.5)
-  parser.add_argument('--blocks', type=int, default=7)
+  parser.add_argument('--seconds', type=float, default=1.0,
+                      help='timed seconds of calls per process')
+  parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--out', default=RESULT)
   parser.add_argument('--smoke', action='store_true',
-                      help='tiny settings (checks the code runs)')
+                      help="tiny settings, PPO's policy call alone (checks "
+                      'the code runs)')
+  parser.add_argument('--one', nargs=2, metavar=('M', 'AGENT:CALL'),
+                      help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
-  if args.smoke:
-    args.members, args.block_seconds, args.blocks = [2], 0.01, 1
-  rows = [one_row(agent, behave, with_eval, m, args.env, args.block_seconds,
-                  args.blocks)
-          for agent, behave in (('ppo', True), ('td3', False))
-          for with_eval in (False, True) for m in args.members]
+  if answered_one_row(args, _one):
+    return {}
+  calls = CALLS
+  if args.smoke:  # one call, two processes
+    calls, args.members, args.seconds, args.repeats = CALLS[:1], [2], 0.01, 1
+  rows = [one_row(args, agent_ref, call, m) for agent_ref, call in calls
+          for m in args.members]
   record = {
       'command': ' '.join(['python', '-m', 'benchmarks.policy_call',
                            *(sys.argv[1:] if argv is None else argv)]),
       'date': datetime.datetime.now(datetime.timezone.utc).isoformat(
           timespec='seconds'),
       'commit': git_commit(), 'machine': cpu_machine(), 'smoke': args.smoke,
-      'xla_flags': os.environ.get('XLA_FLAGS', ''),
-      'env': args.env, 'rows': rows}
+      'env': args.env, 'seconds': args.seconds, 'repeats': args.repeats,
+      'rows': rows}
   write_record(args.out, record, markdown(record))
   print(markdown(record))
   return record
 
 
 if __name__ == '__main__':
-  configure_actor_process()  # before any computation: as an actor runs
   main()

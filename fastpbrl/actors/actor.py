@@ -84,7 +84,6 @@ import jax
 from acme import specs
 
 from fastpbrl.actors.channel import Channel, ChannelHandle
-from fastpbrl.actors.packed import PackedCall
 from fastpbrl.actors.param_store import ParamStore, ParamStoreHandle
 from fastpbrl.actors.vector_envs import make_batch
 from fastpbrl.env_params import ActorHParams
@@ -545,12 +544,14 @@ class Actor:
         actions, eval_actions = self._policy_and_eval(
             self._params, self._eval_params, self._hparams, self._obs,
             self._eval_obs, self._key_data, self._eval_key_data, step_ids)
-        eval_actions = self._to_env(eval_actions)
+        eval_actions = self._to_env(np.asarray(eval_actions))
       else:
         actions = self._policy(self._params, self._hparams, self._obs,
                                self._key_data, step_ids)
       if self._on_policy:
         actions, log_probs = actions
+        log_probs = np.asarray(log_probs)
+      actions = np.array(actions)
     if warm.any():
       # Never on-policy: its actors have no warm-up (log_probs would lie).
       for j, a in self._random_actions(np.flatnonzero(warm)):
@@ -633,8 +634,7 @@ def _select_rows(rows, new, old):
 
 
 def make_policy_fns(agent, prng_impl: str, behave: bool = False):
-  """The two compiled CPU policy calls over all hosted members; each
-  returns numpy arrays (``fastpbrl.actors.packed.PackedCall``).
+  """The two jitted CPU policy calls over all hosted members.
 
   ``behave``: the exploratory actions come from ``agent.behave`` (a rollout
   agent's on-policy collection) and are returned with their
@@ -646,13 +646,10 @@ def make_policy_fns(agent, prng_impl: str, behave: bool = False):
   (``K`` evaluation envs per member) and keys and returns (exploratory
   ``[M, ...]``, evaluation ``[M, K, ...]``) actions. ``steps`` are the members'
   training env steps: they pick each step's key and, through
-  ``agent.acting_hparams``, the exploration schedule. This compiled call is
-  the outermost of the actor, as the learner's is of the learner.
+  ``agent.acting_hparams``, the exploration schedule. This jit is the
+  outermost call of the actor, as the learner's is of the learner.
   """
-
-  # One buffer back, not one array per output: XLA:CPU returned PPO's
-  # actions and log-probabilities 2.7 times faster so (see packed.py).
-  return tuple(PackedCall(fn) for fn in policy_fns(agent, prng_impl, behave))
+  return tuple(jax.jit(fn) for fn in policy_fns(agent, prng_impl, behave))
 
 
 def policy_fns(agent, prng_impl: str, behave: bool = False):
