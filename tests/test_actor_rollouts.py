@@ -202,19 +202,36 @@ def test_the_split_of_members_over_actor_processes_changes_no_result(
   # is collected by the version it learns (synchronous): one process for
   # both members or one each gives the same episodes, hence the same
   # updates. CartPole's returns count steps, so they compare exactly.
-  runs = {}
-  for processes in (1, 2):
-    run_dir = str(tmp_path / f'p{processes}')
-    result = fastpbrl.train('seeds', env_steps=12 * T, run_dir=run_dir,
-                            seed=2, **{**TINY, 'num_actors': processes,
-                                       'eval_every': 6 * T})
-    runs[processes] = ([episodes_of(run_dir, m) for m in range(2)],
-                       result.run.final_returns)
-  (episodes_1, final_1), (episodes_2, final_2) = runs[1], runs[2]
+  episodes_1, final_1 = _seeds_run(str(tmp_path / 'p1'), num_actors=1)
+  episodes_2, final_2 = _seeds_run(str(tmp_path / 'p2'), num_actors=2)
   assert all(len(e) > 3 for e in episodes_1)  # several episodes a member
   assert episodes_1 == episodes_2
   np.testing.assert_array_equal(final_1, final_2)
   assert not our_segments()
+
+
+def _seeds_run(run_dir: str, num_actors: int):
+  """Each member's episodes and the final returns of a tiny seeds run."""
+  result = fastpbrl.train('seeds', env_steps=12 * T, run_dir=run_dir,
+                          seed=2, **{**TINY, 'num_actors': num_actors,
+                                     'eval_every': 6 * T})
+  return ([episodes_of(run_dir, m) for m in range(2)],
+          result.run.final_returns)
+
+
+def test_the_actors_xla_scheduler_changes_no_result(tmp_path, monkeypatch):
+  # The actors run a policy call's steps in order (ACTOR_XLA_FLAGS), for
+  # speed only: under XLA's default, concurrent scheduler (set in
+  # XLA_FLAGS, which the actor processes inherit and keep) the same
+  # arithmetic runs, so the episodes are the same.
+  episodes, final = _seeds_run(str(tmp_path / 'in_order'), num_actors=1)
+  monkeypatch.setenv('XLA_FLAGS',
+                     '--xla_cpu_enable_concurrency_optimized_scheduler=true')
+  concurrent, final_concurrent = _seeds_run(str(tmp_path / 'concurrent'),
+                                            num_actors=1)
+  assert all(len(e) > 3 for e in episodes)
+  assert episodes == concurrent
+  np.testing.assert_array_equal(final, final_concurrent)
 
 
 @pytest.mark.slow
