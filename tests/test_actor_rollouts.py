@@ -225,8 +225,9 @@ def test_the_actors_xla_scheduler_changes_no_result(tmp_path, monkeypatch):
   # XLA_FLAGS, which the actor processes inherit and keep) the same
   # arithmetic runs, so the episodes are the same.
   episodes, final = _seeds_run(str(tmp_path / 'in_order'), num_actors=1)
-  monkeypatch.setenv('XLA_FLAGS',
-                     '--xla_cpu_enable_concurrency_optimized_scheduler=true')
+  # Beside the suite's own flags (conftest), which both runs keep.
+  monkeypatch.setenv('XLA_FLAGS', os.environ.get('XLA_FLAGS', '') +
+                     ' --xla_cpu_enable_concurrency_optimized_scheduler=true')
   concurrent, final_concurrent = _seeds_run(str(tmp_path / 'concurrent'),
                                             num_actors=1)
   assert all(len(e) > 3 for e in episodes)
