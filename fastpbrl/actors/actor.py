@@ -96,8 +96,8 @@ ACTOR_STREAM = 1  # spawn_key[0] of the actors' seed sequences
 # after another on the calling thread. XLA:CPU's default scheduler orders
 # independent steps to run concurrently, handing them between threads: for
 # a policy call of a few µs of arithmetic those hand-offs cost most of the
-# call (PPO's, two HalfCheetah members: about 110 µs against 25 µs without;
-# benchmarks/results/cpu/policy_call.md). The JAX FAQ's
+# call (PPO's, two HalfCheetah members: about 130 µs against 40 µs in
+# order; benchmarks/results/cpu/policy_call.md). The JAX FAQ's
 # `intra_op_parallelism_threads=1` is left out: it is no XLA flag, and XLA
 # reads no flag after it.
 ACTOR_XLA_FLAGS = (
