@@ -474,26 +474,29 @@ def test_cemrl_shared_critic_runs_on_device(tmp_path):
 
 @pytest.mark.slow
 def test_pb2_is_reproducible_and_resumes_with_its_history(tmp_path):
-  """PBT with --explore pb2 on the device: two runs of a seed choose the
-  same hyperparameters; a run stopped after its first decisions resumes
-  and decides again (its GP data round-trips through a checkpoint in
-  tests/rules/pbt/test_rule.py)."""
+  """PBT with --explore pb2 on the device: a run stopped after its first
+  decisions and resumed (the GP's data in its checkpoint) decides again,
+  and chooses what the run never stopped chose: the same hyperparameters
+  for the same seed, decision for decision."""
   kw = dict(TINY, population_size=4, env_steps=1_000, explore='pb2',
-            ready_after=200, fraction=0.25)
-  for name in ('a', 'b'):
-    fastpbrl.train('pbt', run_dir=str(tmp_path / name), **kw)
-  lineage = [open(tmp_path / name / 'lineage.jsonl').read()
-             for name in ('a', 'b')]
-  assert lineage[0] == lineage[1]
-  exploits = [json.loads(line) for line in lineage[0].splitlines()
+            ready_after=200, fraction=0.25, checkpoint_replay=True)
+  fastpbrl.train('pbt', run_dir=str(tmp_path / 'a'), **kw)
+  fastpbrl.train('pbt', run_dir=str(tmp_path / 'c'), **dict(kw,
+                                                              env_steps=600))
+  stopped = open(tmp_path / 'c' / 'lineage.jsonl').read().splitlines()
+  fastpbrl.train(resume=str(tmp_path / 'c'), env_steps=1_000)
+  lineage = [open(tmp_path / name / 'lineage.jsonl').read().splitlines()
+             for name in ('a', 'c')]
+  exploits = [json.loads(line) for line in lineage[0]
               if json.loads(line)['event'] == 'exploit']
   assert len(exploits) >= 2
-  fastpbrl.train('pbt', run_dir=str(tmp_path / 'c'), checkpoint_replay=True,
-                 **dict(kw, env_steps=600))
-  fastpbrl.train(resume=str(tmp_path / 'c'), env_steps=1_000)
-  resumed = [json.loads(line) for line in
-             open(tmp_path / 'c' / 'lineage.jsonl').read().splitlines()]
-  assert max(e['step'] for e in resumed if e['event'] == 'exploit') > 600
+  assert any(e['step'] <= 600 for e in exploits)  # before the stop
+  assert max(e['step'] for e in exploits) > 600  # and after the resume
+  assert len(stopped) < len(lineage[1])
+  assert lineage[0] == lineage[1]
+  for name in ('final_returns.json', 'hparams.csv'):
+    assert (open(tmp_path / 'a' / name).read()
+            == open(tmp_path / 'c' / name).read()), name
 
 
 @pytest.mark.slow

@@ -69,6 +69,7 @@ def _tiny_pbt_run(tmp_path, method):
   return result, events
 
 
+@pytest.mark.slow
 def test_tiny_pbt_benchmark_records_the_lineages_left(tmp_path):
   result, events = _tiny_pbt_run(tmp_path, 'pbt-ttest-td3')
   assert '--exploit ttest' in result['command']
@@ -81,6 +82,7 @@ def test_tiny_pbt_benchmark_records_the_lineages_left(tmp_path):
     assert result['lineages_at_end'] == 1 and len(copied | parents) == 2
 
 
+@pytest.mark.slow
 def test_tiny_no_copy_benchmark_decides_nothing(tmp_path):
   # The diagnostic row differs from the baseline only in the path: every
   # member starts at the defaults (pbt-td3's start would differ here; that
@@ -91,6 +93,7 @@ def test_tiny_no_copy_benchmark_decides_nothing(tmp_path):
   assert inits[0]['hparams'] == inits[1]['hparams']  # both at the defaults
 
 
+@pytest.mark.slow
 def test_tiny_random_search_benchmark_keeps_its_draws(tmp_path):
   """``random-td3`` runs through ``experiments.random``: its members end
   with distinct hyperparameters, the draws of its seed (no decision

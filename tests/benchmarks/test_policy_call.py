@@ -3,9 +3,12 @@ process of its own, and recorded."""
 
 import json
 
+import pytest
+
 from benchmarks import policy_call
 
 
+@pytest.mark.slow
 def test_smoke_times_the_call_under_both_schedulers(tmp_path):
   out = tmp_path / 'policy_call.json'
   record = policy_call.main(['--smoke', '--out', str(out)])

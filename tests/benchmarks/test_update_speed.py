@@ -76,6 +76,7 @@ def _in_process_impls():
   return impls
 
 
+@pytest.mark.slow
 def test_smoke_td3_and_shared_critic(tmp_path):
   impls = _in_process_impls()
   result, csv_rows, summary = _run(

@@ -118,6 +118,7 @@ TINY = ['--env', 'gymnax:Pendulum-v1', '--population-size', '2',
         '--no-progress', '--track', 'none']
 
 
+@pytest.mark.slow
 def test_a_run_stopped_and_resumed_keeps_its_draws(tmp_path, monkeypatch):
   """``fastpbrl random`` to 400 env steps per member, then ``--resume`` to
   600 with ``initial_hparams`` drawing other values: the resumed run
