@@ -305,6 +305,13 @@ METHODS = {
     'pbt-ppo': ('pbt', ['--agent', 'ppo']),
     'pbt-pb2-ppo': ('pbt', ['--agent', 'ppo', '--explore', 'pb2']),
     'random-ppo': ('random', ['--agent', 'ppo']),
+    # The papers' comparison with random-ppo: PBT and PB2 started from the
+    # same prior draws as random search (Jaderberg et al. 2017 and PB2 start
+    # every member at random from the search space), exploring over the
+    # whole of it. pbt-ppo and pbt-pb2-ppo start near the defaults instead.
+    'pbt-prior-ppo': ('pbt', ['--agent', 'ppo', '--init-hparams', 'prior']),
+    'pbt-pb2-prior-ppo': ('pbt', ['--agent', 'ppo', '--explore', 'pb2',
+                                  '--init-hparams', 'prior']),
     # PBT from the prior, selecting on the env's true objective (Sample
     # Factory's PBT with reward shaping), and the trap beside it: selecting
     # on the shaped return, which the searched bonus itself feeds.
