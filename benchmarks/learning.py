@@ -65,12 +65,15 @@ Methods:
   Stable-Baselines3's defaults), through the actors on gymnasium tasks and
   on the device on JAX ones; ``sb3-ppo``: SB3's PPO at the same defaults,
   one agent per member slot, as ``sb3-td3``. A method whose agent cannot
-  act in a task (TD3 on CartPole's discrete actions) is skipped there.
+  act in a task (TD3 on CartPole's discrete actions) is skipped there;
+* ``random-ppo``, ``pbt-prior-ppo``, ``pbt-pb2-prior-ppo``: random search
+  from the prior, and PBT and PB2 started from the same prior draws.
 
 The report ends with the papers' comparison at larger populations
 (``population_summary``): per cell of ``POPULATION_CELLS``, PBT and PB2
-against random search from the same prior and against default seeds, and
-a sentence per task on what wins.
+from the same prior against random search and against default seeds, a
+sentence per task on what wins and the goal's line; then the same for
+PBT and PB2 from near the defaults.
 
 Every result lands in ``--out`` as one JSON per run
 (``runs/<task>/<method>/seed<k>.json``), so an interrupted benchmark
@@ -1205,8 +1208,13 @@ POPULATION_CELLS = (
 )
 POPULATION_BASELINE = 'seeds-ppo'
 POPULATION_CONTROL = 'random-ppo'
-POPULATION_RULES = ('pbt-ppo', 'pbt-pb2-ppo')
-POPULATION_ARMS = (POPULATION_BASELINE, POPULATION_CONTROL) + POPULATION_RULES
+# The papers' comparison, which the goal counts: PBT and PB2 started from
+# the same prior draws as random search (POPULATION_CONTROL).
+POPULATION_RULES = ('pbt-prior-ppo', 'pbt-pb2-prior-ppo')
+# The library's default start (``--init-hparams near-defaults``): members
+# within a factor 1.25 of the published defaults, a head start random
+# search does not get; shown against the same two arms, not counted.
+POPULATION_NEAR_RULES = ('pbt-ppo', 'pbt-pb2-ppo')
 POPULATION_GOAL = 2  # tasks where PBT or PB2 beats random search
 POPULATION_NOTE = (
     f'PBT and PB2 against random search from the same prior '
@@ -1215,7 +1223,12 @@ POPULATION_NOTE = (
     f'each arm\'s best member\'s final IQM [95% CI] and seeds, and each '
     f'rule\'s verdict and probability of improvement with its interval; '
     f'then a sentence per task on what wins, and the goal\'s count over the '
-    f'16-member tasks.')
+    f'16-member tasks. In the first table PBT and PB2 start from the same '
+    f'prior draws as random search ({", ".join(POPULATION_RULES)}), as the '
+    f'papers do; the second shows the library\'s default start, near the '
+    f'published defaults ({", ".join(POPULATION_NEAR_RULES)}), against the '
+    f'same two arms: a head start random search does not get, so it does '
+    f'not count toward the goal.')
 
 
 # Providers whose envs port gymnasium's, rewards included (gymnax's
@@ -1236,13 +1249,18 @@ def reward_threshold(task: str) -> Optional[float]:
     return None
 
 
-def _reached(finals: dict, threshold: Optional[float]) -> dict:
-  """Per arm, how many seeds' best member ends at ``threshold`` or above
-  (empty without a threshold)."""
+def _arms(rules: tuple) -> tuple:
+  """The arms of a population table: default seeds, random search, then
+  ``rules``."""
+  return (POPULATION_BASELINE, POPULATION_CONTROL) + tuple(rules)
+
+
+def _reached(finals: dict, threshold: Optional[float], arms: tuple) -> dict:
+  """Per arm of ``arms``, how many seeds' best member ends at ``threshold``
+  or above (empty without a threshold)."""
   if threshold is None:
     return {}
-  return {m: sum(v >= threshold for v in finals.get(m, []))
-          for m in POPULATION_ARMS}
+  return {m: sum(v >= threshold for v in finals.get(m, [])) for m in arms}
 
 
 def _arm_cell(finals: Optional[list]) -> str:
@@ -1258,35 +1276,36 @@ def _versus_cell(rule: Optional[list], other: Optional[list]) -> str:
   return _matrix_cell(rule, other)
 
 
-def _short_arms(finals: dict) -> list[str]:
-  """``'<arm> <seeds>'`` of each arm of a population cell with fewer than
-  ``MIN_SEEDS`` seeds."""
-  return [f'{m} {len(finals.get(m, []))}' for m in POPULATION_ARMS
+def _short_arms(finals: dict, arms: tuple) -> list[str]:
+  """``'<arm> <seeds>'`` of each of ``arms`` with fewer than
+  ``MIN_SEEDS`` seeds in ``finals``."""
+  return [f'{m} {len(finals.get(m, []))}' for m in arms
           if len(finals.get(m, [])) < stats.MIN_SEEDS]
 
 
 def population_sentence(name: str, finals: dict, short: list[str],
                         threshold: Optional[float] = None,
-                        reached: Optional[dict] = None
+                        reached: Optional[dict] = None,
+                        rules: tuple = POPULATION_RULES
                         ) -> tuple[str, bool, bool]:
-  """One sentence on what wins in a cell of ``POPULATION_CELLS``, whether
-  a rule beats random search there, and whether one is worse than default
-  seeds (both False while an arm is ``short``, ``_short_arms``). With the
-  task's ``threshold`` (``reward_threshold``), it also gives ``reached``,
-  per arm the seeds whose best member reaches it (``_reached``): a
-  verdict where every arm or none does compares policies that all solve
-  the task, or none."""
+  """One sentence on what wins in a cell of ``POPULATION_CELLS`` among
+  ``rules`` and the two control arms, whether a rule beats random search
+  there, and whether one is worse than default seeds (both False while an
+  arm is ``short``, ``_short_arms``). With the task's ``threshold``
+  (``reward_threshold``), it also gives ``reached``, per arm the seeds
+  whose best member reaches it (``_reached``): a verdict where every arm
+  or none does compares policies that all solve the task, or none."""
   if not finals:
     return f'{name}: not run yet.', False, False
   if short:
     return (f'{name}: no verdict yet, too few seeds ({", ".join(short)}; '
             f'{stats.MIN_SEEDS} an arm needed).', False, False)
   vs_control = {r: compare(tuple(finals[r]), tuple(finals[POPULATION_CONTROL]))
-                for r in POPULATION_RULES}
+                for r in rules}
   vs_seeds = {r: compare(tuple(finals[r]), tuple(finals[POPULATION_BASELINE]))
-              for r in POPULATION_RULES + (POPULATION_CONTROL,)}
-  wins = [r for r in POPULATION_RULES if vs_control[r][1] == 'better']
-  worse = [r for r in POPULATION_RULES if vs_seeds[r][1] == 'worse']
+              for r in rules + (POPULATION_CONTROL,)}
+  wins = [r for r in rules if vs_control[r][1] == 'better']
+  worse = [r for r in rules if vs_seeds[r][1] == 'worse']
   head = (' and '.join(wins) + (' beats' if len(wins) == 1 else ' beat')
           if wins else 'no rule beats')
   parts = [f'{r} against random search: {v} (P '
@@ -1302,69 +1321,99 @@ def population_sentence(name: str, finals: dict, short: list[str],
                  f'({threshold:g}) or above: ' + ', '.join(
                      f'{m} {n} of {len(finals[m])} seeds'
                      for m, n in reached.items()))
-  iqm = {m: stats.iqm(finals[m]) for m in POPULATION_ARMS}
+  iqm = {m: stats.iqm(finals[m]) for m in _arms(rules)}
   top = max(iqm, key=iqm.get)
-  return (f'{name}: {head} random search from the same prior; '
+  return (f'{name}: {head} random search ({POPULATION_CONTROL}); '
           + '; '.join(parts)
           + f'; highest IQM: {top} ({stats.fmt_value(iqm[top])}).',
           bool(wins), bool(worse))
 
 
-def population_summary(by: dict) -> list[str]:
-  """Markdown: a row per cell of ``POPULATION_CELLS`` (each arm's IQM,
-  each rule against random search and default seeds), a sentence per cell
-  on what wins (``population_sentence``), and the goal's count over the
-  cells that count toward it. Empty when no run of these cells is in
-  ``by``."""
-  if not any(cell[:3] in by for cell in POPULATION_CELLS):
-    return []
+def _population_name(task: str, steps: int, members: int) -> str:
+  return (f'{task}, {members} members, {steps:,} env steps each'
+          + (' (held out)' if task in HELD_OUT else ''))
+
+
+def population_table(by: dict, rules: tuple
+                     ) -> tuple[list[str], list[tuple]]:
+  """Markdown: a row per cell of ``POPULATION_CELLS`` (each control arm's
+  IQM, each of ``rules`` against random search and default seeds) and a
+  sentence per cell (``population_sentence``); and per cell that counts
+  toward the goal, ``(name, beats random search, worse than default seeds,
+  every arm has enough seeds, no seed of any arm reaches the reward
+  threshold)``."""
   columns = [POPULATION_BASELINE, POPULATION_CONTROL]
-  for rule in POPULATION_RULES:
+  for rule in rules:
     columns += [f'{rule} vs {POPULATION_CONTROL}',
                 f'{rule} vs {POPULATION_BASELINE}']
   lines = ['| task | ' + ' | '.join(columns) + ' |',
            '|---|' + '---|' * len(columns)]
-  sentences, wins, worse, complete, counted = [], [], [], 0, 0
+  sentences, counted = [], []
   for task, steps, members, goal in POPULATION_CELLS:
     finals = _best_finals(by, (task, steps, members))
-    short = _short_arms(finals)
-    name = (f'{task}, {members} members, {steps:,} env steps each'
-            + (' (held out)' if task in HELD_OUT else ''))
+    short = _short_arms(finals, _arms(rules))
+    name = _population_name(task, steps, members)
     cells = [_arm_cell(finals.get(POPULATION_BASELINE)),
              _arm_cell(finals.get(POPULATION_CONTROL))]
-    for rule in POPULATION_RULES:
+    for rule in rules:
       cells += [_versus_cell(finals.get(rule), finals.get(other))
                 for other in (POPULATION_CONTROL, POPULATION_BASELINE)]
     lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
     threshold = reward_threshold(task)
-    reached = _reached(finals, threshold)
+    reached = _reached(finals, threshold, _arms(rules))
     sentence, won, lost = population_sentence(name, finals, short,
-                                              threshold, reached)
-    sentences.append(sentence)
+                                              threshold, reached, rules)
+    sentences.append(f'- {sentence}')
     if goal:
-      counted += 1
-      complete += not short
       unsolved = bool(reached) and not any(reached.values())
-      if won:
-        wins.append(name + (', where no seed of any arm reaches the reward '
-                            'threshold' if unsolved else ''))
-      worse += [name] if lost else []
-  lines += [''] + [f'- {s}' for s in sentences]
-  lines += ['', f'Goal (PBT or PB2 better than random search on at least '
-            f'{POPULATION_GOAL} of the {counted} 16-member tasks, worse '
-            f'than default seeds on none): better on {len(wins)}'
-            + (f' ({"; ".join(wins)})' if wins else '')
-            + f', worse on {len(worse)}'
-            + (f' ({"; ".join(worse)})' if worse else '')
-            + f'; every arm has {stats.MIN_SEEDS} seeds or more on '
-            f'{complete} of {counted}.']
-  return lines
+      counted.append((name, won, lost, not short, unsolved))
+  return lines + [''] + sentences, counted
+
+
+def population_goal(counted: list[tuple]) -> str:
+  """The goal's line over the cells ``population_table`` counted: how many
+  tasks a rule beats random search on and is worse than default seeds on,
+  and whether the goal is met, missed, or not decided while an arm has too
+  few seeds."""
+  wins = [name + (', where no seed of any arm reaches the reward threshold'
+                  if unsolved else '')
+          for name, won, _, _, unsolved in counted if won]
+  worse = [name for name, _, lost, _, _ in counted if lost]
+  complete = sum(done for _, _, _, done, _ in counted)
+  met = len(wins) >= POPULATION_GOAL and not worse
+  if complete < len(counted):
+    outcome = 'not decided yet'
+  else:
+    outcome = 'met' if met else 'not met'
+  return (f'Goal (PBT or PB2 from the same prior better than random search '
+          f'on at least {POPULATION_GOAL} of the {len(counted)} 16-member '
+          f'tasks, worse than default seeds on none): {outcome}. Better on '
+          f'{len(wins)}' + (f' ({"; ".join(wins)})' if wins else '')
+          + f', worse on {len(worse)}'
+          + (f' ({"; ".join(worse)})' if worse else '')
+          + f'; every arm has {stats.MIN_SEEDS} seeds or more on '
+          f'{complete} of {len(counted)}.')
+
+
+def population_summary(by: dict) -> list[str]:
+  """Markdown: the papers' comparison (``population_table`` of
+  ``POPULATION_RULES``) and the goal's line (``population_goal``), then
+  the same table of ``POPULATION_NEAR_RULES``, the library's default
+  start. Empty when no run of these cells is in ``by``."""
+  if not any(cell[:3] in by for cell in POPULATION_CELLS):
+    return []
+  same_prior, counted = population_table(by, POPULATION_RULES)
+  near, _ = population_table(by, POPULATION_NEAR_RULES)
+  return (same_prior + ['', population_goal(counted), '',
+                        'From near the defaults (the library\'s default '
+                        'start; not counted toward the goal):', '']
+          + near)
 
 
 SUPERSEDED_NOTE = (
     'Left out, run on code without a later fix (what was tried before it): '
     'each row\'s best member\'s final return over its seeds, and its '
-    'probability of ending above a seed of today\'s `seeds` row of its '
+    'probability of ending above a seed of the current `seeds` row of its '
     'agent, with the 95% interval and verdict as above.')
 
 
@@ -1482,8 +1531,11 @@ STATISTICS_NOTE = (
     'member\'s final return with a 95% percentile-bootstrap interval, and, '
     'for a rule, the probability that a seed of it ends above a seed of the '
     '`seeds` row of its agent (P(X > Y) + P(X = Y) / 2) and, for PBT and '
-    'HyperTrick, above a seed of random search from the same prior (the '
-    '`random` row of its agent, the papers\' control arm), with a 95% bootstrap '
+    'HyperTrick, above a seed of random search (the `random` row of its '
+    'agent, the papers\' control arm, drawn from the whole prior; a '
+    '`pbt-*` row without `-prior` starts near the defaults instead, so '
+    'only a `-prior` row compares with it from the same prior), with a 95% '
+    'bootstrap '
     'interval resampling each side\'s seeds; "better" or "worse" only where '
     f'that interval excludes 1/2 and each side has {stats.MIN_SEEDS} seeds '
     'or more. Runs on code without a later fix of their rule are left out '

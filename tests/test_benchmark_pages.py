@@ -182,9 +182,21 @@ def test_the_learning_table_agrees_with_the_run_jsons():
         assert f': P {win_share(x, y):.2f}' in cells[method]
         compared += 1
   assert compared >= 5
-  # The larger populations: each arm's seeds, and each rule's P against
-  # random search and against default seeds, from the same runs.
-  rows = table_rows(population[population.index('|'):])
+  # The larger populations, in two tables (PBT and PB2 from the same
+  # prior, then from near the defaults): each arm's seeds, and each rule's
+  # P against random search and against default seeds, from the same runs.
+  same_prior, near = population.split('From near the defaults')
+  compared = 0
+  for text, rules in ((same_prior, learning.POPULATION_RULES),
+                      (near, learning.POPULATION_NEAR_RULES)):
+    compared += check_population_table(text[text.index('|'):], rules, runs)
+  assert compared >= 4
+
+
+def check_population_table(text: str, rules: tuple, runs: dict) -> int:
+  """Checks a table of ``learning.population_table`` against ``runs``;
+  returns how many of its probabilities it compared."""
+  rows = table_rows(text)
   assert len(rows) == len(learning.POPULATION_CELLS)
   compared = 0
   for (task, steps, members, _), (name, cells) in zip(
@@ -195,7 +207,7 @@ def test_the_learning_table_agrees_with_the_run_jsons():
       y = runs.get((*key, arm))
       assert cells[arm].endswith(f', {seed_count(len(y))}' if y else
                                  'not run'), cells[arm]
-    for rule in learning.POPULATION_RULES:
+    for rule in rules:
       x = runs.get((*key, rule))
       for other in (learning.POPULATION_CONTROL,
                     learning.POPULATION_BASELINE):
@@ -203,7 +215,7 @@ def test_the_learning_table_agrees_with_the_run_jsons():
         if x and y:
           assert f': P {win_share(x, y):.2f}' in cells[f'{rule} vs {other}']
           compared += 1
-  assert compared >= 4
+  return compared
 
 
 def seed_count(count: int) -> str:

@@ -502,6 +502,14 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
       {('HalfCheetah-v5', 100_000, 4): {'pbt-td3': _runs(1.0)}}) == []
 
 
+def _rows(lines):
+  """``{task: [cells]}`` of the markdown table rows in ``lines``."""
+  return {line.split(' | ')[0][2:]: [c.rstrip(' |') for c in
+                                     line.split(' | ')[1:]]
+          for line in lines if line.startswith('| ') and
+          not line.startswith('| task')}
+
+
 def test_population_summary_compares_each_rule_with_random_search():
   cell = ('gymnax:Acrobot-v1', 1_048_576, 16)
   by = {cell: {
@@ -509,20 +517,23 @@ def test_population_summary_compares_each_rule_with_random_search():
       # Every seed above the default seeds', none above random search's:
       # against random search P = 0 of 25 pairs, against seeds 25 of 25.
       'random-ppo': _runs(-100.0, -110.0, -90.0, -105.0, -95.0),
-      'pbt-ppo': _runs(-200.0, -210.0, -190.0, -205.0, -195.0),
+      'pbt-prior-ppo': _runs(-200.0, -210.0, -190.0, -205.0, -195.0),
       # Every seed above random search's.
-      'pbt-pb2-ppo': _runs(-80.0, -85.0, -75.0, -70.0, -60.0)},
+      'pbt-pb2-prior-ppo': _runs(-80.0, -85.0, -75.0, -70.0, -60.0),
+      # From near the defaults: a second table, not the goal's.
+      'pbt-ppo': _runs(-400.0, -410.0, -390.0, -405.0, -395.0),
+      'pbt-pb2-ppo': _runs(-100.0, -110.0, -90.0, -105.0, -95.0)},
         ('gymnax:Pendulum-v1', 1_048_576, 16): {
-            'seeds-ppo': _runs(-150.0, -140.0), 'pbt-ppo': _runs(-120.0)},
+            'seeds-ppo': _runs(-150.0, -140.0),
+            'pbt-prior-ppo': _runs(-120.0)},
         # PB2's own setting at another budget: not a cell of the summary.
-        ('Hopper-v5', 100_000, 4): {'pbt-ppo': _runs(1.0)}}
+        ('Hopper-v5', 100_000, 4): {'pbt-prior-ppo': _runs(1.0)}}
   lines = learning.population_summary(by)
-  rows = {line.split(' | ')[0][2:]: [c.rstrip(' |') for c in
-                                     line.split(' | ')[1:]]
-          for line in lines if line.startswith('| ') and
-          not line.startswith('| task')}
+  split = lines.index('From near the defaults (the library\'s default '
+                      'start; not counted toward the goal):')
+  rows, near = _rows(lines[:split]), _rows(lines[split:])
   acrobot = 'gymnax:Acrobot-v1, 16 members, 1,048,576 env steps each'
-  assert list(rows) == [
+  assert list(rows) == list(near) == [
       'gymnax:Pendulum-v1, 16 members, 1,048,576 env steps each', acrobot,
       'gymnax:MountainCarContinuous-v0, 16 members, 1,048,576 env steps '
       'each (held out)', 'HalfCheetah-v5, 4 members, 1,000,000 env steps '
@@ -537,32 +548,61 @@ def test_population_summary_compares_each_rule_with_random_search():
   assert pbt_s == 'better: P 1.00 [1.00, 1.00], 5 seeds'
   assert pb2_r == 'better: P 1.00 [1.00, 1.00], 5 seeds'
   assert pb2_s == 'better: P 1.00 [1.00, 1.00], 5 seeds'
+  # The same controls, against the near-defaults rules: PBT below the
+  # seeds (P 0), PB2 level with random search (P 1/2: 12.5 of 25 pairs).
+  assert near[acrobot][:2] == [seeds, random]
+  assert near[acrobot][3] == 'worse: P 0.00 [0.00, 0.00], 5 seeds'
+  assert near[acrobot][4].startswith('not distinguishable: P 0.50')
   pendulum = rows['gymnax:Pendulum-v1, 16 members, 1,048,576 env steps '
                   'each']
   assert pendulum[1] == 'not run'
   assert pendulum[2] == 'nothing to compare with yet, 1 seed'
   assert pendulum[3].startswith('too few seeds (< 5): P 1.00')
-  sentences = [line for line in lines if line.startswith('- ')]
+  sentences = [line for line in lines[:split] if line.startswith('- ')]
   assert sentences[1] == (
-      f'- {acrobot}: pbt-pb2-ppo beats random search from the same prior; '
-      'pbt-ppo against random search: worse (P 0.00 [0.00, 0.00]); '
-      'pbt-pb2-ppo against random search: better (P 1.00 [1.00, 1.00]); '
-      'random search against default seeds: better (P 1.00 [1.00, 1.00]); '
-      'no rule worse than default seeds; best member at gymnasium\'s reward '
-      'threshold (-100) or above: seeds-ppo 0 of 5 seeds, random-ppo 3 of 5 '
-      'seeds, pbt-ppo 0 of 5 seeds, pbt-pb2-ppo 5 of 5 seeds; highest IQM: '
-      'pbt-pb2-ppo (-75).')
-  assert sentences[0].endswith(': no verdict yet, too few seeds (seeds-ppo '
-                               '2, random-ppo 0, pbt-ppo 1, pbt-pb2-ppo 0; '
-                               '5 an arm needed).')
+      f'- {acrobot}: pbt-pb2-prior-ppo beats random search (random-ppo); '
+      'pbt-prior-ppo against random search: worse (P 0.00 [0.00, 0.00]); '
+      'pbt-pb2-prior-ppo against random search: better (P 1.00 [1.00, '
+      '1.00]); random search against default seeds: better (P 1.00 [1.00, '
+      '1.00]); no rule worse than default seeds; best member at '
+      'gymnasium\'s reward threshold (-100) or above: seeds-ppo 0 of 5 '
+      'seeds, random-ppo 3 of 5 seeds, pbt-prior-ppo 0 of 5 seeds, '
+      'pbt-pb2-prior-ppo 5 of 5 seeds; highest IQM: pbt-pb2-prior-ppo '
+      '(-75).')
+  assert sentences[0].endswith(
+      ': no verdict yet, too few seeds (seeds-ppo 2, random-ppo 0, '
+      'pbt-prior-ppo 1, pbt-pb2-prior-ppo 0; 5 an arm needed).')
   assert sentences[3].endswith(': not run yet.')
-  assert lines[-1] == (
-      'Goal (PBT or PB2 better than random search on at least 2 of the 3 '
-      f'16-member tasks, worse than default seeds on none): better on 1 '
-      f'({acrobot}), worse on 0; every arm has 5 seeds or more on 1 of 3.')
+  near_sentence = next(line for line in lines[split:]
+                       if line.startswith(f'- {acrobot}'))
+  assert near_sentence.startswith(f'- {acrobot}: no rule beats random '
+                                  'search (random-ppo);')
+  assert 'pbt-ppo worse than default seeds' in near_sentence
+  assert lines[split - 2] == (
+      'Goal (PBT or PB2 from the same prior better than random search on '
+      'at least 2 of the 3 16-member tasks, worse than default seeds on '
+      f'none): not decided yet. Better on 1 ({acrobot}), worse on 0; every '
+      'arm has 5 seeds or more on 1 of 3.')
   # A folder with none of these cells (another experiment's) has none.
   assert learning.population_summary(
       {('Hopper-v5', 100_000, 4): {'pbt-ppo': _runs(1.0)}}) == []
+
+
+def test_population_goal_is_met_only_with_two_wins_and_no_loss():
+  # (name, beats random search, worse than seeds, enough seeds, unsolved)
+  win, tie = ('a', True, False, True, False), ('b', False, False, True, False)
+  loss = ('c', True, True, True, False)
+  goal = learning.population_goal
+  assert ': met. Better on 2 (a; a), worse on 0;' in goal([win, win, tie])
+  assert ': not met. Better on 1 (a), worse on 0;' in goal([win, tie, tie])
+  # Two wins, but a rule worse than the default seeds on a third task.
+  assert ': not met. Better on 3 (a; a; c), worse on 1 (c);' in goal(
+      [win, win, loss])
+  # Every count is in, but for one cell's seeds: nothing decided yet.
+  assert ': not decided yet. Better on 2' in goal(
+      [win, win, ('b', False, False, False, False)])
+  assert goal([win, win, tie]).endswith(
+      'every arm has 5 seeds or more on 3 of 3.')
 
 
 def test_population_goal_names_a_win_where_no_arm_solves_the_task():
@@ -573,8 +613,8 @@ def test_population_goal_names_a_win_where_no_arm_solves_the_task():
   by = {('gymnax:MountainCarContinuous-v0', 1_048_576, 16): {
       'seeds-ppo': _runs(-2e-5, -3e-5, -1e-5, -4e-5, -5e-5),
       'random-ppo': _runs(-2e-5, -3e-5, -1e-5, -4e-5, -5e-5),
-      'pbt-ppo': _runs(-2e-5, -3e-5, -1e-5, -4e-5, -5e-5),
-      'pbt-pb2-ppo': _runs(-2e-6, -3e-6, -1e-6, -4e-6, -5e-6)}}
+      'pbt-prior-ppo': _runs(-2e-5, -3e-5, -1e-5, -4e-5, -5e-5),
+      'pbt-pb2-prior-ppo': _runs(-2e-6, -3e-6, -1e-6, -4e-6, -5e-6)}}
   lines = learning.population_summary(by)
   name = ('gymnax:MountainCarContinuous-v0, 16 members, 1,048,576 env '
           'steps each (held out)')
@@ -583,13 +623,15 @@ def test_population_goal_names_a_win_where_no_arm_solves_the_task():
   assert row.split(' | ')[1].startswith('-3e-05 [')
   sentence = next(line for line in lines if line.startswith(f'- {name}'))
   assert ("reward threshold (90) or above: seeds-ppo 0 of 5 seeds, "
-          "random-ppo 0 of 5 seeds, pbt-ppo 0 of 5 seeds, pbt-pb2-ppo 0 "
-          "of 5 seeds; highest IQM: pbt-pb2-ppo (-3e-06).") in sentence
-  assert lines[-1].startswith(
-      'Goal (PBT or PB2 better than random search on at least 2 of the 3 '
-      f'16-member tasks, worse than default seeds on none): better on 1 '
-      f'({name}, where no seed of any arm reaches the reward threshold), '
-      'worse on 0;')
+          "random-ppo 0 of 5 seeds, pbt-prior-ppo 0 of 5 seeds, "
+          "pbt-pb2-prior-ppo 0 of 5 seeds; highest IQM: pbt-pb2-prior-ppo "
+          "(-3e-06).") in sentence
+  goal = next(line for line in lines if line.startswith('Goal'))
+  assert goal.startswith(
+      'Goal (PBT or PB2 from the same prior better than random search on '
+      'at least 2 of the 3 16-member tasks, worse than default seeds on '
+      f'none): not decided yet. Better on 1 ({name}, where no seed of any '
+      'arm reaches the reward threshold), worse on 0;')
 
 
 def test_reward_threshold_is_gymnasiums_for_a_port_or_none():

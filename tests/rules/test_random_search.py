@@ -67,6 +67,17 @@ def test_members_start_from_pbts_prior_draws(fields):
       np.testing.assert_array_equal(values, getattr(defaults, name))
 
 
+def test_pb2_from_the_prior_starts_from_the_same_draws():
+  """PB2 (PBT's explore ``pb2``) from the prior: the learning report's
+  ``pbt-pb2-prior-ppo`` row, paired seed by seed with ``random-ppo``."""
+  fields = dict(agent='ppo', env='CartPole-v1', population_size=3, seed=2)
+  _, _, state, hparams = initial('random', **fields)
+  _, _, pb2_state, pb2_hparams = initial('pbt', init_hparams='prior',
+                                         explore='pb2', **fields)
+  jax.tree.map(np.testing.assert_array_equal, hparams, pb2_hparams)
+  jax.tree.map(np.testing.assert_array_equal, state, pb2_state)
+
+
 def test_seeds_differ_and_the_draws_are_not_the_defaults():
   """Another seed draws other values; neither is the seeds rule's
   population at the defaults."""
