@@ -24,7 +24,7 @@ from fastpbrl.config import ConfigError
 from fastpbrl.learner import PopulationLearner, population_hparams
 from fastpbrl.logging import read_final_returns
 from fastpbrl.rules.base import Population
-from fastpbrl.rules.pbt import PBT, PBTRunConfig
+from fastpbrl.rules.pbt import PBT, PBTRunConfig, pb2
 from fastpbrl.rules.random_search import RandomSearch, RandomSearchRunConfig
 from fastpbrl.rules.testing import Harness
 from fastpbrl.types import make_env_spec
@@ -211,14 +211,15 @@ def test_the_gymnasium_env_reports_its_unshaped_return():
 # -------------------------------------------------------------- the rules
 
 
-def test_pbt_selects_on_the_objective_and_copies_env_parameters():
-  """The true objective ranks the members one way and the shaped return
-  the other: PBT replaces the two worst by the objective, each copy taking
-  its parent's weights and bonus, explored (times 0.8 or 1.2)."""
-  pytest.importorskip('gymnax')
+def pbt_on_the_objective(explore: str):
+  """PBT with ``explore`` over 4 PPO members of the shaped task, from the
+  prior, through one decision where the true objective ranks the members
+  0 > 1 > 2 > 3 and the shaped return the other way. Returns the rule,
+  the exploit rows, and each member's bonus and policy weights before and
+  after."""
   config = PBTRunConfig(
       agent='ppo', env=JAX_ID, population_size=4, init_hparams='prior',
-      true_objective=True, ready_after=64, fraction=0.5,
+      true_objective=True, ready_after=64, fraction=0.5, explore=explore,
       resample_probability=0.0, env_steps=1024, eval_every=64,
       eval_episodes=1, hidden_sizes=(8,),
       agent_settings=('rollout_length=16', 'num_envs=2', 'batch_size=16',
@@ -233,7 +234,6 @@ def test_pbt_selects_on_the_objective_and_copies_env_parameters():
       agent, state, hparams, jax.random.PRNGKey(3)))
   run = Harness(rule, rule_state, state=state, hparams=hparams)
   bonus = np.asarray(getattr(run.hparams, BONUS))
-  assert len(set(bonus.tolist())) == 4 and ((0 <= bonus) & (bonus <= 100)).all()
   run.observe((), update_steps=64, env_steps=64)  # scores the initial ones
   weights = jax.device_get(learner.policy_params(run.state))
   v = run.policy_version
@@ -243,17 +243,52 @@ def test_pbt_selects_on_the_objective_and_copies_env_parameters():
       true_objective=-50.0 * m) for m in range(4)),
       update_steps=128, env_steps=128)
   exploits = [row for _, row in run.logs if row.get('event') == 'exploit']
+  return (rule, exploits, bonus, np.asarray(getattr(run.hparams, BONUS)),
+          weights, jax.device_get(learner.policy_params(run.state)))
+
+
+def assert_copied(exploits, weights, new_weights):
+  """The objective's two worst (2, 3) were replaced, each by one of its
+  two best, whose policy weights it now has."""
   assert sorted(e['member'] for e in exploits) == [2, 3]
-  new_bonus = np.asarray(getattr(run.hparams, BONUS))
-  new_weights = jax.device_get(learner.policy_params(run.state))
   for e in exploits:
     m, p = e['member'], e['parent']
     assert p in (0, 1)
+    jax.tree.map(lambda a, b, m=m, p=p: np.testing.assert_array_equal(
+        a[m], b[p]), new_weights, weights)
+
+
+def test_pbt_selects_on_the_objective_and_copies_env_parameters():
+  """The true objective ranks the members one way and the shaped return
+  the other: PBT replaces the two worst by the objective, each copy taking
+  its parent's weights and bonus, explored (times 0.8 or 1.2)."""
+  pytest.importorskip('gymnax')
+  _, exploits, bonus, new_bonus, weights, new_weights = (
+      pbt_on_the_objective('perturb'))
+  assert len(set(bonus.tolist())) == 4 and ((0 <= bonus) & (bonus <= 100)).all()
+  assert_copied(exploits, weights, new_weights)
+  for e in exploits:
+    m, p = e['member'], e['parent']
     options = [0.8 * bonus[p], 1.2 * bonus[p]]
     options += [200.0 - o for o in options if o > 100]  # reflected
     assert np.isclose(new_bonus[m], options, rtol=1e-5, atol=1e-4).any()
-    jax.tree.map(lambda a, b, m=m, p=p: np.testing.assert_array_equal(
-        a[m], b[p]), new_weights, weights)
+  np.testing.assert_array_equal(new_bonus[:2], bonus[:2])
+
+
+def test_pb2_models_env_parameters_and_chooses_a_copys_bonus():
+  """PB2's explore: the bonus is one of the inputs its GP models, and each
+  copy gets the parent's weights with a bonus PB2 chose inside the bonus's
+  range; the members kept keep theirs."""
+  pytest.importorskip('gymnax')
+  rule, exploits, bonus, new_bonus, weights, new_weights = (
+      pbt_on_the_objective('pb2'))
+  assert BONUS in pb2.continuous_fields(rule.space)
+  assert_copied(exploits, weights, new_weights)
+  low, high = 0.0, 100.0  # the bonus's prior (shaping.py)
+  for e in exploits:
+    m = e['member']
+    assert low <= new_bonus[m] <= high
+    assert new_bonus[m] not in bonus  # chosen, not the parent's copied
   np.testing.assert_array_equal(new_bonus[:2], bonus[:2])
 
 
