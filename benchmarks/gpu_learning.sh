@@ -15,8 +15,12 @@
 # and `cp -r .devgit .git` there first; the wheels: gpu_wheels.sh.
 #   RESULTS=/tmp/rows DEADLINE_S=540 bash benchmarks/gpu_learning.sh \
 #     HalfCheetah-v5:50000:pbt-pb2-td3:0 ...   # TASK:STEPS:METHOD:SEED
+# A task may hold colons itself (gymnax:Acrobot-v1:1048576:pbt-ppo:0); the
+# last three fields are read from the right. MEMBERS=16 runs every row at
+# 16 members (default 4, the benchmark's).
 set -uo pipefail
 PY=${PYTHON:-python}
+MEMBERS=${MEMBERS:-4}
 RESULTS=${RESULTS:-benchmarks/results/learning}
 DEADLINE_S=${DEADLINE_S:-540}
 LOGS=${LOGS:-$RESULTS/logs}
@@ -30,8 +34,14 @@ declare -A slot_pid=()
 pin() {  # pin SLOT: the core pair of a slot, or nothing where taskset is missing
   if command -v taskset >/dev/null; then echo "taskset -c $(( 2 * $1 )),$(( 2 * $1 + 1 ))"; fi
 }
+split() {  # split ROW: sets task, steps, method, seed (read from the right)
+  local rest=$1
+  seed=${rest##*:}; rest=${rest%:*}
+  method=${rest##*:}; rest=${rest%:*}
+  steps=${rest##*:}; task=${rest%:*}
+}
 for row in "$@"; do
-  IFS=: read -r task steps method seed <<<"$row"
+  split "$row"
   while :; do
     for (( s = 0; s < slots; s++ )); do
       pid=${slot_pid[$s]:-}
@@ -43,7 +53,7 @@ for row in "$@"; do
   (( SECONDS - start < DEADLINE_S )) || break
   echo "$(( SECONDS - start ))s slot $free: $row"
   $(pin "$free") "$PY" -m benchmarks.learning --one "$task" "$method" "$seed" \
-    --env-steps "$steps" --out "$RESULTS" \
+    --env-steps "$steps" --population-size "$MEMBERS" --out "$RESULTS" \
     >"$LOGS/$task-$steps-$method-$seed.log" 2>&1 &
   slot_pid[$free]=$!
 done
@@ -57,13 +67,11 @@ for pid in "${slot_pid[@]}"; do pkill -TERM -P "$pid" 2>/dev/null; kill -TERM "$
 sleep 5
 echo "$(( SECONDS - start ))s done"
 left_out=0
-for row in "$@"; do  # a row's JSON is at TASK@STEPS or, at its default budget, TASK
-  IFS=: read -r task steps method seed <<<"$row"
-  kept=
-  for dir in "$task@$steps" "$task"; do
-    f="$RESULTS/runs/$dir/$method/seed$seed.json"
-    [[ -f $f ]] && kept=$f
-  done
-  if [[ -n $kept ]]; then echo "kept $kept"; else echo "left out $row"; left_out=1; fi
+for row in "$@"; do  # where the benchmark writes the row's JSON
+  split "$row"
+  f=$("$PY" -c 'import sys; from benchmarks import learning as l; a = sys.argv
+print(l.result_path(a[1], a[2], a[3], int(a[4]), int(a[5]), int(a[6])))' \
+      "$RESULTS" "$task" "$method" "$seed" "$steps" "$MEMBERS")
+  if [[ -f $f ]]; then echo "kept $f"; else echo "left out $row"; left_out=1; fi
 done
 exit "$left_out"  # 1: a row did not finish by the deadline, or failed (its log says)
