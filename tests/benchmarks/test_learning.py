@@ -603,6 +603,13 @@ def test_population_goal_is_met_only_with_two_wins_and_no_loss():
       [win, win, ('b', False, False, False, False)])
   assert goal([win, win, tie]).endswith(
       'every arm has 5 seeds or more on 3 of 3.')
+  # Two wins, one on a task no seed of any arm solves: met, with a but.
+  unsolved = ('d', True, False, True, True)
+  assert (': met, but only by counting a task where no seed of any arm '
+          'reaches the reward threshold. Better on 2 (a; d, where no seed '
+          'of any arm reaches the reward threshold), worse on 0;'
+          ) in goal([win, unsolved, tie])
+  assert ': met. Better on 3' in goal([win, win, unsolved])
 
 
 def test_population_goal_names_a_win_where_no_arm_solves_the_task():
