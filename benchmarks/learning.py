@@ -109,7 +109,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import gymnasium
 import jax
@@ -1334,14 +1334,22 @@ def _population_name(task: str, steps: int, members: int) -> str:
           + (' (held out)' if task in HELD_OUT else ''))
 
 
+class GoalCell(NamedTuple):
+  """A cell of ``POPULATION_CELLS`` that counts toward the goal, as
+  ``population_goal`` reads it."""
+  name: str
+  won: bool  # a rule beats random search
+  lost: bool  # a rule is worse than default seeds
+  complete: bool  # every arm has ``stats.MIN_SEEDS`` seeds or more
+  unsolved: bool  # no seed of any arm reaches the reward threshold
+
+
 def population_table(by: dict, rules: tuple
-                     ) -> tuple[list[str], list[tuple]]:
+                     ) -> tuple[list[str], list[GoalCell]]:
   """Markdown: a row per cell of ``POPULATION_CELLS`` (each control arm's
   IQM, each of ``rules`` against random search and default seeds) and a
-  sentence per cell (``population_sentence``); and per cell that counts
-  toward the goal, ``(name, beats random search, worse than default seeds,
-  every arm has enough seeds, no seed of any arm reaches the reward
-  threshold)``."""
+  sentence per cell (``population_sentence``); and a ``GoalCell`` per cell
+  that counts toward the goal."""
   columns = [POPULATION_BASELINE, POPULATION_CONTROL]
   for rule in rules:
     columns += [f'{rule} vs {POPULATION_CONTROL}',
@@ -1366,24 +1374,23 @@ def population_table(by: dict, rules: tuple
     sentences.append(f'- {sentence}')
     if goal:
       unsolved = bool(reached) and not any(reached.values())
-      counted.append((name, won, lost, not short, unsolved))
+      counted.append(GoalCell(name, won, lost, not short, unsolved))
   return lines + [''] + sentences, counted
 
 
-def population_goal(counted: list[tuple]) -> str:
+def population_goal(counted: list[GoalCell]) -> str:
   """The goal's line over the cells ``population_table`` counted: how many
   tasks a rule beats random search on and is worse than default seeds on,
   and whether the goal is met, missed, or not decided while an arm has too
   few seeds; a goal met only with a win where every arm fails the task
   (policies none of which solves it) says so."""
-  wins = [name + (', where no seed of any arm reaches the reward threshold'
-                  if unsolved else '')
-          for name, won, _, _, unsolved in counted if won]
-  worse = [name for name, _, lost, _, _ in counted if lost]
-  complete = sum(done for _, _, _, done, _ in counted)
+  wins = [c.name + (', where no seed of any arm reaches the reward '
+                    'threshold' if c.unsolved else '')
+          for c in counted if c.won]
+  worse = [c.name for c in counted if c.lost]
+  complete = sum(c.complete for c in counted)
   met = len(wins) >= POPULATION_GOAL and not worse
-  solved_wins = sum(won and not unsolved
-                    for _, won, _, _, unsolved in counted)
+  solved_wins = sum(c.won and not c.unsolved for c in counted)
   if complete < len(counted):
     outcome = 'not decided yet'
   elif not met:

@@ -589,9 +589,10 @@ def test_population_summary_compares_each_rule_with_random_search():
 
 
 def test_population_goal_is_met_only_with_two_wins_and_no_loss():
-  # (name, beats random search, worse than seeds, enough seeds, unsolved)
-  win, tie = ('a', True, False, True, False), ('b', False, False, True, False)
-  loss = ('c', True, True, True, False)
+  cell = learning.GoalCell
+  win = cell('a', won=True, lost=False, complete=True, unsolved=False)
+  tie = cell('b', won=False, lost=False, complete=True, unsolved=False)
+  loss = cell('c', won=True, lost=True, complete=True, unsolved=False)
   goal = learning.population_goal
   assert ': met. Better on 2 (a; a), worse on 0;' in goal([win, win, tie])
   assert ': not met. Better on 1 (a), worse on 0;' in goal([win, tie, tie])
@@ -600,11 +601,11 @@ def test_population_goal_is_met_only_with_two_wins_and_no_loss():
       [win, win, loss])
   # Every count is in, but for one cell's seeds: nothing decided yet.
   assert ': not decided yet. Better on 2' in goal(
-      [win, win, ('b', False, False, False, False)])
+      [win, win, tie._replace(complete=False)])
   assert goal([win, win, tie]).endswith(
       'every arm has 5 seeds or more on 3 of 3.')
   # Two wins, one on a task no seed of any arm solves: met, with a but.
-  unsolved = ('d', True, False, True, True)
+  unsolved = cell('d', won=True, lost=False, complete=True, unsolved=True)
   assert (': met, but only by counting a task where no seed of any arm '
           'reaches the reward threshold. Better on 2 (a; d, where no seed '
           'of any arm reaches the reward threshold), worse on 0;'
