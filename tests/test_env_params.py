@@ -360,3 +360,29 @@ def test_a_run_through_the_actors_reports_the_true_objective(tmp_path):
                                   'eval_best', 'objective_last']
   assert [float(line.split()[4]) for line in lines[1:3]] == list(
       last['true_objective'])
+
+
+def test_a_run_on_the_device_reports_the_true_objective(tmp_path):
+  """Random search on the device path (a JAX env inside the compiled
+  call): each member's drawn bonus shapes its returns, every episode's
+  objective is the unshaped return (-1 a step), and the final evaluation's
+  objective is what ``final_returns.json`` reports."""
+  run_dir = str(tmp_path / 'run')
+  fastpbrl.train('random', env=JAX_ID, agent='ppo', population_size=2,
+                 seed=2, env_steps=256, eval_every=128, eval_episodes=1,
+                 hidden_sizes=(8,), agent_settings=(
+                     'rollout_length=64', 'num_envs=2', 'batch_size=32',
+                     'epochs=1'),
+                 run_dir=run_dir, progress=False, track='none')
+  run = fastpbrl.load_run(run_dir)
+  episodes = run.episodes
+  assert len(episodes) > 0
+  np.testing.assert_array_equal(episodes['true_objective'],
+                                -episodes['episode_length'])
+  bonus = run.hparams.groupby('member').first()[BONUS]
+  assert (bonus > 0).all() and bonus.nunique() == 2  # one draw a member
+  assert (episodes['episode_return'] != episodes['true_objective']).all()
+  last = episodes[episodes['evaluation']].groupby('member').last()
+  final = read_final_returns(run_dir)
+  assert final['final_true_objectives'] == list(last['true_objective'])
+  assert final['final_returns'] == list(last['episode_return'])
