@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Learning rows on a GPU machine: each row of benchmarks/learning.py pinned
+# Learning rows on a GPU machine: each row of benchmarks/learning/ pinned
 # to two cores (the actor layout of the 2-core machine that ran the CPU
 # rows: one actor process for the 4 members), its learner on the GPU, as
 # many rows at once as the machine has pairs of cores. Rows are taken in
@@ -69,7 +69,7 @@ echo "$(( SECONDS - start ))s done"
 left_out=0
 for row in "$@"; do  # where the benchmark writes the row's JSON
   split "$row"
-  f=$("$PY" -c 'import sys; from benchmarks import learning as l; a = sys.argv
+  f=$("$PY" -c 'import sys; from benchmarks.learning import store as l; a = sys.argv
 print(l.result_path(a[1], a[2], a[3], int(a[4]), int(a[5]), int(a[6])))' \
       "$RESULTS" "$task" "$method" "$seed" "$steps" "$MEMBERS")
   if [[ -f $f ]]; then echo "kept $f"; else echo "left out $row"; left_out=1; fi

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from benchmarks.learning import code_version, machine
+from benchmarks.provenance import code_version, machine
 from fastpbrl.logging import read_final_returns, write_json_atomic
 from fastpbrl.rules.pbt import read_lineage
 

@@ -593,7 +593,7 @@ def _runs(folder: str) -> list[dict]:
 
 
 def _markdown_table(folder: str) -> str:
-  """The tables of the ``results.md`` that ``benchmarks/learning.py``
+  """The tables of the ``results.md`` that ``benchmarks/learning/report.py``
   rebuilt from the run JSONs (``--report-only``)."""
   with open(_path(folder, 'results.md')) as f:
     text = f.read()
@@ -619,8 +619,8 @@ def _runs_facts(runs: list[dict]) -> list[str]:
 
 
 def learning(folder: str) -> str:
-  """The learning benchmark's table, as ``benchmarks/learning.py`` built
-  it from the run JSONs under ``folder``."""
+  """The learning benchmark's table, as ``benchmarks/learning/report.py``
+  built it from the run JSONs under ``folder``."""
   return '\n\n'.join([
       _markdown_table(folder),
       _source([_link(folder, 'results.md'), _link(folder, 'runs', '')],

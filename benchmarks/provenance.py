@@ -25,6 +25,27 @@ def git_commit() -> str:
     return 'unknown'
 
 
+def code_version() -> str:
+  """The commit the checkout's code came from, short (``+changes`` if it
+  had uncommitted changes to tracked code; results and new files do not
+  count), so a table says which code each row measured."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=root,
+                          capture_output=True, text=True, timeout=30)
+    dirty = subprocess.run(['git', 'status', '--porcelain',
+                            '--untracked-files=no', '--', 'fastpbrl',
+                            'experiments', 'benchmarks',
+                            ':!benchmarks/results'],
+                           cwd=root, capture_output=True, text=True,
+                           timeout=30)
+  except (OSError, subprocess.TimeoutExpired):
+    return 'unknown'
+  if head.returncode != 0:
+    return 'unknown'
+  return head.stdout.strip() + ('+changes' if dirty.stdout.strip() else '')
+
+
 def cpu_model() -> str:
   """The CPU's model name from /proc/cpuinfo (elsewhere the processor or
   machine that ``platform`` reports)."""
@@ -36,6 +57,11 @@ def cpu_model() -> str:
   except OSError:
     pass
   return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+  """The machine in one line: CPU model, CPUs and operating system."""
+  return f'{cpu_model()}, {os.cpu_count()} cores, {platform.system()}'
 
 
 def cpu_machine() -> dict:

@@ -40,7 +40,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from benchmarks.learning import code_version, machine
+from benchmarks.provenance import code_version, machine
 from benchmarks.rule_recorder import COMMON, RULES
 from fastpbrl import build, rules
 from fastpbrl.actors.actor import episode_record

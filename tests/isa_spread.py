@@ -45,7 +45,7 @@ import tempfile
 import jax
 import numpy as np
 
-from benchmarks.learning import code_version, machine
+from benchmarks.provenance import code_version, machine
 from fastpbrl import sharding
 from fastpbrl.agents import td3
 from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,

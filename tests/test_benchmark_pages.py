@@ -8,6 +8,12 @@ import statistics
 
 import pytest
 
+# Each import binds its module as learning.<module>.
+import benchmarks.learning.matrix  # noqa: F401
+import benchmarks.learning.population  # noqa: F401
+import benchmarks.learning.store  # noqa: F401
+import benchmarks.learning.suite  # noqa: F401
+import benchmarks.learning.tables  # noqa: F401
 from benchmarks import learning, pages
 
 ROOT = pages.ROOT
@@ -108,16 +114,16 @@ def test_the_learning_table_agrees_with_the_run_jsons():
       run = json.load(f)
     key = (run['task'], f'{run["budget"]["env_steps"]:,}',
            str(run['population_size']), run['method'])
-    if learning.superseded_by(run):  # left out, shown apart at the end
+    if learning.store.superseded_by(run):  # left out, shown apart at the end
       superseded.setdefault(key, []).append(run)
       continue
     runs.setdefault(key, []).append(max(run['final_returns']))
   block = pages.BLOCKS['learning results']()
-  means, over_seeds = block.split(learning.STATISTICS_NOTE)
-  over_seeds, matrix = over_seeds.split(learning.MATRIX_NOTE)
-  over_seeds, reference = over_seeds.split(learning.REFERENCE_NOTE)
-  matrix, apart = matrix.split(learning.SUPERSEDED_NOTE)
-  matrix, population = matrix.split(learning.POPULATION_NOTE)
+  means, over_seeds = block.split(learning.tables.STATISTICS_NOTE)
+  over_seeds, matrix = over_seeds.split(learning.matrix.MATRIX_NOTE)
+  over_seeds, reference = over_seeds.split(learning.tables.REFERENCE_NOTE)
+  matrix, apart = matrix.split(learning.tables.SUPERSEDED_NOTE)
+  matrix, population = matrix.split(learning.population.POPULATION_NOTE)
   # The runs left out: each row's seeds, codes and best final over seeds.
   seen = {}
   for cells in body_rows(apart):
@@ -144,7 +150,7 @@ def test_the_learning_table_agrees_with_the_run_jsons():
   compared = 0
   for cells in body_rows(over_seeds):
     task, steps, members, method, _, _, poi = (c.strip() for c in cells[:7])
-    baseline = learning.baseline_of(method)
+    baseline = learning.suite.baseline_of(method)
     if (task, steps, members, baseline) not in runs:
       assert poi == ''
       continue
@@ -163,16 +169,16 @@ def test_the_learning_table_agrees_with_the_run_jsons():
     assert cells[9].strip().split(' ')[0] == f'{win_share(x, y):.2f}', cells
   # The matrix: every PBT explore's seeds and P against the default seeds.
   rows = table_rows(matrix[matrix.index('|'):])  # the lines after: no '|'
-  assert len(rows) == len(learning.MATRIX_TASKS)
+  assert len(rows) == len(learning.matrix.MATRIX_TASKS)
   compared = 0
   for name, cells in rows.items():
     task, steps = name.split(' at ')
     steps = steps.split(' env steps')[0]
-    members = str(learning.DEFAULT_POPULATION)
-    y = runs.get((task, steps, members, learning.MATRIX_BASELINE))
-    assert cells[learning.MATRIX_BASELINE] == (
+    members = str(learning.suite.DEFAULT_POPULATION)
+    y = runs.get((task, steps, members, learning.matrix.MATRIX_BASELINE))
+    assert cells[learning.matrix.MATRIX_BASELINE] == (
         seed_count(len(y)) if y else 'not run')
-    for method in learning.MATRIX_RULES:
+    for method in learning.matrix.MATRIX_RULES:
       x = runs.get((task, steps, members, method))
       if x is None:
         assert cells[method] == 'not run'
@@ -187,30 +193,31 @@ def test_the_learning_table_agrees_with_the_run_jsons():
   # P against random search and against default seeds, from the same runs.
   same_prior, near = population.split('From near the defaults')
   compared = 0
-  for text, rules in ((same_prior, learning.POPULATION_RULES),
-                      (near, learning.POPULATION_NEAR_RULES)):
+  for text, rules in ((same_prior, learning.population.POPULATION_RULES),
+                      (near, learning.population.POPULATION_NEAR_RULES)):
     compared += check_population_table(text[text.index('|'):], rules, runs)
   assert compared >= 4
 
 
 def check_population_table(text: str, rules: tuple, runs: dict) -> int:
-  """Checks a table of ``learning.population_table`` against ``runs``;
+  """Checks a table of ``population_table`` against ``runs``;
   returns how many of its probabilities it compared."""
   rows = table_rows(text)
-  assert len(rows) == len(learning.POPULATION_CELLS)
+  assert len(rows) == len(learning.population.POPULATION_CELLS)
   compared = 0
   for (task, steps, members, _), (name, cells) in zip(
-      learning.POPULATION_CELLS, rows.items()):
+      learning.population.POPULATION_CELLS, rows.items()):
     assert name.startswith(f'{task}, {members} members, {steps:,} env')
     key = (task, f'{steps:,}', str(members))
-    for arm in (learning.POPULATION_BASELINE, learning.POPULATION_CONTROL):
+    for arm in (learning.population.POPULATION_BASELINE,
+                learning.population.POPULATION_CONTROL):
       y = runs.get((*key, arm))
       assert cells[arm].endswith(f', {seed_count(len(y))}' if y else
                                  'not run'), cells[arm]
     for rule in rules:
       x = runs.get((*key, rule))
-      for other in (learning.POPULATION_CONTROL,
-                    learning.POPULATION_BASELINE):
+      for other in (learning.population.POPULATION_CONTROL,
+                    learning.population.POPULATION_BASELINE):
         y = runs.get((*key, other))
         if x and y:
           assert f': P {win_share(x, y):.2f}' in cells[f'{rule} vs {other}']

@@ -8,9 +8,11 @@ import sys
 
 import pytest
 
+# Each import binds its module as learning.<module>.
+import benchmarks.learning.store  # noqa: F401
 from benchmarks import learning
 
-SCRIPT = os.path.join(learning.REPO, 'benchmarks', 'gpu_learning.sh')
+SCRIPT = os.path.join(learning.store.REPO, 'benchmarks', 'gpu_learning.sh')
 
 
 def _run(tmp_path, deadline_s: int, *rows: str,
@@ -18,8 +20,8 @@ def _run(tmp_path, deadline_s: int, *rows: str,
   env = dict(os.environ, RESULTS=str(tmp_path / 'rows'),
              DEADLINE_S=str(deadline_s), PYTHON=sys.executable,
              MEMBERS=str(members))
-  return subprocess.run(['bash', SCRIPT, *rows], cwd=learning.REPO, env=env,
-                        capture_output=True, text=True, timeout=900)
+  return subprocess.run(['bash', SCRIPT, *rows], cwd=learning.store.REPO,
+                        env=env, capture_output=True, text=True, timeout=900)
 
 
 def test_a_row_past_the_deadline_is_never_started(tmp_path):
@@ -35,8 +37,8 @@ def test_a_task_with_colons_and_another_size_finds_its_result(tmp_path):
   read from the right, and MEMBERS=16 looks where the benchmark writes a
   16-member run (``_pop16``); a row whose JSON exists counts as kept."""
   row = 'gymnax:Acrobot-v1:1048576:pbt-prior-ppo:3'
-  path = learning.result_path(str(tmp_path / 'rows'), 'gymnax:Acrobot-v1',
-                              'pbt-prior-ppo', 3, 1_048_576, 16)
+  path = learning.store.result_path(str(tmp_path / 'rows'), 'gymnax:Acrobot-v1',
+                                    'pbt-prior-ppo', 3, 1_048_576, 16)
   assert '_pop16' in path
   os.makedirs(os.path.dirname(path))
   with open(path, 'w') as f:
@@ -55,8 +57,8 @@ def test_rows_run_to_their_result_files(tmp_path):
               'Pendulum-v1:400:pbt-td3:1')
   assert done.returncode == 0, done.stderr
   for method, seed in (('seeds-td3', 0), ('pbt-td3', 1)):
-    path = learning.result_path(str(tmp_path / 'rows'), 'Pendulum-v1',
-                                method, seed, 400)
+    path = learning.store.result_path(str(tmp_path / 'rows'), 'Pendulum-v1',
+                                      method, seed, 400)
     with open(path) as f:
       result = json.load(f)
     assert result['method'] == method and result['seed'] == seed

@@ -9,7 +9,19 @@ import jax
 import numpy as np
 import pytest
 
+# Each import binds its module as learning.<module>.
+import benchmarks.learning.cli  # noqa: F401
+import benchmarks.learning.matrix  # noqa: F401
+import benchmarks.learning.population  # noqa: F401
+import benchmarks.learning.references  # noqa: F401
+import benchmarks.learning.report  # noqa: F401
+import benchmarks.learning.runs  # noqa: F401
+import benchmarks.learning.store  # noqa: F401
+import benchmarks.learning.suite  # noqa: F401
+import benchmarks.learning.tables  # noqa: F401
 from benchmarks import learning
+from fastpbrl import cli as fastpbrl_cli
+from fastpbrl.rules import registry
 
 
 @pytest.mark.slow
@@ -20,12 +32,12 @@ def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
   argv = ['--tasks', 'Pendulum-v1', '--methods', 'seeds-td3', '--seeds', '0',
           '--env-steps', '400', '--population-size', '2', '--eval-episodes',
           '1', '--out', out, '--run-root', str(runs)]
-  learning.main(argv)
+  learning.cli.main(argv)
   # The run's own folder lands under --run-root, not in the system's /tmp.
   (run_dir,) = runs.iterdir()
   assert run_dir.name.startswith('fpbrl-bench-seeds-td3-')
   assert (run_dir / 'run' / 'config.json').exists()
-  path = learning.result_path(out, 'Pendulum-v1', 'seeds-td3', 0, 400, 2)
+  path = learning.store.result_path(out, 'Pendulum-v1', 'seeds-td3', 0, 400, 2)
   assert path.endswith(os.path.join('runs', 'Pendulum-v1@400_pop2',
                                     'seeds-td3', 'seed0.json'))
   with open(path) as f:
@@ -33,7 +45,7 @@ def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
   assert len(result['final_returns']) == 2
   assert all(np.isfinite(r) for r in result['final_returns'])
   # The row says where its learner ran: a GPU's name, or no device at all.
-  assert result.get('device') == learning.learner_device()
+  assert result.get('device') == learning.runs.learner_device()
   assert result['env_steps'] >= 400 and result['curve']
   # The last curve point is the final evaluation, at the budget.
   steps, best, mean = result['curve'][-1]
@@ -47,7 +59,7 @@ def test_tiny_benchmark_writes_results_table_and_plot(tmp_path):
   assert os.path.getsize(os.path.join(out, 'learning.png')) > 1000
   # A second call keeps the existing result instead of running again.
   mtime = os.path.getmtime(path)
-  learning.main(argv)
+  learning.cli.main(argv)
   assert os.path.getmtime(path) == mtime
 
 
@@ -56,12 +68,12 @@ def _tiny_pbt_run(tmp_path, method):
   the events of its lineage file."""
   out, runs = str(tmp_path / 'learning'), tmp_path / 'runs'
   runs.mkdir()
-  learning.main(['--tasks', 'Pendulum-v1', '--methods', method,
-                 '--seeds', '0', '--env-steps', '400', '--population-size',
-                 '2', '--eval-episodes', '1', '--out', out, '--run-root',
-                 str(runs)])
-  with open(learning.result_path(out, 'Pendulum-v1', method, 0, 400,
-                                 2)) as f:
+  learning.cli.main([
+      '--tasks', 'Pendulum-v1', '--methods', method, '--seeds', '0',
+      '--env-steps', '400', '--population-size', '2', '--eval-episodes', '1',
+      '--out', out, '--run-root', str(runs)])
+  with open(learning.store.result_path(out, 'Pendulum-v1', method, 0, 400,
+                                       2)) as f:
     result = json.load(f)
   (run_dir,) = runs.iterdir()
   lineage = run_dir / 'run' / 'lineage.jsonl'
@@ -100,12 +112,13 @@ def test_tiny_random_search_benchmark_keeps_its_draws(tmp_path):
   changes them), and no lineage."""
   out, runs = str(tmp_path / 'learning'), tmp_path / 'runs'
   runs.mkdir()
-  learning.main(['--tasks', 'Pendulum-v1', '--methods', 'random-td3',
-                 '--seeds', '0', '--env-steps', '400', '--population-size',
-                 '2', '--eval-episodes', '1', '--out', out, '--run-root',
-                 str(runs)])
-  with open(learning.result_path(out, 'Pendulum-v1', 'random-td3', 0,
-                                 400, 2)) as f:
+  learning.cli.main([
+      '--tasks', 'Pendulum-v1', '--methods', 'random-td3', '--seeds', '0',
+      '--env-steps', '400', '--population-size', '2', '--eval-episodes', '1',
+      '--out', out, '--run-root', str(runs)])
+  with open(
+      learning.store.result_path(out, 'Pendulum-v1', 'random-td3', 0, 400,
+                                 2)) as f:
     result = json.load(f)
   assert result['command'].startswith('python -m experiments.random ')
   first, second = result['hparams']
@@ -117,7 +130,7 @@ def test_tiny_random_search_benchmark_keeps_its_draws(tmp_path):
   for row in rows:  # every row set is the final one: the draws, unchanged
     final = result['hparams'][int(row['member'])]
     assert float(row['policy_lr']) == final['policy_lr']
-  assert learning.edge_share(result) is not None
+  assert learning.tables.edge_share(result) is not None
 
 
 @pytest.mark.parametrize('argv, message', [
@@ -128,7 +141,7 @@ def test_tiny_random_search_benchmark_keeps_its_draws(tmp_path):
 ])
 def test_bad_flags_name_the_flag(argv, message, capsys):
   with pytest.raises(SystemExit):
-    learning.main(argv + ['--report-only', '--out', '/nonexistent'])
+    learning.cli.main(argv + ['--report-only', '--out', '/nonexistent'])
   assert message in capsys.readouterr().err
 
 
@@ -140,11 +153,12 @@ def test_sb3_reference_leaves_no_folders_in_the_temp_dir(tmp_path,
   scratch.mkdir()
   monkeypatch.setenv('TMPDIR', str(scratch))  # each run is a subprocess
   out = str(tmp_path / 'learning')
-  learning.main(['--tasks', 'Pendulum-v1', '--methods', 'sb3-td3', '--seeds',
-                 '0', '--env-steps', '400', '--population-size', '2',
-                 '--eval-episodes', '1', '--out', out])
-  with open(learning.result_path(out, 'Pendulum-v1', 'sb3-td3', 0, 400,
-                                 2)) as f:
+  learning.cli.main([
+      '--tasks', 'Pendulum-v1', '--methods', 'sb3-td3', '--seeds', '0',
+      '--env-steps', '400', '--population-size', '2', '--eval-episodes', '1',
+      '--out', out])
+  with open(learning.store.result_path(out, 'Pendulum-v1', 'sb3-td3', 0, 400,
+                                       2)) as f:
     result = json.load(f)
   assert len(result['final_returns']) == 2
   assert len(result['curve']) >= 2  # one evaluation per --eval-every at least
@@ -157,14 +171,14 @@ def test_cem_mean_policy_curve_counts_env_steps_per_member(tmp_path):
   path = tmp_path / 'mean_policy.csv'
   path.write_text('generation,total_env_steps,actor_steps,mean_policy_return\n'
                   '1,28032,0,-157.5\n2,40064,4000,-399.25\n')
-  assert learning.cem_mean_policy_curve(str(path), 4) == [(7008, -157.5),
-                                                          (10016, -399.25)]
+  assert learning.runs.cem_mean_policy_curve(str(path), 4) == [(7008, -157.5),
+                                                               (10016, -399.25)]
 
 
 def test_mean_of_curves_interpolates_over_the_common_span():
   a = [(0, 0.0), (10, 10.0), (20, 20.0)]
   b = [(5, 100.0), (15, 200.0), (25, 300.0)]
-  steps, mean = learning._mean_of_curves([a, b])
+  steps, mean = learning.report._mean_of_curves([a, b])
   # The common span is [5, 20]; a at 5, 10, 15, 20 is 5, 10, 15, 20 and b
   # is 100, 150, 200, 250 there.
   np.testing.assert_array_equal(steps, [5, 10, 15, 20])
@@ -176,8 +190,8 @@ def test_report_plots_the_cem_mean_policy(tmp_path, monkeypatch):
   out = tmp_path / 'learning'
   for seed, curve in ((0, [(100, -500.0), (200, -300.0)]),
                       (1, [(120, -400.0), (220, -200.0)])):
-    path = learning.result_path(str(out), 'Pendulum-v1', 'cemrl', seed, 400,
-                                2)
+    path = learning.store.result_path(str(out), 'Pendulum-v1', 'cemrl', seed,
+                                      400, 2)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, 'w') as f:
       json.dump({'final_returns': [-900.0, -800.0], 'wall_time_s': 1.0,
@@ -197,7 +211,7 @@ def test_report_plots_the_cem_mean_policy(tmp_path, monkeypatch):
     return original(ax, *args, **kwargs)
 
   monkeypatch.setattr(matplotlib.axes.Axes, 'plot', plot)
-  table = learning.report(str(out))
+  table = learning.report.report(str(out))
   # The curve has no point in the budget's last fifth: no late mean.
   # CEM mean policy: mean of -300 and -200, sample std 50 x sqrt(2) = 71.
   assert ('| Pendulum-v1 | 400 | 2 | cemrl | 2 | -800 ± 0 | - | -850 ± 0 | '
@@ -212,7 +226,8 @@ def test_report_plots_the_cem_mean_policy(tmp_path, monkeypatch):
 def write_run(out, method: str, seed: int, **extra) -> None:
   """A Pendulum-v1 run of 2 members at 400 env steps (finals -200 and
   -100, one minute), with ``extra`` fields, as the benchmark stores it."""
-  path = learning.result_path(str(out), 'Pendulum-v1', method, seed, 400, 2)
+  path = learning.store.result_path(str(out), 'Pendulum-v1', method, seed, 400,
+                                    2)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, 'w') as f:
     json.dump({'final_returns': [-200.0, -100.0], 'wall_time_s': 60.0,
@@ -234,7 +249,7 @@ def test_report_gives_the_final_and_run_mean_action_distance(tmp_path):
     extra = {'rule_curves': curves} if curves else {}
     write_run(out, 'dvd', seed, rule_scalars={
         'mean_pairwise_action_distance': final}, **extra)
-  table = learning.report(str(out))
+  table = learning.report.report(str(out))
   # Final: (0.5 + 0.7) / 2; run mean of seed 0: (2 + 1.5 + 0.5) / 3.
   assert ('| Pendulum-v1 | 400 | 2 | dvd | 2 | -100 ± 0 | -100 ± 0 | -150 ± 0 '
           '|  | 0.600 (1.333, 1 of 2 seeds) |  |  | 1.0 min | x |') in table
@@ -246,18 +261,18 @@ def test_report_gives_the_final_and_run_mean_action_distance(tmp_path):
 
 
 def test_lineages_at_end_reads_the_runs_lineage_file(tmp_path, capsys):
-  assert learning.lineages_at_end(str(tmp_path)) is None  # no lineage kept
+  assert learning.runs.lineages_at_end(str(tmp_path)) is None  # no lineage kept
   events = [{'event': 'init', 'member': m, 'step': 0} for m in range(4)] + [
       {'event': 'exploit', 'member': 0, 'parent': 2, 'step': 10},
       {'event': 'exploit', 'member': 1, 'parent': 2, 'step': 20}]
   path = tmp_path / 'lineage.jsonl'
   path.write_text(''.join(json.dumps(e) + '\n' for e in events))
-  assert learning.lineages_at_end(str(tmp_path)) == 2  # members 2 and 3
+  assert learning.runs.lineages_at_end(str(tmp_path)) == 2  # members 2 and 3
   # A copy of a member the file never started: reported, not raised.
   with open(path, 'a') as f:
     f.write(json.dumps({'event': 'exploit', 'member': 3, 'parent': 7,
                         'step': 30}) + '\n')
-  assert learning.lineages_at_end(str(tmp_path)) is None
+  assert learning.runs.lineages_at_end(str(tmp_path)) is None
   assert 'lineages not counted' in capsys.readouterr().err
 
 
@@ -268,7 +283,7 @@ def test_report_gives_the_lineages_left_at_the_end(tmp_path):
   for seed, count in ((0, 3), (1, 2), (2, None)):
     write_run(out, 'pbt-td3', seed,
               **({} if count is None else {'lineages_at_end': count}))
-  table = learning.report(str(out))
+  table = learning.report.report(str(out))
   assert '|  | 2.5 (2 of 3 seeds) | 1.0 min | x |' in table
   with open(out / 'results.csv') as f:
     rows = f.read().splitlines()
@@ -282,14 +297,14 @@ def test_late_best_averages_the_best_member_over_the_last_fifth(tmp_path):
                       [1000, 60.0, 0.0]]}
   # Points at 800 steps or later, the final one included; a missing
   # evaluation (nan) is left out: (20 + 40 + 60) / 3, exact (120 / 3).
-  assert learning.late_best(result) == 40.0
-  assert learning.late_best({'budget': {'env_steps': 1000}, 'curve': []}) \
-      is None
+  assert learning.report.late_best(result) == 40.0
+  assert learning.report.late_best(
+      {'budget': {'env_steps': 1000}, 'curve': []}) is None
   out = tmp_path / 'learning'
   for seed, curve in ((0, result['curve']),
                       (1, [[800, 100.0, 0.0], [1000, 0.0, 0.0]])):
-    path = learning.result_path(str(out), 'Pendulum-v1', 'pbt-td3', seed,
-                                1000, 2)
+    path = learning.store.result_path(str(out), 'Pendulum-v1', 'pbt-td3', seed,
+                                      1000, 2)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, 'w') as f:
       json.dump({'final_returns': [60.0 if seed == 0 else 0.0, -10.0],
@@ -297,7 +312,7 @@ def test_late_best_averages_the_best_member_over_the_last_fifth(tmp_path):
                  'method': 'pbt-td3', 'seed': seed, 'population_size': 2,
                  'eval_episodes': 1, 'budget': {'env_steps': 1000},
                  'machine': 'test', 'date': '2026-11-25', 'code': 'x'}, f)
-  table = learning.report(str(out))
+  table = learning.report.report(str(out))
   # Finals 60 and 0 (sample std 30 x sqrt(2) = 42); late means 40 and 50
   # (5 x sqrt(2) = 7).
   assert '| Pendulum-v1 | 1,000 | 2 | pbt-td3 | 2 | 30 ± 42 | 45 ± 7 |' in table
@@ -310,10 +325,11 @@ def test_late_best_averages_the_best_member_over_the_last_fifth(tmp_path):
 
 @pytest.mark.slow
 def test_synchronous_loop_is_seeded_and_updates_after_the_warm_up():
-  args = learning.parse_args(['--env-steps', '300', '--population-size', '2',
-                              '--eval-episodes', '1', '--report-only'])
-  task = learning.task_budget(args, 'Pendulum-v1')
-  first = learning.run_sync(args, 'Pendulum-v1', 'td3', seed=3)
+  args = learning.cli.parse_args([
+      '--env-steps', '300', '--population-size', '2', '--eval-episodes', '1',
+      '--report-only'])
+  task = learning.suite.task_budget(args, 'Pendulum-v1')
+  first = learning.references.run_sync(args, 'Pendulum-v1', 'td3', seed=3)
   # One update per env step after the warm-up, as in SB3's loop (the
   # agent's own step counter, read back from its state).
   assert first['update_steps'] == 300 - task.warmup_steps > 0
@@ -325,7 +341,7 @@ def test_synchronous_loop_is_seeded_and_updates_after_the_warm_up():
   assert best == max(first['final_returns'])
   assert mean == np.mean(first['final_returns'])
   # The seed fixes everything: a second run gives the same curve.
-  again = learning.run_sync(args, 'Pendulum-v1', 'td3', seed=3)
+  again = learning.references.run_sync(args, 'Pendulum-v1', 'td3', seed=3)
   assert again['curve'] == first['curve']
 
 
@@ -336,8 +352,8 @@ def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
             'seeds-sac': [-100.0, -300.0]}
   for method, values in finals.items():
     for seed, value in enumerate(values):
-      path = learning.result_path(str(out), 'Pendulum-v1', method, seed,
-                                  1000, 2)
+      path = learning.store.result_path(str(out), 'Pendulum-v1', method, seed,
+                                        1000, 2)
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with open(path, 'w') as f:
         json.dump({'final_returns': [value, value - 50.0], 'wall_time_s': 1.0,
@@ -345,31 +361,31 @@ def test_report_compares_each_rule_with_its_agents_seeds(tmp_path):
                    'seed': seed, 'population_size': 2, 'eval_episodes': 1,
                    'budget': {'env_steps': 1000}, 'machine': 'test',
                    'date': '2026-11-26', 'code': 'x'}, f)
-  table = learning.report(str(out))
+  table = learning.report.report(str(out))
   row = next(line for line in table.splitlines()
              if line.startswith('| Pendulum-v1 | 1,000 | 2 | pbt-td3 | 5 | -100 ['))
   # Every PBT seed beats every seeds-td3 seed: P = 1, and so does every
   # resample: the interval is [1, 1].
   # No random-td3 row here: the random-search columns are blank.
   assert row.endswith('| 1.00 [1.00, 1.00] | better |  |  |'), row
-  assert learning.baseline_of('pbt-td3') == 'seeds-td3'
-  assert learning.baseline_of('pbt-sac') == 'seeds-sac'
-  assert learning.baseline_of('dvd') == 'seeds-td3'
-  assert learning.baseline_of('random-td3') == 'seeds-td3'
-  assert learning.baseline_of('random-ppo') == 'seeds-ppo'
-  assert learning.baseline_of('seeds-td3') is None
-  assert learning.baseline_of('sb3-td3') is None
-  assert learning.control_of('pbt-pb2-ppo') == 'random-ppo'
-  assert learning.control_of('hypertrick') == 'random-td3'
-  assert learning.control_of('random-td3') is None
-  assert learning.control_of('seeds-td3') is None
+  assert learning.suite.baseline_of('pbt-td3') == 'seeds-td3'
+  assert learning.suite.baseline_of('pbt-sac') == 'seeds-sac'
+  assert learning.suite.baseline_of('dvd') == 'seeds-td3'
+  assert learning.suite.baseline_of('random-td3') == 'seeds-td3'
+  assert learning.suite.baseline_of('random-ppo') == 'seeds-ppo'
+  assert learning.suite.baseline_of('seeds-td3') is None
+  assert learning.suite.baseline_of('sb3-td3') is None
+  assert learning.suite.control_of('pbt-pb2-ppo') == 'random-ppo'
+  assert learning.suite.control_of('hypertrick') == 'random-td3'
+  assert learning.suite.control_of('random-td3') is None
+  assert learning.suite.control_of('seeds-td3') is None
 
 
 def _write_runs(out, task, steps, finals, population_size=2):
   for method, values in finals.items():
     for seed, value in enumerate(values):
-      path = learning.result_path(str(out), task, method, seed, steps,
-                                  population_size)
+      path = learning.store.result_path(str(out), task, method, seed, steps,
+                                        population_size)
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with open(path, 'w') as f:
         json.dump({'final_returns': [value] * population_size,
@@ -392,7 +408,7 @@ def test_report_compares_pbt_with_random_search_and_ours_with_sb3(tmp_path):
   _write_runs(out, 'HalfCheetah-v5', 2000, {
       'seeds-ppo-zoo': [5.0, 6.0, 7.0, 8.0, 9.0],
       'sb3-ppo-zoo': [0.0, 1.0, 2.0, 3.0, 4.0]}, population_size=1)
-  table = learning.report(str(out))
+  table = learning.report.report(str(out))
   row = next(line for line in table.splitlines()
              if line.startswith('| Pendulum-v1 | 1,000 | 2 | pbt-td3 | 5 | 7 ['))
   assert row.endswith('| 0.00 [0.00, 0.00] | worse | 1.00 [1.00, 1.00] '
@@ -405,7 +421,7 @@ def test_report_compares_pbt_with_random_search_and_ours_with_sb3(tmp_path):
   # its seeds do not count against the 2-member rows.
   _write_runs(out, 'Pendulum-v1', 1000, {
       'seeds-td3': [100.0] * 5}, population_size=4)
-  table = learning.report(str(out))
+  table = learning.report.report(str(out))
   assert '| Pendulum-v1 | 1,000 | 4 | seeds-td3 | 5 | 100 ' in table
   row = next(line for line in table.splitlines()
              if line.startswith('| Pendulum-v1 | 1,000 | 2 | pbt-td3 | 5 | 7 ['))
@@ -414,7 +430,7 @@ def test_report_compares_pbt_with_random_search_and_ours_with_sb3(tmp_path):
 
 
 def test_zoo_methods_take_the_zoo_settings_and_skip_other_tasks():
-  flags = learning.zoo_flags('HalfCheetah-v5')
+  flags = learning.suite.zoo_flags('HalfCheetah-v5')
   hparams = flags[flags.index('--hparams') + 1:flags.index('--agent-settings')]
   assert 'discount=0.98' in hparams and 'learning_rate=2.0633e-05' in hparams
   settings = flags[flags.index('--agent-settings') + 1:
@@ -422,9 +438,9 @@ def test_zoo_methods_take_the_zoo_settings_and_skip_other_tasks():
   assert {'rollout_length=512', 'epochs=20', 'activation=relu',
           'ortho_init=False', 'normalize_rewards=True'} <= set(settings)
   assert flags[-2:] == ['256', '256']
-  assert learning.fits('HalfCheetah-v5', 'seeds-ppo-zoo') is None
-  assert 'no rl-zoo PPO settings' in learning.fits('Pendulum-v1',
-                                                   'sb3-ppo-zoo')
+  assert learning.suite.fits('HalfCheetah-v5', 'seeds-ppo-zoo') is None
+  assert 'no rl-zoo PPO settings' in learning.suite.fits(
+      'Pendulum-v1', 'sb3-ppo-zoo')
 
 
 def test_edge_share_counts_values_in_the_outer_tenth_of_their_range():
@@ -440,17 +456,18 @@ def test_edge_share_counts_values_in_the_outer_tenth_of_their_range():
                discount=0.9985)
   run = {'method': 'pbt-pb2-td3', 'hparams': [defaults, outer],
          'command': 'python -m experiments.pbt --explore pb2'}
-  assert learning.edge_share(run) == pytest.approx(3 / 14)
+  assert learning.tables.edge_share(run) == pytest.approx(3 / 14)
   # Runs recorded before the rename carry TD3's old name, policy_delay.
   old = [{('policy_delay' if k == 'policy_update_fraction' else k): v
           for k, v in h.items()} for h in run['hparams']]
-  assert learning.edge_share(dict(run, hparams=old)) == pytest.approx(3 / 14)
-  assert learning.edge_share(dict(run, method='seeds-td3')) is None
+  assert learning.tables.edge_share(dict(run,
+                                         hparams=old)) == pytest.approx(3 / 14)
+  assert learning.tables.edge_share(dict(run, method='seeds-td3')) is None
   # Random search chooses hyperparameters too (by its draws alone).
-  assert learning.edge_share(dict(run, method='random-td3')) == (
-      pytest.approx(3 / 14))
-  assert learning.edge_share(dict(
-      run, command=run['command'] + ' --search-space s.json')) is None
+  assert learning.tables.edge_share(dict(
+      run, method='random-td3')) == (pytest.approx(3 / 14))
+  assert learning.tables.edge_share(
+      dict(run, command=run['command'] + ' --search-space s.json')) is None
 
 
 def _runs(*finals):
@@ -471,7 +488,7 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
         ('HalfCheetah-v5', 100_000, 4): {'seeds-td3': _runs(1.0)},
         # Not its population size (4 members): not in it either.
         ('HalfCheetah-v5', 50_000, 16): {'seeds-td3': _runs(1.0)}}
-  lines = learning.matrix_summary(by)
+  lines = learning.matrix.matrix_summary(by)
   rows = {line.split(' | ')[0][2:]: line.split(' | ')[1:] for line in lines
           if line.startswith('| ') and not line.startswith('| task')}
   assert list(rows) == ['Pendulum-v1 at 20,000 env steps',
@@ -492,13 +509,13 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
   hopper = [c.rstrip(' |') for c in rows['Hopper-v5 at 50,000 env steps']]
   assert hopper == ['not run', 'no baseline yet, 3 seeds', 'not run',
                     'no baseline yet, 1 seed', 'not run']
-  assert lines[-1] == learning.power_note()
+  assert lines[-1] == learning.matrix.power_note()
   assert lines[-3] == (
       'A PBT variant better than seeds-td3 on 1 of 5 tasks (Pendulum-v1 at '
       '20,000 env steps); worse on 1 (Pendulum-v1 at 20,000 env steps). '
       'Every method has 5 seeds or more on 0 of 5 tasks.')
   # A folder with no run of the matrix (another experiment's) has none.
-  assert learning.matrix_summary(
+  assert learning.matrix.matrix_summary(
       {('HalfCheetah-v5', 100_000, 4): {'pbt-td3': _runs(1.0)}}) == []
 
 
@@ -528,7 +545,7 @@ def test_population_summary_compares_each_rule_with_random_search():
             'pbt-prior-ppo': _runs(-120.0)},
         # PB2's own setting at another budget: not a cell of the summary.
         ('Hopper-v5', 100_000, 4): {'pbt-prior-ppo': _runs(1.0)}}
-  lines = learning.population_summary(by)
+  lines = learning.population.population_summary(by)
   split = lines.index('From near the defaults (the library\'s default '
                       'start; not counted toward the goal):')
   rows, near = _rows(lines[:split]), _rows(lines[split:])
@@ -584,16 +601,16 @@ def test_population_summary_compares_each_rule_with_random_search():
       f'none): not decided yet. Better on 1 ({acrobot}), worse on 0; every '
       'arm has 5 seeds or more on 1 of 3.')
   # A folder with none of these cells (another experiment's) has none.
-  assert learning.population_summary(
+  assert learning.population.population_summary(
       {('Hopper-v5', 100_000, 4): {'pbt-ppo': _runs(1.0)}}) == []
 
 
 def test_population_goal_is_met_only_with_two_wins_and_no_loss():
-  cell = learning.GoalCell
+  cell = learning.population.GoalCell
   win = cell('a', won=True, lost=False, complete=True, unsolved=False)
   tie = cell('b', won=False, lost=False, complete=True, unsolved=False)
   loss = cell('c', won=True, lost=True, complete=True, unsolved=False)
-  goal = learning.population_goal
+  goal = learning.population.population_goal
   assert ': met. Better on 2 (a; a), worse on 0;' in goal([win, win, tie])
   assert ': not met. Better on 1 (a), worse on 0;' in goal([win, tie, tie])
   # Two wins, but a rule worse than the default seeds on a third task.
@@ -623,7 +640,7 @@ def test_population_goal_names_a_win_where_no_arm_solves_the_task():
       'random-ppo': _runs(-2e-5, -3e-5, -1e-5, -4e-5, -5e-5),
       'pbt-prior-ppo': _runs(-2e-5, -3e-5, -1e-5, -4e-5, -5e-5),
       'pbt-pb2-prior-ppo': _runs(-2e-6, -3e-6, -1e-6, -4e-6, -5e-6)}}
-  lines = learning.population_summary(by)
+  lines = learning.population.population_summary(by)
   name = ('gymnax:MountainCarContinuous-v0, 16 members, 1,048,576 env '
           'steps each (held out)')
   row = next(line for line in lines if line.startswith(f'| {name}'))
@@ -643,27 +660,79 @@ def test_population_goal_names_a_win_where_no_arm_solves_the_task():
 
 
 def test_reward_threshold_is_gymnasiums_for_a_port_or_none():
-  assert learning.reward_threshold('gymnax:MountainCarContinuous-v0') == 90
-  assert learning.reward_threshold('Hopper-v5') == 3800
-  assert learning.reward_threshold('gymnax:Pendulum-v1') is None
-  assert learning.reward_threshold('brax:inverted_pendulum') is None
+  assert learning.population.reward_threshold(
+      'gymnax:MountainCarContinuous-v0') == 90
+  assert learning.population.reward_threshold('Hopper-v5') == 3800
+  assert learning.population.reward_threshold('gymnax:Pendulum-v1') is None
+  assert learning.population.reward_threshold('brax:inverted_pendulum') is None
+
+
+def _population_arms() -> tuple:
+  population = learning.population
+  return ((population.POPULATION_BASELINE, population.POPULATION_CONTROL) +
+          population.POPULATION_RULES + population.POPULATION_NEAR_RULES)
+
+
+def _ours(task: str) -> tuple:
+  """The methods of ours (not SB3's, not the synchronous loop) that can
+  act in ``task``."""
+  return tuple(
+      m for m, (module, _) in learning.suite.METHODS.items()
+      if module not in ('sb3', 'sync') and learning.suite.fits(task, m) is None)
+
+
+# The TD3 matrix's smallest task with every method of ours that acts there;
+# a 16-member cell on the device and PB2's setting through the actors, at
+# their own budgets, with the papers' comparison's arms.
+HARNESS_CELLS = (
+    ('Pendulum-v1', [], _ours),
+    ('gymnax:Acrobot-v1', ['--env-steps', '1048576', '--population-size',
+                           '16'], lambda task: _population_arms()),
+    ('Hopper-v5', ['--env-steps', '1000000'], lambda task: _population_arms()),
+)
+
+
+@pytest.mark.parametrize('task, flags, methods', HARNESS_CELLS)
+def test_every_method_gives_its_rule_a_command_it_accepts(task, flags, methods):
+  """Each method of a cell gets a command line (``experiment_argv``) that
+  its rule's parser and checks accept, at the cell's budget and size: a
+  flag the harness misspells, or a value out of range, fails here in
+  seconds rather than minutes into a benchmark run."""
+  args = learning.cli.parse_args(flags)
+  budget = learning.suite.task_budget(args, task)
+  methods = methods(task)
+  if task == 'Pendulum-v1':  # every rule of the TD3 matrix is among them
+    assert set(learning.matrix.MATRIX_RULES) <= set(methods)
+  for method in methods:
+    assert learning.suite.fits(task, method) is None, method
+    name, argv = learning.runs.experiment_argv(args, task, method, 0,
+                                               '/nonexistent/run')
+    rule = registry.get(name)
+    config = fastpbrl_cli.parse(rule.presets, '', argv, prog=method)
+    rule.from_config(config)
+    assert (config.env, config.seed,
+            config.population_size) == (task, 0, args.population_size), method
+    if name == 'cemrl':  # its budget is the population's
+      assert config.total_env_steps == budget.env_steps * 4, method
+    else:
+      assert config.env_steps == budget.env_steps, method
 
 
 def test_pb2_setting_budget_decides_every_24_ppo_iterations():
-  args = learning.parse_args(['--env-steps', '1000000'])
+  args = learning.cli.parse_args(['--env-steps', '1000000'])
   for name in ('HalfCheetah-v5', 'Hopper-v5'):
-    task = learning.task_budget(args, name)
+    task = learning.suite.task_budget(args, name)
     assert (task.env_steps, task.ready_after, task.eval_every) == (
         1_000_000, 24 * 2048, 24 * 2048)
   # Another task at that budget is scaled as before: Walker2d's 100,000
   # steps x 10.
-  assert learning.task_budget(args, 'Walker2d-v5').ready_after == 100_000
+  assert learning.suite.task_budget(args, 'Walker2d-v5').ready_after == 100_000
 
 
 def test_power_note_gives_the_threshold_of_five_seeds_a_side():
   # 21 of 25 pairs (tests/benchmarks/test_stats.py); the gap by hand:
   # sqrt(2) * Phi^-1(0.84) = 1.414 * 0.994 = 1.41.
-  note = learning.power_note()
+  note = learning.matrix.power_note()
   assert 'from P = 0.84 (21 of the 25 pairs of seeds)' in note
   assert 'a gap of 1.4 standard deviations' in note
 
@@ -674,29 +743,30 @@ def test_runs_on_code_without_a_later_fix_of_their_rule_are_superseded():
   for the last) on older code are superseded; the baseline's runs, and
   PBT's other explores, on the same old code are not (no fix of theirs)."""
   if subprocess.run(['git', 'cat-file', '-e', 'ef3bee1^{commit}'],
-                    cwd=learning.REPO, capture_output=True).returncode:
+                    cwd=learning.store.REPO, capture_output=True).returncode:
     pytest.skip('needs the repository history')
   old, new = 'ca7df4e', 'b86a46a'  # before and after ef3bee1
-  assert learning.superseded_by({'method': 'pbt-td3', 'code': old}).startswith(
+  superseded_by = learning.store.superseded_by
+  assert superseded_by({'method': 'pbt-td3', 'code': old}).startswith(
       'ef3bee1')
-  assert learning.superseded_by({'method': 'pbt-td3', 'code': new}) is None
-  assert learning.superseded_by({'method': 'pbt-pb2-td3',
-                                 'code': f'{new}+changes'}).startswith(
-                                     '69a4018')
+  assert superseded_by({'method': 'pbt-td3', 'code': new}) is None
+  assert superseded_by({'method': 'pbt-pb2-td3',
+                        'code': f'{new}+changes'}).startswith(
+                            '69a4018')
   for method in ('pbt-td3', 'pbt-resample-td3', 'pbt-shared-td3'):
-    assert learning.superseded_by({'method': method,
-                                   'code': '590d4b0'}) is None, method
-  assert learning.superseded_by({'method': 'pbt-pb2-td3',
-                                 'code': 'da132cf'}).startswith('69a4018')
-  assert learning.superseded_by({'method': 'pbt-pb2-td3',
-                                 'code': '69a4018'}) is None
-  assert learning.superseded_by({'method': 'seeds-td3', 'code': old}) is None
-  assert learning.superseded_by({'method': 'hypertrick',
-                                 'code': 'a60515a'}).startswith('a2f8eb2')
-  assert learning.superseded_by({'method': 'hypertrick',
-                                 'code': '644da36'}) is None
+    assert superseded_by({'method': method,
+                          'code': '590d4b0'}) is None, method
+  assert superseded_by({'method': 'pbt-pb2-td3',
+                        'code': 'da132cf'}).startswith('69a4018')
+  assert superseded_by({'method': 'pbt-pb2-td3',
+                        'code': '69a4018'}) is None
+  assert superseded_by({'method': 'seeds-td3', 'code': old}) is None
+  assert superseded_by({'method': 'hypertrick',
+                        'code': 'a60515a'}).startswith('a2f8eb2')
+  assert superseded_by({'method': 'hypertrick',
+                        'code': '644da36'}) is None
   # A version git cannot place is kept: runs are left out on evidence only.
-  assert learning.superseded_by({'method': 'pbt-td3', 'code': 'unknown'}) is None
+  assert superseded_by({'method': 'pbt-td3', 'code': 'unknown'}) is None
 
 
 def test_a_new_run_sets_a_superseded_result_aside(tmp_path, monkeypatch):
@@ -707,16 +777,18 @@ def test_a_new_run_sets_a_superseded_result_aside(tmp_path, monkeypatch):
   path.parent.mkdir(parents=True)
   old = {'method': 'pbt-pb2-td3', 'code': 'abc1234+changes', 'seed': 3}
   path.write_text(json.dumps(old))
-  monkeypatch.setattr(learning, 'superseded_by',
-                      lambda r: None if r['code'] == 'new' else 'fix: why')
-  assert not learning.is_current(str(path))  # so the benchmark runs it
-  moved = learning.set_aside_superseded(str(path))
+  monkeypatch.setattr(learning.store, 'superseded_by', lambda r: None
+                      if r['code'] == 'new' else 'fix: why')
+  assert not learning.store.is_current(str(path))  # so the benchmark runs it
+  moved = learning.store.set_aside_superseded(str(path))
   assert moved == str(path.parent / 'superseded' / 'seed3@abc1234-changes.json')
   assert not path.exists() and json.loads(open(moved).read()) == old
   path.write_text(json.dumps({**old, 'code': 'new'}))
-  assert learning.is_current(str(path))
-  assert learning.set_aside_superseded(str(path)) is None and path.exists()
-  assert learning.set_aside_superseded(str(tmp_path / 'none.json')) is None
+  assert learning.store.is_current(str(path))
+  assert learning.store.set_aside_superseded(
+      str(path)) is None and path.exists()
+  assert learning.store.set_aside_superseded(str(tmp_path /
+                                                 'none.json')) is None
 
 
 def test_a_row_names_the_gpu_its_learner_ran_on():
@@ -724,18 +796,18 @@ def test_a_row_names_the_gpu_its_learner_ran_on():
   where JAX has only the CPU (CI's case)."""
   device = jax.devices()[0]
   if device.platform == 'cpu':
-    assert learning.learner_device() is None
+    assert learning.runs.learner_device() is None
   else:
-    assert learning.learner_device() == f'{device.device_kind} (learner)'
+    assert learning.runs.learner_device() == f'{device.device_kind} (learner)'
 
 
 def test_methods_are_skipped_where_their_agent_cannot_act():
   # TD3 refuses CartPole's discrete actions and SB3 steps no JAX env; a
   # continuous task takes TD3, and its own refusal is what is reported.
-  assert learning.fits('Pendulum-v1', 'seeds-td3') is None
-  assert 'discrete' in learning.fits('CartPole-v1', 'pbt-td3')
-  assert learning.fits('gymnax:CartPole-v1', 'sb3-ppo') == (
-      'sb3 steps gymnasium envs only')
+  assert learning.suite.fits('Pendulum-v1', 'seeds-td3') is None
+  assert 'discrete' in learning.suite.fits('CartPole-v1', 'pbt-td3')
+  assert learning.suite.fits('gymnax:CartPole-v1',
+                             'sb3-ppo') == ('sb3 steps gymnasium envs only')
 
 
 def _member_csv(path, rows):
@@ -757,13 +829,14 @@ def test_a_shaped_run_is_scored_on_its_true_objective(tmp_path):
     _member_csv(os.path.join(shaped, 'members', f'member_00{m}.csv'), [
         (False, -150.0, -200.0), (True, -90.0, -200.0), (True, -80.0, -180.0),
         (True, -60.0, final), (True, -50.0, final)])
-  assert learning.scored_field(shaped) == 'true_objective'
+  assert learning.runs.scored_field(shaped) == 'true_objective'
   # Two evaluations of two episodes each; the last is (final + final) / 2.
-  assert learning.final_scores(shaped, 2, 'true_objective') == [-120.0,
-                                                                  -140.0]
-  assert learning.final_scores(shaped, 2, 'episode_return') == [-55.0, -55.0]
+  assert learning.runs.final_scores(shaped, 2,
+                                    'true_objective') == [-120.0, -140.0]
+  assert learning.runs.final_scores(shaped, 2,
+                                    'episode_return') == [-55.0, -55.0]
   # An env that reports no objective (or a CSV from before the column).
   plain = str(tmp_path / 'plain')
   _member_csv(os.path.join(plain, 'members', 'member_000.csv'),
               [(True, -90.0, ''), (True, -80.0, '')])
-  assert learning.scored_field(plain) == 'episode_return'
+  assert learning.runs.scored_field(plain) == 'episode_return'
