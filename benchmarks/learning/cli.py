@@ -19,6 +19,7 @@ from benchmarks.learning.suite import (
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
+      prog='python -m benchmarks.learning',
       description='Learning benchmark: each population rule against N default '
       'seeds.')
   parser.add_argument('--tasks', nargs='+', default=list(TASKS),

@@ -22,8 +22,8 @@ parameter (continuous actions) or a categorical (discrete ones), one Adam
 (eps ``1e-5``) over both networks, rollout 2048, 10 epochs, minibatch 64,
 lr 3e-4, clip 0.2, entropy 0, value 0.5, lambda 0.95, gamma 0.99, max
 grad norm 0.5, advantages normalised per minibatch with the unbiased std
-plus ``1e-8``, no value clipping. ``benchmarks/sb3_equivalence.py --agent
-ppo`` checks iterations against SB3's ``PPO.train()`` in float64, with
+plus ``1e-8``, no value clipping. ``python -m benchmarks.sb3_equivalence
+--agent ppo`` checks iterations against SB3's ``PPO.train()`` in float64, with
 ``--normalize-observations`` and ``--normalize-rewards`` against SB3's
 ``VecNormalize`` too.
 

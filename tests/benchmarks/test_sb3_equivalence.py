@@ -1,5 +1,5 @@
 """Our TD3, SAC and PPO updates against Stable-Baselines3's, from the same
-weights on the same batches and noise (``benchmarks/sb3_equivalence.py``).
+weights on the same batches and noise (``benchmarks/sb3_equivalence/``).
 Needs the ``.[torch]`` extra; skipped without it (CI installs ``.[test]``
 only)."""
 
