@@ -18,6 +18,7 @@ from benchmarks.learning.suite import (
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+  """The flags, each checked (one line naming the flag and its range)."""
   parser = argparse.ArgumentParser(
       prog='python -m benchmarks.learning',
       description='Learning benchmark: each population rule against N default '
@@ -64,7 +65,39 @@ def parse_args(argv=None) -> argparse.Namespace:
   return args
 
 
+def run_in_process(args, task: str, method: str, seed: int) -> None:
+  """One run of the suite in a fresh process (``--one``), so that one
+  run's actors, memory and JIT caches never touch the next; a run whose
+  current result is there is kept (unless ``--redo``), one whose agent
+  cannot act in the task skipped."""
+  why_not = fits(task, method)
+  if why_not is not None:
+    print(f'{task} {method}: skipped ({why_not})', flush=True)
+    return
+  path = result_path(args.out, task, method, seed, args.env_steps,
+                     args.population_size)
+  if is_current(path) and not args.redo:
+    print(f'{task} {method} seed {seed}: kept {path}', flush=True)
+    return
+  print(f'{task} {method} seed {seed}: running', flush=True)
+  command = [sys.executable, '-m', 'benchmarks.learning', '--one',
+             task, method, str(seed), '--out', args.out,
+             '--population-size', str(args.population_size),
+             '--eval-episodes', str(args.eval_episodes)]
+  if args.env_steps is not None:
+    command += ['--env-steps', str(args.env_steps)]
+  if args.run_root is not None:
+    command += ['--run-root', args.run_root]
+  done = subprocess.run(command, check=False)
+  if done.returncode != 0:
+    print(f'{task} {method} seed {seed}: FAILED (exit '
+          f'{done.returncode})', flush=True)
+
+
 def main(argv: Optional[list] = None) -> None:
+  """Runs every task, seed and method asked for (task by task, each seed's
+  methods together, so a stopped benchmark leaves whole seeds), then
+  prints the report."""
   args = parse_args(argv)
   if args.one:
     task, method, seed = args.one
@@ -74,26 +107,5 @@ def main(argv: Optional[list] = None) -> None:
     for task in args.tasks:
       for seed in args.seeds:
         for method in args.methods:
-          why_not = fits(task, method)
-          if why_not is not None:
-            print(f'{task} {method}: skipped ({why_not})', flush=True)
-            continue
-          path = result_path(args.out, task, method, seed, args.env_steps,
-                             args.population_size)
-          if is_current(path) and not args.redo:
-            print(f'{task} {method} seed {seed}: kept {path}', flush=True)
-            continue
-          print(f'{task} {method} seed {seed}: running', flush=True)
-          command = [sys.executable, '-m', 'benchmarks.learning', '--one',
-                     task, method, str(seed), '--out', args.out,
-                     '--population-size', str(args.population_size),
-                     '--eval-episodes', str(args.eval_episodes)]
-          if args.env_steps is not None:
-            command += ['--env-steps', str(args.env_steps)]
-          if args.run_root is not None:
-            command += ['--run-root', args.run_root]
-          done = subprocess.run(command, check=False)
-          if done.returncode != 0:
-            print(f'{task} {method} seed {seed}: FAILED (exit '
-                  f'{done.returncode})', flush=True)
+          run_in_process(args, task, method, seed)
   print(report(args.out))

@@ -180,6 +180,9 @@ def cem_mean_policy_curve(path: str, population_size: int) -> list:
 
 
 def run_one(args, task_name: str, method: str, seed: int) -> None:
+  """Runs ``method`` on ``task_name`` at ``seed`` in this process (ours,
+  SB3's or the synchronous loop) and writes its result file at
+  ``result_path``, atomically, a superseded result set aside first."""
   path = result_path(args.out, task_name, method, seed, args.env_steps,
                      args.population_size)
   code = code_version()  # at the start: the code the run imports
