@@ -1,11 +1,12 @@
 """A resume loses nothing (the actor path): a PBT run stopped by SIGTERM in
 its first learner call, resumed, killed with SIGKILL mid-run and resumed
-again ends with the env steps of a run never stopped and, within one
-learner call per resume, its update steps and rule decisions; its logs
+again ends with the env steps of a run never stopped (within the actors'
+last chunk), its update steps (within that chunk and a learner call per
+resume) and its rule decisions (within one a member per resume); its logs
 read back and its pictures are drawn. So does a run killed so close to
 its end that the refill is more than what is left of its budget.
-Resuming the finished run trains nothing. (The on-device path's bit-for-bit resume is in
-``tests/test_on_device.py``.)"""
+Resuming the finished run trains nothing. (The on-device path's
+bit-for-bit resume is in ``tests/test_on_device.py``.)"""
 
 import csv
 import json
@@ -51,6 +52,15 @@ def completes(proc) -> str:
   return err
 
 
+def update_slack(resumes: int) -> int:
+  """How far a resumed run's update steps may be from the whole run's.
+  Update steps follow the env steps learned from (ratio 1), and those
+  differ by up to a chunk between any two runs, stopped or not (where the
+  budget's last chunk ends is the actors' timing); each resume may add
+  or drop one learner call on top."""
+  return CHUNK + resumes * STEPS_PER_CALL
+
+
 def counts(run_dir):
   """Env steps and update steps at the end (the last hyperparameter row)
   and the PBT decisions (lineage events), from the run's files."""
@@ -91,7 +101,7 @@ def test_stopped_killed_and_resumed_twice_ends_as_a_run_never_stopped(
   # timing puts it, in any run: the env steps agree within one.
   assert abs(got_env_steps - env_steps) <= CHUNK, (got_env_steps, env_steps)
   resumes = 2
-  assert abs(got_update_steps - update_steps) <= resumes * STEPS_PER_CALL, (
+  assert abs(got_update_steps - update_steps) <= update_slack(resumes), (
       got_update_steps, update_steps)
   # PBT decides when a member's update steps pass --ready-after: a call
   # more or less per resume moves at most one decision per member.
@@ -117,7 +127,7 @@ def test_stopped_killed_and_resumed_twice_ends_as_a_run_never_stopped(
   late_env_steps, late_update_steps, _ = counts(late)
   assert abs(late_env_steps - env_steps) <= CHUNK, (late_env_steps,
                                                      env_steps)
-  assert abs(late_update_steps - update_steps) <= STEPS_PER_CALL, (
+  assert abs(late_update_steps - update_steps) <= update_slack(1), (
       late_update_steps, update_steps)
 
   # The finished run, resumed: nothing is trained or evaluated again.
