@@ -1,6 +1,7 @@
 """The TD3 matrix of the learning report: each PBT variant (perturb,
-resample, PB2, shared replay) against as many default seeds, per task of
-the suite, with what "better" takes at the seeds a side it has."""
+resample, PB2, shared replay) against as many default seeds and against
+random search from the prior (the papers' control arm), per task of the
+suite, with what "better" takes at the seeds a side it has."""
 
 from __future__ import annotations
 
@@ -17,23 +18,42 @@ MATRIX_TASKS = (('Pendulum-v1', 20_000), ('Hopper-v5', 50_000),
                 ('HalfCheetah-v5', 50_000), ('Walker2d-v5', 50_000),
                 ('Ant-v5', 50_000))
 MATRIX_BASELINE = 'seeds-td3'
+# The papers' control arm: the same population trained without exploit or
+# explore, each member's hyperparameters drawn from the whole prior. The
+# variants above start near the defaults, a head start it does not get.
+MATRIX_CONTROL = 'random-td3'
 MATRIX_RULES = ('pbt-td3', 'pbt-resample-td3', 'pbt-pb2-td3',
                 'pbt-shared-td3')
 MATRIX_NOTE = (
-    f'PBT against {MATRIX_BASELINE}, per task: each variant\'s verdict, its '
-    'probability of ending above a default seed with the 95% interval, and '
-    'its seeds ("not run": no run yet).')
+    f'PBT against {MATRIX_BASELINE}, then against random search '
+    f'({MATRIX_CONTROL}), per task: each variant\'s verdict, its '
+    'probability of ending above a seed of the other arm with the 95% '
+    'interval, and its seeds ("not run": no run yet).')
 
 
 def matrix_summary(by: dict) -> list[str]:
-  """Markdown: a row per task of ``MATRIX_TASKS``, a column per PBT
-  variant with its verdict against ``MATRIX_BASELINE``, then a line naming
-  the tasks where one of them is better and those where one is worse.
-  Empty when no run of the matrix is in ``by``."""
-  methods = (MATRIX_BASELINE,) + MATRIX_RULES
-  if not any(m in by.get((*key, DEFAULT_POPULATION), {})
-             for key in MATRIX_TASKS for m in methods):
+  """Markdown: a table with a row per task of ``MATRIX_TASKS``, a column per
+  PBT variant with its verdict against ``MATRIX_BASELINE``, and a line
+  naming the tasks where one of them is better and those where one is
+  worse; then the same against ``MATRIX_CONTROL``; then what "better"
+  takes. Empty when no run of the matrix is in ``by``."""
+  methods = (MATRIX_BASELINE, MATRIX_CONTROL) + MATRIX_RULES
+  cells = [by.get((task, steps, DEFAULT_POPULATION), {})
+           for task, steps in MATRIX_TASKS]
+  if not any(m in runs for runs in cells for m in methods):
     return []
+  control = (' (random search from the whole prior; the variants start '
+             'near the defaults, a head start it does not get)')
+  return (verdict_table(by, MATRIX_BASELINE) + ['']
+          + verdict_table(by, MATRIX_CONTROL, control) + ['', power_note()])
+
+
+def verdict_table(by: dict, baseline: str, aside: str = '') -> list[str]:
+  """A row per task: ``baseline``'s seeds, then each of ``MATRIX_RULES``'s
+  verdict against it; then the line counting the tasks where a variant is
+  better or worse (``aside`` follows the baseline's name there) and those
+  where every method of the table has its seeds."""
+  methods = (baseline,) + MATRIX_RULES
   lines = ['| task | ' + ' | '.join(methods) + ' |',
            '|---|' + '---|' * len(methods)]
   found = {'better': [], 'worse': []}
@@ -42,9 +62,9 @@ def matrix_summary(by: dict) -> list[str]:
     finals = {m: [max(r['final_returns']) for r in runs]
               for m, runs in by.get((task, steps, DEFAULT_POPULATION),
                                     {}).items()}
-    baseline = finals.get(MATRIX_BASELINE)
-    cells = [n_seeds(len(baseline)) if baseline else 'not run']
-    cells += [verdict_cell(finals.get(m), baseline) for m in MATRIX_RULES]
+    reference = finals.get(baseline)
+    cells = [n_seeds(len(reference)) if reference else 'not run']
+    cells += [verdict_cell(finals.get(m), reference) for m in MATRIX_RULES]
     complete += all(len(finals.get(m, [])) >= stats.MIN_SEEDS
                     for m in methods)
     name = f'{task} at {steps:,} env steps' + (
@@ -54,14 +74,14 @@ def matrix_summary(by: dict) -> list[str]:
         names.append(name)
     lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
   count = len(MATRIX_TASKS)
-  lines += ['', f'A PBT variant better than {MATRIX_BASELINE} on '
-            f'{len(found["better"])} of {count} tasks'
-            + (f' ({"; ".join(found["better"])})' if found['better'] else '')
-            + f'; worse on {len(found["worse"])}'
-            + (f' ({"; ".join(found["worse"])})' if found['worse'] else '')
-            + f'. Every method has {stats.MIN_SEEDS} seeds or more on '
-            f'{complete} of {count} tasks.', '', power_note()]
-  return lines
+  return lines + [
+      '', f'A PBT variant better than {baseline}{aside} on '
+      f'{len(found["better"])} of {count} tasks'
+      + (f' ({"; ".join(found["better"])})' if found['better'] else '')
+      + f'; worse on {len(found["worse"])}'
+      + (f' ({"; ".join(found["worse"])})' if found['worse'] else '')
+      + f'. Every method has {stats.MIN_SEEDS} seeds or more on '
+      f'{complete} of {count} tasks.']
 
 
 def power_note() -> str:

@@ -481,7 +481,10 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
       'pbt-td3': _runs(-100.0, -110.0, -90.0, -105.0, -95.0),
       'pbt-pb2-td3': _runs(-200.0, -210.0, -190.0, -205.0, -195.0),
       # -100 beats all 5 default seeds, -300 none: P = 5 / 10.
-      'pbt-resample-td3': _runs(-100.0, -300.0)},
+      'pbt-resample-td3': _runs(-100.0, -300.0),
+      # Between pbt-td3's seeds and the default seeds': pbt-td3 above
+      # every one of its seeds, pbt-pb2-td3 below.
+      'random-td3': _runs(-120.0, -125.0, -130.0, -115.0, -135.0)},
         ('Hopper-v5', 50_000, 4): {'pbt-td3': _runs(1.0, 2.0, 3.0),
                                    'pbt-pb2-td3': _runs(4.0)},
         # Not a budget of the matrix: not in it.
@@ -489,31 +492,47 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
         # Not its population size (4 members): not in it either.
         ('HalfCheetah-v5', 50_000, 16): {'seeds-td3': _runs(1.0)}}
   lines = learning.matrix.matrix_summary(by)
-  rows = {line.split(' | ')[0][2:]: line.split(' | ')[1:] for line in lines
-          if line.startswith('| ') and not line.startswith('| task')}
-  assert list(rows) == ['Pendulum-v1 at 20,000 env steps',
-                        'Hopper-v5 at 50,000 env steps',
-                        'HalfCheetah-v5 at 50,000 env steps',
-                        'Walker2d-v5 at 50,000 env steps (held out)',
-                        'Ant-v5 at 50,000 env steps (held out)']
-  seeds, pbt, resample, pb2, shared = (
-      c.rstrip(' |') for c in rows['Pendulum-v1 at 20,000 env steps'])
+  split = lines.index('', lines.index('') + 1)  # after the first count
+  against_seeds, against_random = _rows(lines[:split]), _rows(lines[split:])
+  tasks = ['Pendulum-v1 at 20,000 env steps', 'Hopper-v5 at 50,000 env steps',
+           'HalfCheetah-v5 at 50,000 env steps',
+           'Walker2d-v5 at 50,000 env steps (held out)',
+           'Ant-v5 at 50,000 env steps (held out)']
+  assert list(against_seeds) == list(against_random) == tasks
+  seeds, pbt, resample, pb2, shared = against_seeds[tasks[0]]
   assert seeds == '5 seeds'
   assert pbt == 'better: P 1.00 [1.00, 1.00], 5 seeds'
   assert pb2 == 'worse: P 0.00 [0.00, 0.00], 5 seeds'
   assert resample.startswith('too few seeds (< 5): P 0.50 [')
   assert resample.endswith(', 2 seeds')
   assert shared == 'not run'
-  cheetah = rows['HalfCheetah-v5 at 50,000 env steps']
-  assert [c.rstrip(' |') for c in cheetah] == ['not run'] * 5
-  hopper = [c.rstrip(' |') for c in rows['Hopper-v5 at 50,000 env steps']]
-  assert hopper == ['not run', 'no baseline yet, 3 seeds', 'not run',
-                    'no baseline yet, 1 seed', 'not run']
+  assert against_seeds[tasks[2]] == ['not run'] * 5
+  assert against_seeds[tasks[1]] == ['not run', 'no baseline yet, 3 seeds',
+                                     'not run', 'no baseline yet, 1 seed',
+                                     'not run']
+  random, pbt, resample, pb2, shared = against_random[tasks[0]]
+  assert random == '5 seeds'
+  assert pbt == 'better: P 1.00 [1.00, 1.00], 5 seeds'
+  assert pb2 == 'worse: P 0.00 [0.00, 0.00], 5 seeds'
+  # -100 beats all 5 of random search's seeds, -300 none.
+  assert resample.startswith('too few seeds (< 5): P 0.50 [')
+  assert shared == 'not run'
   assert lines[-1] == learning.matrix.power_note()
-  assert lines[-3] == (
+  assert lines[split - 1] == (
       'A PBT variant better than seeds-td3 on 1 of 5 tasks (Pendulum-v1 at '
       '20,000 env steps); worse on 1 (Pendulum-v1 at 20,000 env steps). '
       'Every method has 5 seeds or more on 0 of 5 tasks.')
+  assert lines[-3] == (
+      'A PBT variant better than random-td3 (random search from the whole '
+      'prior; the variants start near the defaults, a head start it does '
+      'not get) on 1 of 5 tasks (Pendulum-v1 at 20,000 env steps); worse '
+      'on 1 (Pendulum-v1 at 20,000 env steps). Every method has 5 seeds or '
+      'more on 0 of 5 tasks.')
+  # Only random search's seeds so far: the matrix is there, with them.
+  alone = learning.matrix.matrix_summary(
+      {('Ant-v5', 50_000, 4): {'random-td3': _runs(1.0)}})
+  assert _rows(alone[alone.index('', alone.index('') + 1):])[tasks[4]] == [
+      '1 seed', 'not run', 'not run', 'not run', 'not run']
   # A folder with no run of the matrix (another experiment's) has none.
   assert learning.matrix.matrix_summary(
       {('HalfCheetah-v5', 100_000, 4): {'pbt-td3': _runs(1.0)}}) == []
