@@ -167,17 +167,44 @@ def test_the_learning_table_agrees_with_the_run_jsons():
     y = runs[(task, steps, members, theirs)]
     assert (int(n_ours), int(n_theirs)) == (len(x), len(y))
     assert cells[9].strip().split(' ')[0] == f'{win_share(x, y):.2f}', cells
-  # The matrix: every PBT explore's seeds and P against the default seeds.
-  rows = table_rows(matrix[matrix.index('|'):])  # the lines after: no '|'
+  # The matrix, a table against the default seeds, then one against random
+  # search: every PBT explore's seeds and P against the table's baseline.
+  against_seeds, against_random = matrix.split('\nA PBT variant better')[:2]
+  compared = 0
+  for text, baseline in ((against_seeds, learning.matrix.MATRIX_BASELINE),
+                         (against_random, learning.matrix.MATRIX_CONTROL)):
+    compared += check_matrix_table(text[text.index('|'):], baseline, runs)
+  assert compared >= 5
+  # The larger populations, in three tables (PBT and PB2 from the same
+  # prior, then from near the defaults, then PBT with resampling from the
+  # same prior on the 16-member cells): each arm's seeds, and each rule's
+  # P against random search and against default seeds, from the same runs.
+  same_prior, rest = population.split('From near the defaults')
+  near, resample = rest.split(learning.population.RESAMPLE_HEADING)
+  all_cells = learning.population.POPULATION_CELLS
+  larger = tuple(cell for cell in all_cells if cell[3])
+  compared = 0
+  for text, rules, cells in (
+      (same_prior, learning.population.POPULATION_RULES, all_cells),
+      (near, learning.population.POPULATION_NEAR_RULES, all_cells),
+      (resample, learning.population.POPULATION_RESAMPLE_RULES, larger)):
+    compared += check_population_table(text[text.index('|'):], rules, runs,
+                                       cells)
+  assert compared >= 4
+
+
+def check_matrix_table(text: str, baseline: str, runs: dict) -> int:
+  """Checks a table of ``verdict_table`` against ``baseline`` with
+  ``runs``; returns how many of its probabilities it compared."""
+  rows = table_rows(text)
   assert len(rows) == len(learning.matrix.MATRIX_TASKS)
   compared = 0
   for name, cells in rows.items():
     task, steps = name.split(' at ')
     steps = steps.split(' env steps')[0]
     members = str(learning.suite.DEFAULT_POPULATION)
-    y = runs.get((task, steps, members, learning.matrix.MATRIX_BASELINE))
-    assert cells[learning.matrix.MATRIX_BASELINE] == (
-        seed_count(len(y)) if y else 'not run')
+    y = runs.get((task, steps, members, baseline))
+    assert cells[baseline] == (seed_count(len(y)) if y else 'not run')
     for method in learning.matrix.MATRIX_RULES:
       x = runs.get((task, steps, members, method))
       if x is None:
@@ -187,26 +214,17 @@ def test_the_learning_table_agrees_with_the_run_jsons():
       if y:
         assert f': P {win_share(x, y):.2f}' in cells[method]
         compared += 1
-  assert compared >= 5
-  # The larger populations, in two tables (PBT and PB2 from the same
-  # prior, then from near the defaults): each arm's seeds, and each rule's
-  # P against random search and against default seeds, from the same runs.
-  same_prior, near = population.split('From near the defaults')
-  compared = 0
-  for text, rules in ((same_prior, learning.population.POPULATION_RULES),
-                      (near, learning.population.POPULATION_NEAR_RULES)):
-    compared += check_population_table(text[text.index('|'):], rules, runs)
-  assert compared >= 4
+  return compared
 
 
-def check_population_table(text: str, rules: tuple, runs: dict) -> int:
-  """Checks a table of ``population_table`` against ``runs``;
-  returns how many of its probabilities it compared."""
+def check_population_table(text: str, rules: tuple, runs: dict,
+                           cells: tuple) -> int:
+  """Checks a table of ``population_table`` over ``cells`` against
+  ``runs``; returns how many of its probabilities it compared."""
   rows = table_rows(text)
-  assert len(rows) == len(learning.population.POPULATION_CELLS)
+  assert len(rows) == len(cells)
   compared = 0
-  for (task, steps, members, _), (name, cells) in zip(
-      learning.population.POPULATION_CELLS, rows.items()):
+  for (task, steps, members, _), (name, cells) in zip(cells, rows.items()):
     assert name.startswith(f'{task}, {members} members, {steps:,} env')
     key = (task, f'{steps:,}', str(members))
     for arm in (learning.population.POPULATION_BASELINE,

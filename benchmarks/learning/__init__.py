@@ -66,14 +66,16 @@ Methods:
   on the device on JAX ones; ``sb3-ppo``: SB3's PPO at the same defaults,
   one agent per member slot, as ``sb3-td3``. A method whose agent cannot
   act in a task (TD3 on CartPole's discrete actions) is skipped there;
-* ``random-ppo``, ``pbt-prior-ppo``, ``pbt-pb2-prior-ppo``: random search
-  from the prior, and PBT and PB2 started from the same prior draws.
+* ``random-ppo``, ``pbt-prior-ppo``, ``pbt-pb2-prior-ppo``,
+  ``pbt-resample-prior-ppo``: random search from the prior, and PBT, PB2
+  and PBT with resampling started from the same prior draws.
 
 The report ends with the papers' comparison at larger populations
 (``population_summary``): per cell of ``POPULATION_CELLS``, PBT and PB2
 from the same prior against random search and against default seeds, a
 sentence per task on what wins and the goal's line; then the same for
-PBT and PB2 from near the defaults.
+PBT and PB2 from near the defaults, and for PBT with resampling from the
+same prior on the 16-member cells.
 
 Every result lands in ``--out`` as one JSON per run
 (``runs/<task>/<method>/seed<k>.json``), so an interrupted benchmark

@@ -37,6 +37,10 @@ POPULATION_RULES = ('pbt-prior-ppo', 'pbt-pb2-prior-ppo')
 # within a factor 1.25 of the published defaults, a head start random
 # search does not get; shown against the same two arms, not counted.
 POPULATION_NEAR_RULES = ('pbt-ppo', 'pbt-pb2-ppo')
+# PBT with the 2022 paper's resample explore, from the same prior draws:
+# the papers' comparison for the third explore, on the 16-member cells
+# only. Added after the goal's arms had run, so not counted toward it.
+POPULATION_RESAMPLE_RULES = ('pbt-resample-prior-ppo',)
 POPULATION_GOAL = 2  # tasks where PBT or PB2 beats random search
 POPULATION_NOTE = (
     f'PBT and PB2 against random search from the same prior '
@@ -50,7 +54,18 @@ POPULATION_NOTE = (
     f'papers do; the second shows the library\'s default start, near the '
     f'published defaults ({", ".join(POPULATION_NEAR_RULES)}), against the '
     f'same two arms: a head start random search does not get, so it does '
-    f'not count toward the goal.')
+    f'not count toward the goal. The third gives PBT with the 2022 paper\'s '
+    f'resample explore from the same prior draws '
+    f'({", ".join(POPULATION_RESAMPLE_RULES)}); its runs were added after '
+    f'those of the goal\'s arms, so it does not count either.')
+
+
+NEAR_HEADING = ('From near the defaults (the library\'s default start; not '
+                'counted toward the goal):')
+RESAMPLE_HEADING = ('PBT with the 2022 paper\'s resample explore, from the '
+                    'same prior draws, on the 16-member tasks (added after '
+                    'the goal\'s arms had run; not counted toward the '
+                    'goal):')
 
 
 # Providers whose envs port gymnasium's, rewards included (gymnax's
@@ -166,12 +181,12 @@ class GoalCell(NamedTuple):
   unsolved: bool  # no seed of any arm reaches the reward threshold
 
 
-def population_table(by: dict, rules: tuple
+def population_table(by: dict, rules: tuple, cells: tuple = POPULATION_CELLS
                      ) -> tuple[list[str], list[GoalCell]]:
-  """Markdown: a row per cell of ``POPULATION_CELLS`` (each control arm's
-  IQM, each of ``rules`` against random search and default seeds) and a
-  sentence per cell (``population_sentence``); and a ``GoalCell`` per cell
-  that counts toward the goal."""
+  """Markdown: a row per cell of ``cells`` (each control arm's IQM, each
+  of ``rules`` against random search and default seeds) and a sentence
+  per cell (``population_sentence``); and a ``GoalCell`` per cell that
+  counts toward the goal."""
   columns = [POPULATION_BASELINE, POPULATION_CONTROL]
   for rule in rules:
     columns += [f'{rule} vs {POPULATION_CONTROL}',
@@ -179,7 +194,7 @@ def population_table(by: dict, rules: tuple
   lines = ['| task | ' + ' | '.join(columns) + ' |',
            '|---|' + '---|' * len(columns)]
   sentences, counted = [], []
-  for task, steps, members, goal in POPULATION_CELLS:
+  for task, steps, members, goal in cells:
     finals = best_finals(by, (task, steps, members))
     short = _short_arms(finals, _arms(rules))
     name = _population_name(task, steps, members)
@@ -236,12 +251,13 @@ def population_summary(by: dict) -> list[str]:
   """Markdown: the papers' comparison (``population_table`` of
   ``POPULATION_RULES``) and the goal's line (``population_goal``), then
   the same table of ``POPULATION_NEAR_RULES``, the library's default
-  start. Empty when no run of these cells is in ``by``."""
+  start, and of ``POPULATION_RESAMPLE_RULES`` on the 16-member cells.
+  Empty when no run of these cells is in ``by``."""
   if not any(cell[:3] in by for cell in POPULATION_CELLS):
     return []
   same_prior, counted = population_table(by, POPULATION_RULES)
   near, _ = population_table(by, POPULATION_NEAR_RULES)
-  return (same_prior + ['', population_goal(counted), '',
-                        'From near the defaults (the library\'s default '
-                        'start; not counted toward the goal):', '']
-          + near)
+  larger = tuple(cell for cell in POPULATION_CELLS if cell[3])
+  resample, _ = population_table(by, POPULATION_RESAMPLE_RULES, larger)
+  return (same_prior + ['', population_goal(counted), '', NEAR_HEADING, '']
+          + near + ['', RESAMPLE_HEADING, ''] + resample)

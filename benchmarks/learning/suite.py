@@ -205,6 +205,11 @@ METHODS = {
     'pbt-prior-ppo': ('pbt', ['--agent', 'ppo', '--init-hparams', 'prior']),
     'pbt-pb2-prior-ppo': ('pbt', ['--agent', 'ppo', '--explore', 'pb2',
                                   '--init-hparams', 'prior']),
+    # The 2022 paper's explore (a copy's values drawn again from the prior)
+    # from the same prior draws: the third PBT variant of the comparison.
+    'pbt-resample-prior-ppo': ('pbt', ['--agent', 'ppo', '--explore',
+                                       'resample', '--init-hparams',
+                                       'prior']),
     # PBT from the prior, selecting on the env's true objective (Sample
     # Factory's PBT with reward shaping), and the trap beside it: selecting
     # on the shaped return, which the searched bonus itself feeds.

@@ -558,7 +558,9 @@ def test_population_summary_compares_each_rule_with_random_search():
       'pbt-pb2-prior-ppo': _runs(-80.0, -85.0, -75.0, -70.0, -60.0),
       # From near the defaults: a second table, not the goal's.
       'pbt-ppo': _runs(-400.0, -410.0, -390.0, -405.0, -395.0),
-      'pbt-pb2-ppo': _runs(-100.0, -110.0, -90.0, -105.0, -95.0)},
+      'pbt-pb2-ppo': _runs(-100.0, -110.0, -90.0, -105.0, -95.0),
+      # Resampling from the prior: a third table, of the 16-member cells.
+      'pbt-resample-prior-ppo': _runs(-80.0, -85.0, -75.0, -70.0, -60.0)},
         ('gymnax:Pendulum-v1', 1_048_576, 16): {
             'seeds-ppo': _runs(-150.0, -140.0),
             'pbt-prior-ppo': _runs(-120.0)},
@@ -567,13 +569,20 @@ def test_population_summary_compares_each_rule_with_random_search():
   lines = learning.population.population_summary(by)
   split = lines.index('From near the defaults (the library\'s default '
                       'start; not counted toward the goal):')
-  rows, near = _rows(lines[:split]), _rows(lines[split:])
+  third = lines.index(learning.population.RESAMPLE_HEADING)
+  rows, near = _rows(lines[:split]), _rows(lines[split:third])
+  resample = _rows(lines[third:])
   acrobot = 'gymnax:Acrobot-v1, 16 members, 1,048,576 env steps each'
-  assert list(rows) == list(near) == [
-      'gymnax:Pendulum-v1, 16 members, 1,048,576 env steps each', acrobot,
-      'gymnax:MountainCarContinuous-v0, 16 members, 1,048,576 env steps '
-      'each (held out)', 'HalfCheetah-v5, 4 members, 1,000,000 env steps '
-      'each', 'Hopper-v5, 4 members, 1,000,000 env steps each']
+  larger = ['gymnax:Pendulum-v1, 16 members, 1,048,576 env steps each',
+            acrobot, 'gymnax:MountainCarContinuous-v0, 16 members, '
+            '1,048,576 env steps each (held out)']
+  assert list(rows) == list(near) == larger + [
+      'HalfCheetah-v5, 4 members, 1,000,000 env steps each',
+      'Hopper-v5, 4 members, 1,000,000 env steps each']
+  assert list(resample) == larger
+  # Every seed above random search's, and so above the default seeds'.
+  assert resample[acrobot][2:] == ['better: P 1.00 [1.00, 1.00], 5 seeds'] * 2
+  assert resample[acrobot][:2] == rows[acrobot][:2]
   seeds, random, pbt_r, pbt_s, pb2_r, pb2_s = rows[acrobot]
   # IQM of 5 values: the mean of the middle 3 (scipy's trimmed share 0.25
   # drops one from each end): -300 for the seeds, -100 for random search,
@@ -609,7 +618,7 @@ def test_population_summary_compares_each_rule_with_random_search():
       ': no verdict yet, too few seeds (seeds-ppo 2, random-ppo 0, '
       'pbt-prior-ppo 1, pbt-pb2-prior-ppo 0; 5 an arm needed).')
   assert sentences[3].endswith(': not run yet.')
-  near_sentence = next(line for line in lines[split:]
+  near_sentence = next(line for line in lines[split:third]
                        if line.startswith(f'- {acrobot}'))
   assert near_sentence.startswith(f'- {acrobot}: no rule beats random '
                                   'search (random-ppo);')

@@ -67,15 +67,18 @@ def test_members_start_from_pbts_prior_draws(fields):
       np.testing.assert_array_equal(values, getattr(defaults, name))
 
 
-def test_pb2_from_the_prior_starts_from_the_same_draws():
-  """PB2 (PBT's explore ``pb2``) from the prior: the learning report's
-  ``pbt-pb2-prior-ppo`` row, paired seed by seed with ``random-ppo``."""
+@pytest.mark.parametrize('explore', ['pb2', 'resample'])
+def test_other_explores_from_the_prior_start_from_the_same_draws(explore):
+  """PB2 and the 2022 paper's resample (PBT's explores ``pb2`` and
+  ``resample``) from the prior: the learning report's
+  ``pbt-pb2-prior-ppo`` and ``pbt-resample-prior-ppo`` rows, paired seed
+  by seed with ``random-ppo``."""
   fields = dict(agent='ppo', env='CartPole-v1', population_size=3, seed=2)
   _, _, state, hparams = initial('random', **fields)
-  _, _, pb2_state, pb2_hparams = initial('pbt', init_hparams='prior',
-                                         explore='pb2', **fields)
-  jax.tree.map(np.testing.assert_array_equal, hparams, pb2_hparams)
-  jax.tree.map(np.testing.assert_array_equal, state, pb2_state)
+  _, _, rule_state, rule_hparams = initial('pbt', init_hparams='prior',
+                                           explore=explore, **fields)
+  jax.tree.map(np.testing.assert_array_equal, hparams, rule_hparams)
+  jax.tree.map(np.testing.assert_array_equal, state, rule_state)
 
 
 def test_seeds_differ_and_the_draws_are_not_the_defaults():
