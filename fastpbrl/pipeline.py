@@ -438,6 +438,7 @@ class Pipeline(PolicyPublisher):
     self._fresh = np.zeros(n, np.int64)
     self._batch_active: collections.deque = collections.deque()
     self.last_active = np.ones(n, bool)  # of the batch next_batch returned
+    self._batches_taken = 0  # batches next_batch returned, since the start
     tree = (*tree, self._restart_requests.copy() if has_values else
             jax.ShapeDtypeStruct((n,), np.int64))
     self._lock = threading.Lock()
@@ -648,6 +649,7 @@ class Pipeline(PolicyPublisher):
         if self.replay_on_device:
           self.replay.flush()  # keeps the staging area free during warm-up
       else:
+        self._batches_taken += 1
         with self._lock:
           active, requests = self._batch_active.popleft()
           # A batch sampled before a member's restart holds the old
@@ -770,8 +772,14 @@ class Pipeline(PolicyPublisher):
     return int(self._limiter.env_steps.min())
 
   def update_steps_owed(self, env_steps: int) -> int:
-    """See ``DataPath.update_steps_owed`` (the rate limiter's count)."""
-    return self._limiter.update_steps_owed(env_steps)
+    """See ``DataPath.update_steps_owed``: the rate limiter's count of the
+    update steps earned, less those of the batches the learner took. The
+    limiter counts a batch's update steps when the prefetch thread samples
+    it, so the batches still queued at the end of the budget are owed:
+    without them a run would end up to ``prefetch_depth + 1`` calls short
+    of what its data earned."""
+    return self._limiter.update_steps_owed(
+        env_steps, taken=self._batches_taken * self.config.num_steps)
 
   def update_to_data_ratio(self) -> float:
     """Achieved ratio: update steps per env step of the slowest member."""

@@ -58,17 +58,21 @@ def carried_env_steps(config: RunConfig, counters: dict) -> np.ndarray:
   rate limiter's ``carried_env_steps``).
 
   The learner keeps ``--update-to-data-ratio`` update steps per env step
-  (less the warm-up's without ``--warmup-counts-as-data``); at a checkpoint
-  the actors are a little ahead of it, and batches it had prefetched are
-  lost with the stop. The resumed run takes those update steps after its
-  refill, so that it ends with the update steps (and so the rule
-  decisions) of a run never stopped.
+  (less the warm-up's without ``--warmup-counts-as-data``); batches it had
+  prefetched are lost with the stop. The resumed run takes those update
+  steps after its refill, so that it ends with the update steps (and so
+  the rule decisions) of a run never stopped.
+
+  Counted from the loop's env steps at the checkpoint, from which the
+  resumed loop counts its budget, not from the members' own counts
+  (``member_env_steps``, where the actors go on from), which are a little
+  ahead: the steps between are never counted toward the budget, so they
+  earn nothing either, or the resumed run would end that many update
+  steps past one never stopped.
   """
   n = config.population_size
-  steps = np.asarray(counters.get('member_env_steps',
-                                  [counters['env_steps']] * n), np.float64)
   uncounted = 0 if config.warmup_counts_as_data else config.warmup_steps
-  earned = steps - uncounted
+  earned = np.full(n, counters['env_steps'] - uncounted, np.float64)
   taken = counters['update_steps'] / config.update_to_data_ratio
   return np.maximum(earned - taken, 0.0)
 

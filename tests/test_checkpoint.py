@@ -2,6 +2,7 @@
 is never picked up; an empty directory is a clear error."""
 
 import collections
+import dataclasses
 import os
 import shutil
 import types
@@ -207,3 +208,28 @@ def test_a_checkpoint_from_before_td3s_rename_is_one_clear_line(tmp_path,
   assert message.startswith(f'--resume {str(tmp_path)!r}: its checkpoint was '
                             'written before hyperparameter policy_delay was '
                             'renamed')
+
+
+def test_a_resume_carries_what_the_loops_env_steps_earned():
+  """The update steps a checkpoint had not taken, carried into the resumed
+  run: those its loop's env steps earned (the budget it counts on from),
+  not those of the members' own counts, which the actors had run ahead
+  of it, or the resumed run would end past one never stopped."""
+  counters = {'calls': 12, 'env_steps': 400, 'update_steps': 350,
+              'member_env_steps': [432, 464]}
+  config = RunConfig(env='Pendulum-v1', population_size=2, warmup_steps=100,
+                     update_to_data_ratio=0.5)
+  # 400 env steps earn 200 update steps at ratio 0.5 (the warm-up's
+  # counted as data); 350 taken are 700 env steps' worth: nothing owed.
+  np.testing.assert_array_equal(
+      resume.carried_env_steps(config, counters), [0.0, 0.0])
+  counters['update_steps'] = 150  # 300 env steps' worth: 100 carried
+  np.testing.assert_array_equal(
+      resume.carried_env_steps(config, counters), [100.0, 100.0])
+  # Without the warm-up's steps as data, its 100 earn nothing.
+  config = dataclasses.replace(config, warmup_counts_as_data=False)
+  np.testing.assert_array_equal(
+      resume.carried_env_steps(config, counters), [0.0, 0.0])
+  counters['update_steps'] = 100  # 200 env steps' worth, of 300 counted
+  np.testing.assert_array_equal(
+      resume.carried_env_steps(config, counters), [100.0, 100.0])

@@ -241,18 +241,23 @@ class RateLimiter:
       least = int(self._env_steps.min())
       return self._update_steps / least if least else 0.0
 
-  def update_steps_owed(self, env_steps: int) -> int:
+  def update_steps_owed(self, env_steps: int,
+                        taken: int | None = None) -> int:
     """Update steps that each member's first ``env_steps`` env steps (of
-    those collected) earn at the target ratio and that have not been
-    granted yet; 0 before the warm-up ends. A run whose budget ends at
-    ``env_steps`` takes them before it stops."""
+    those collected) earn at the target ratio, less ``taken`` (default:
+    those granted so far); 0 before the warm-up ends. A run whose budget
+    ends at ``env_steps`` takes them before it stops. A learner fed
+    ahead of time (a prefetch queue) passes the update steps it has
+    learned: what was granted for batches still queued is owed too."""
     with self._cond:
       env = np.minimum(self._env_steps, env_steps)
       if (env < self.warmup_steps).any():
         return 0
       earned = np.floor(self.target_ratio * (env - self._uncounted).min()
                         + 1e-9)
-      return max(0, int(earned) - self._update_steps)
+      if taken is None:
+        taken = self._update_steps
+      return max(0, int(earned) - taken)
 
   def env_steps_needed(self, num_updates: int) -> int:
     """Env steps every member needs before ``num_updates`` more updates."""

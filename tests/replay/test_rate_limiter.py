@@ -73,6 +73,11 @@ def test_a_resume_takes_the_updates_carried_and_refilled():
   limiter.add_env_steps([0, 1], 20)  # 2 x (70 + 30) = 200 earned in all
   assert limiter.update_steps_owed(1000) == 50
   assert limiter.update_steps_owed(60) == 30  # the first 60 steps: 180
+  # A learner that has learned 120 of the 150 granted (a batch of 30 still
+  # queued) is owed that batch too: 200 - 120.
+  assert limiter.update_steps_owed(1000, taken=120) == 80
+  assert limiter.update_steps_owed(60, taken=120) == 60
+  assert limiter.update_steps_owed(60, taken=190) == 0  # never negative
 
 
 def test_per_member_warmup():
