@@ -20,15 +20,17 @@ MATRIX_TASKS = (('Pendulum-v1', 20_000), ('Hopper-v5', 50_000),
 MATRIX_BASELINE = 'seeds-td3'
 # The papers' control arm: the same population trained without exploit or
 # explore, each member's hyperparameters drawn from the whole prior. The
-# variants above start near the defaults, a head start it does not get.
+# variants (MATRIX_RULES) start near the defaults, a head start it does
+# not get: not the papers' comparison from the same prior.
 MATRIX_CONTROL = 'random-td3'
 MATRIX_RULES = ('pbt-td3', 'pbt-resample-td3', 'pbt-pb2-td3',
                 'pbt-shared-td3')
 MATRIX_NOTE = (
-    f'PBT against {MATRIX_BASELINE}, then against random search '
-    f'({MATRIX_CONTROL}), per task: each variant\'s verdict, its '
-    'probability of ending above a seed of the other arm with the 95% '
-    'interval, and its seeds ("not run": no run yet).')
+    f'PBT against {MATRIX_BASELINE}, then against random search from the '
+    f'whole prior ({MATRIX_CONTROL}; the variants start near the defaults), '
+    'per task: each variant\'s verdict, its probability of ending above a '
+    'seed of the other arm with the 95% interval, and its seeds ("not '
+    'run": no run yet).')
 
 
 def matrix_summary(by: dict) -> list[str]:

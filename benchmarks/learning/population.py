@@ -41,6 +41,8 @@ POPULATION_NEAR_RULES = ('pbt-ppo', 'pbt-pb2-ppo')
 # the papers' comparison for the third explore, on the 16-member cells
 # only. Added after the goal's arms had run, so not counted toward it.
 POPULATION_RESAMPLE_RULES = ('pbt-resample-prior-ppo',)
+# The cells of the larger population, those the goal counts.
+LARGER_CELLS = tuple(cell for cell in POPULATION_CELLS if cell[3])
 POPULATION_GOAL = 2  # tasks where PBT or PB2 beats random search
 POPULATION_NOTE = (
     f'PBT and PB2 against random search from the same prior '
@@ -56,16 +58,16 @@ POPULATION_NOTE = (
     f'same two arms: a head start random search does not get, so it does '
     f'not count toward the goal. The third gives PBT with the 2022 paper\'s '
     f'resample explore from the same prior draws '
-    f'({", ".join(POPULATION_RESAMPLE_RULES)}); its runs were added after '
+    f'({", ".join(POPULATION_RESAMPLE_RULES)}); its runs are added after '
     f'those of the goal\'s arms, so it does not count either.')
 
 
 NEAR_HEADING = ('From near the defaults (the library\'s default start; not '
                 'counted toward the goal):')
 RESAMPLE_HEADING = ('PBT with the 2022 paper\'s resample explore, from the '
-                    'same prior draws, on the 16-member tasks (added after '
-                    'the goal\'s arms had run; not counted toward the '
-                    'goal):')
+                    'same prior draws, on the 16-member tasks (its runs '
+                    'added after the goal\'s arms had run; not counted '
+                    'toward the goal):')
 
 
 # Providers whose envs port gymnasium's, rewards included (gymnax's
@@ -198,12 +200,12 @@ def population_table(by: dict, rules: tuple, cells: tuple = POPULATION_CELLS
     finals = best_finals(by, (task, steps, members))
     short = _short_arms(finals, _arms(rules))
     name = _population_name(task, steps, members)
-    cells = [_arm_cell(finals.get(POPULATION_BASELINE)),
-             _arm_cell(finals.get(POPULATION_CONTROL))]
+    row = [_arm_cell(finals.get(POPULATION_BASELINE)),
+           _arm_cell(finals.get(POPULATION_CONTROL))]
     for rule in rules:
-      cells += [_versus_cell(finals.get(rule), finals.get(other))
-                for other in (POPULATION_CONTROL, POPULATION_BASELINE)]
-    lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
+      row += [_versus_cell(finals.get(rule), finals.get(other))
+              for other in (POPULATION_CONTROL, POPULATION_BASELINE)]
+    lines.append(f'| {name} | ' + ' | '.join(row) + ' |')
     threshold = reward_threshold(task)
     reached = _reached(finals, threshold, _arms(rules))
     sentence, won, lost = population_sentence(name, finals, short,
@@ -257,7 +259,7 @@ def population_summary(by: dict) -> list[str]:
     return []
   same_prior, counted = population_table(by, POPULATION_RULES)
   near, _ = population_table(by, POPULATION_NEAR_RULES)
-  larger = tuple(cell for cell in POPULATION_CELLS if cell[3])
-  resample, _ = population_table(by, POPULATION_RESAMPLE_RULES, larger)
+  resample, _ = population_table(by, POPULATION_RESAMPLE_RULES,
+                                 LARGER_CELLS)
   return (same_prior + ['', population_goal(counted), '', NEAR_HEADING, '']
           + near + ['', RESAMPLE_HEADING, ''] + resample)

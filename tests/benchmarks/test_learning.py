@@ -482,9 +482,9 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
       'pbt-pb2-td3': _runs(-200.0, -210.0, -190.0, -205.0, -195.0),
       # -100 beats all 5 default seeds, -300 none: P = 5 / 10.
       'pbt-resample-td3': _runs(-100.0, -300.0),
-      # Between pbt-td3's seeds and the default seeds': pbt-td3 above
-      # every one of its seeds, pbt-pb2-td3 below.
-      'random-td3': _runs(-120.0, -125.0, -130.0, -115.0, -135.0)},
+      # Random search's seeds straddle the variants': other P values than
+      # against the default seeds (counted below).
+      'random-td3': _runs(-95.0, -100.0, -130.0, -200.0, -300.0)},
         ('Hopper-v5', 50_000, 4): {'pbt-td3': _runs(1.0, 2.0, 3.0),
                                    'pbt-pb2-td3': _runs(4.0)},
         # Not a budget of the matrix: not in it.
@@ -512,10 +512,17 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
                                      'not run']
   random, pbt, resample, pb2, shared = against_random[tasks[0]]
   assert random == '5 seeds'
-  assert pbt == 'better: P 1.00 [1.00, 1.00], 5 seeds'
-  assert pb2 == 'worse: P 0.00 [0.00, 0.00], 5 seeds'
-  # -100 beats all 5 of random search's seeds, -300 none.
-  assert resample.startswith('too few seeds (< 5): P 0.50 [')
+  # pbt-td3 (-90 to -110) against random search (-95, -100, -130, -200,
+  # -300): every seed above the last three; -90 above -95 and -100, -95
+  # level with -95 and above -100, -100 level with -100:
+  # (15 + 2 + 1.5 + 0.5) / 25 = 0.76.
+  assert pbt.startswith('not distinguishable: P 0.76 [')
+  # pbt-pb2-td3 (-190 to -210): every seed above -300; -190 and -195
+  # above -200, -200 level with it: (5 + 2 + 0.5) / 25 = 0.30.
+  assert pb2.startswith('not distinguishable: P 0.30 [')
+  # -100: above the last three, level with -100; -300: level with -300:
+  # (3.5 + 0.5) / 10.
+  assert resample.startswith('too few seeds (< 5): P 0.40 [')
   assert shared == 'not run'
   assert lines[-1] == learning.matrix.power_note()
   assert lines[split - 1] == (
@@ -525,8 +532,7 @@ def test_matrix_gives_each_pbt_variants_verdict_per_task():
   assert lines[-3] == (
       'A PBT variant better than random-td3 (random search from the whole '
       'prior; the variants start near the defaults, a head start it does '
-      'not get) on 1 of 5 tasks (Pendulum-v1 at 20,000 env steps); worse '
-      'on 1 (Pendulum-v1 at 20,000 env steps). Every method has 5 seeds or '
+      'not get) on 0 of 5 tasks; worse on 0. Every method has 5 seeds or '
       'more on 0 of 5 tasks.')
   # Only random search's seeds so far: the matrix is there, with them.
   alone = learning.matrix.matrix_summary(
@@ -633,6 +639,25 @@ def test_population_summary_compares_each_rule_with_random_search():
       {('Hopper-v5', 100_000, 4): {'pbt-ppo': _runs(1.0)}}) == []
 
 
+def test_resampling_from_the_prior_does_not_count_toward_the_goal():
+  """PBT with resampling beats random search on every 16-member task, PBT
+  and PB2 on none: its table says so, and the goal is not met."""
+  level = _runs(-100.0, -110.0, -90.0, -105.0, -95.0)
+  by = {cell[:3]: {'seeds-ppo': level, 'random-ppo': level,
+                   'pbt-prior-ppo': level, 'pbt-pb2-prior-ppo': level,
+                   'pbt-resample-prior-ppo': _runs(-10.0, -11.0, -9.0,
+                                                   -10.5, -9.5)}
+        for cell in learning.population.POPULATION_CELLS if cell[2] == 16}
+  lines = learning.population.population_summary(by)
+  third = lines.index(learning.population.RESAMPLE_HEADING)
+  resample = _rows(lines[third:])
+  assert len(resample) == 3
+  for cells in resample.values():
+    assert cells[2:] == ['better: P 1.00 [1.00, 1.00], 5 seeds'] * 2
+  goal = next(line for line in lines if line.startswith('Goal'))
+  assert ': not met. Better on 0, worse on 0;' in goal, goal
+
+
 def test_population_goal_is_met_only_with_two_wins_and_no_loss():
   cell = learning.population.GoalCell
   win = cell('a', won=True, lost=False, complete=True, unsolved=False)
@@ -698,7 +723,8 @@ def test_reward_threshold_is_gymnasiums_for_a_port_or_none():
 def _population_arms() -> tuple:
   population = learning.population
   return ((population.POPULATION_BASELINE, population.POPULATION_CONTROL) +
-          population.POPULATION_RULES + population.POPULATION_NEAR_RULES)
+          population.POPULATION_RULES + population.POPULATION_NEAR_RULES +
+          population.POPULATION_RESAMPLE_RULES)
 
 
 def _ours(task: str) -> tuple:
