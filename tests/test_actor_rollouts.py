@@ -196,6 +196,7 @@ def episodes_of(run_dir, member):
             for row in csv.DictReader(f)]
 
 
+@pytest.mark.slow
 def test_the_split_of_members_over_actor_processes_changes_no_result(
     tmp_path):
   # Each member's env seeds and sampling keys are its own and each rollout
@@ -219,6 +220,7 @@ def _seeds_run(run_dir: str, num_actors: int):
           result.run.final_returns)
 
 
+@pytest.mark.slow
 def test_the_actors_xla_scheduler_changes_no_result(tmp_path, monkeypatch):
   # The actors run a policy call's steps in order (ACTOR_XLA_FLAGS), for
   # speed only: under XLA's default, concurrent scheduler (set in
@@ -381,6 +383,7 @@ def test_ppo_rollouts_carry_raw_samples_and_each_versions_log_probs():
   assert not our_segments()
 
 
+@pytest.mark.slow
 def test_ppo_members_learn_cartpole_through_pbt(tmp_path):
   run_dir = str(tmp_path / 'ppo')
   result = fastpbrl.train(

@@ -368,6 +368,7 @@ def test_a_run_through_the_actors_reports_the_true_objective(tmp_path):
   assert_reports_the_true_objective(run_dir)
 
 
+@pytest.mark.slow
 def test_a_run_on_the_device_reports_the_true_objective(tmp_path):
   """Random search on the device path (the JAX env inside the compiled
   call)."""

@@ -337,6 +337,7 @@ TINY = dict(env=PENDULUM, population_size=2, env_steps=600, warmup_steps=100,
             eval_every=200, eval_episodes=2, progress=False, track='none')
 
 
+@pytest.mark.slow
 def test_pbt_runs_on_device_and_logs_like_the_actor_path(tmp_path):
   result = fastpbrl.train('pbt', run_dir=str(tmp_path / 'run'),
                           ready_after=200, **TINY)

@@ -69,6 +69,7 @@ def rule_column(run_dir, name):
   return [float(r[-1]) for r in rows if r[-2] == name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', sorted(RULES))
 def test_a_rule_runs_ppo_on_device(tmp_path, case):
   pytest.importorskip('gymnax')

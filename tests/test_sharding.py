@@ -43,6 +43,7 @@ def worker(check):
   return out
 
 
+@pytest.mark.slow
 def test_sharded_population_learner_equals_unsharded_and_compiles_once():
   """TD3, N=8 over 4 devices: init, update (3 calls with new hparams
   values, one compilation, no all-gather in the program), policy_params
@@ -50,6 +51,7 @@ def test_sharded_population_learner_equals_unsharded_and_compiles_once():
   worker('population_learner')
 
 
+@pytest.mark.slow
 def test_device_replay_on_the_mesh_stays_split_with_its_members():
   """A per-member device replay on 4 devices: rings sharded with their
   members through flushes and a copy across devices, and sampling inside
@@ -57,6 +59,7 @@ def test_device_replay_on_the_mesh_stays_split_with_its_members():
   worker('device_replay')
 
 
+@pytest.mark.slow
 def test_sharded_shared_critic_learner_equals_unsharded():
   """The shared critic of TD3, CEM-RL and DvD: the same values as on one
   device, policies sharded, critic replicated, an all-reduce for the mean
@@ -64,6 +67,7 @@ def test_sharded_shared_critic_learner_equals_unsharded():
   worker('shared_critic_learner')
 
 
+@pytest.mark.slow
 def test_pbt_cem_dvd_on_sharded_state():
   """PBT copies member 1 (device 0) onto member 7 (device 3) leaf for
   leaf; the learner then takes the rule's output without compiling again;

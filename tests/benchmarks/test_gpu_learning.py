@@ -32,6 +32,7 @@ def test_a_row_past_the_deadline_is_never_started(tmp_path):
   assert not (tmp_path / 'rows' / 'runs').exists()
 
 
+@pytest.mark.slow
 def test_a_task_with_colons_and_another_size_finds_its_result(tmp_path):
   """``gymnax:Acrobot-v1`` holds a colon: the row's last three fields are
   read from the right, and MEMBERS=16 looks where the benchmark writes a
