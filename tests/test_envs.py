@@ -145,10 +145,10 @@ def test_dqn_on_frames_warns_when_flags_are_not_natures(monkeypatch):
 
 
 # The run below plays whole games of Pong through the Nature CNN at every
-# evaluation: at the suite's XLA optimisation level 0 (tests/conftest.py) that
-# inference took 216 s of CPU against 38 s at XLA's default level (alone on a
-# 2-core AMD EPYC), far more than the compile time level 0 saves. So the run
-# goes in a process of its own, with XLA's default level.
+# evaluation: at the suite's XLA optimisation level 0 (tests/conftest.py)
+# the run took 216 s of CPU against 38 s at XLA's default level (2-core AMD
+# EPYC), far more than the compile time level 0 saves. So the run goes in a
+# process of its own, with XLA's default level.
 _PONG_RUN = """
 import json, sys
 from experiments import pbt
