@@ -29,6 +29,7 @@ orders, agree to ``numerics.TRAJECTORY`` (``tests/numerics.py``, rule 2);
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -329,6 +330,11 @@ def shared_reference() -> dict:
 
 
 if __name__ == '__main__':
+  if os.environ.get('DISTRIBUTED_WORKER_DUMP_S'):
+    # Every thread's Python stack on stderr if the run still goes on then
+    # (before the test's deadline): a stall says where it is.
+    faulthandler.dump_traceback_later(
+        float(os.environ['DISTRIBUTED_WORKER_DUMP_S']), exit=False)
   if sys.argv[2:] == ['shared']:
     shared_run(sys.argv[1])
   else:

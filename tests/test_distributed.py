@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -34,6 +35,47 @@ for name in (distributed.COORDINATOR, distributed.NUM_PROCESSES,
              distributed.PROCESS_ID):
   ENV.pop(name, None)
 LAUNCH = [sys.executable, '-m', 'fastpbrl.launch']
+# The launched worker's deadline, some 15 times its time alone here (about
+# 30 s), for a loaded 2-core machine; its processes print every thread's
+# stack at WORKER_DUMP_S (tests/distributed_worker.py), before the
+# launcher stops them, so a run that times out says where it was.
+WORKER_TIMEOUT_S, WORKER_DUMP_S = 420, 360
+
+
+def tail(proc: subprocess.CompletedProcess) -> str:
+  return proc.stdout[-3000:] + proc.stderr[-12000:]
+
+
+def run_worker(out_dir, *args: str) -> subprocess.CompletedProcess:
+  """``tests.distributed_worker OUT_DIR ARGS`` as 2 processes x 2 CPU
+  devices through the launcher, tried once more if the first try timed out.
+
+  One try of the shared-critic run in CI stopped making progress, gloo's
+  connection lines its only output, until the launcher's deadline (then
+  280 s); launches here, alone and two at a time under load, have not
+  shown it again. The second try keeps such a rare stall from failing the
+  suite, and the first try's stacks reach pytest's warnings summary; a
+  second timeout fails the test with both tries' stacks."""
+  env = {**ENV, 'DISTRIBUTED_WORKER_DUMP_S': str(WORKER_DUMP_S),
+         'XLA_FLAGS': os.environ.get('XLA_FLAGS', '') +
+         ' --xla_force_host_platform_device_count=2'}
+  command = LAUNCH + ['--num-processes', '2', '--timeout',
+                      str(WORKER_TIMEOUT_S), '--grace', '5', '--',
+                      sys.executable, '-m', 'tests.distributed_worker',
+                      str(out_dir), *args]
+  first = None
+  for _ in range(2):
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=WORKER_TIMEOUT_S + 60)
+    if proc.returncode != 124:
+      break
+    if first is None:
+      first = tail(proc)
+      warnings.warn('tests.distributed_worker timed out; trying once more. '
+                    'Its output:\n' + first)
+  if first is not None and proc.returncode == 124:
+    proc.stderr += '\n--- the first try ---\n' + first[-4000:]
+  return proc
 
 
 def alive(pid: int) -> bool:
@@ -50,15 +92,8 @@ def test_two_processes_agree_and_equal_one_process(tmp_path):
   exploit, twice: both processes record the same rule decisions, which
   copy members across processes, and the final state assembled from
   their rows equals the one-process, one-device run's."""
-  env = {**ENV, 'XLA_FLAGS': os.environ.get('XLA_FLAGS', '') +
-         ' --xla_force_host_platform_device_count=2'}
-  proc = subprocess.run(
-      LAUNCH + ['--num-processes', '2', '--timeout', '280', '--grace', '5',
-                '--', sys.executable, '-m', 'tests.distributed_worker',
-                str(tmp_path)],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-  log = proc.stdout[-3000:] + proc.stderr[-5000:]
-  assert proc.returncode == 0, log
+  proc = run_worker(tmp_path)
+  assert proc.returncode == 0, tail(proc)
   outs = [json.loads((tmp_path / f'process_{i}.json').read_text())
           for i in range(2)]
   assert [o['rows'] for o in outs] == [[0, 1], [2, 3]]
@@ -114,14 +149,8 @@ def test_shared_critic_rules_over_two_processes_equal_one_process(tmp_path):
   critic trained as one program over both processes' members, CEM-RL's
   distribution update and new generation on the global policies, DvD's
   action distance: the values of the one-process run, in float64."""
-  env = {**ENV, 'XLA_FLAGS': os.environ.get('XLA_FLAGS', '') +
-         ' --xla_force_host_platform_device_count=2'}
-  proc = subprocess.run(
-      LAUNCH + ['--num-processes', '2', '--timeout', '280', '--grace', '5',
-                '--', sys.executable, '-m', 'tests.distributed_worker',
-                str(tmp_path), 'shared'],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+  proc = run_worker(tmp_path, 'shared')
+  assert proc.returncode == 0, tail(proc)
   outs = [json.loads((tmp_path / f'shared_{i}.json').read_text())
           for i in range(2)]
   assert [o['rows'] for o in outs] == [[0, 1], [2, 3]]
