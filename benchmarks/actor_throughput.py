@@ -81,9 +81,9 @@ from fastpbrl.actors.actor import (configure_actor_process, key_data_of,
                                    make_policy_fns)
 from fastpbrl.actors.vector_envs import batch_kind
 from fastpbrl.agents.td3 import TD3Config
-from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.core.types import make_env_spec
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from fastpbrl.replay import PerMemberReplay, transition_fields
-from fastpbrl.types import make_env_spec
 
 MODES = ('serial', 'vectorized')
 

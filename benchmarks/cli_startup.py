@@ -5,7 +5,7 @@ in a fresh process, wall seconds from start to exit (host-side).
     python -m benchmarks.cli_startup --before /tmp/base    # and another tree
 
 Each command runs as the installed console script does (``from
-fastpbrl.commands import console_script``) with ``PYTHONPATH`` set to a
+fastpbrl.cli.commands import console_script``) with ``PYTHONPATH`` set to a
 source tree: this checkout, and with ``--before DIR`` another (a ``git
 worktree`` of an older commit). The trees' runs alternate, A B A B, so that
 a machine whose load drifts slows both alike. Median, min and max per
@@ -29,7 +29,7 @@ from benchmarks import provenance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = (('--help',), ('pbt', '--help'))
-SCRIPT = 'from fastpbrl.commands import console_script; console_script()'
+SCRIPT = 'from fastpbrl.cli.commands import console_script; console_script()'
 
 
 def wall_seconds(tree: str, args) -> float:

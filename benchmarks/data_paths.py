@@ -4,10 +4,10 @@ against JAX envs stepped on the device inside the learner call.
 For each population size, TD3 members (small networks, 64x64 by default)
 train for a fixed wall-clock budget on:
 
-* ``actors``: ``fastpbrl.pipeline.Pipeline`` (actor processes step the
+* ``actors``: ``fastpbrl.datapath.actor_replay.Pipeline`` (actor processes step the
   gymnasium env ``--env``, host replay, prefetch thread, parameters
-  published by a thread), the loop ``fastpbrl.run`` runs;
-* ``on-device``: ``fastpbrl.device_pipeline.DevicePipeline`` (the JAX env
+  published by a thread), the loop ``fastpbrl.run.main`` runs;
+* ``on-device``: ``fastpbrl.datapath.device_replay.DevicePipeline`` (the JAX env
   ``--jax-env`` stepped, acted in, inserted, sampled and updated in one
   compiled call). On the CPU backend, ``--cpu-devices K`` gives XLA ``K``
   host devices and splits the population over them (``--devices``), so
@@ -51,12 +51,14 @@ import numpy as np
 
 from benchmarks.provenance import (answered_one_row, git_commit,
                                    row_in_process, write_record)
-from fastpbrl import agents, jax_envs, sharding
+from fastpbrl import agents
 from fastpbrl.agents.td3 import TD3Config
-from fastpbrl.build import make_env_spec
-from fastpbrl.device_pipeline import DevicePipeline, EnvCall
-from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.pipeline import Pipeline, PipelineConfig
+from fastpbrl.datapath.actor_replay import Pipeline, PipelineConfig
+from fastpbrl.datapath.device_replay import DevicePipeline, EnvCall
+from fastpbrl.devices import sharding
+from fastpbrl.envs import jax_envs
+from fastpbrl.learner.population import PopulationLearner, population_hparams
+from fastpbrl.run.build import make_env_spec
 
 MODES = ('actors', 'on-device')
 
@@ -154,7 +156,7 @@ def run_actors(args, n: int) -> dict:
     pending = None
     while True:
       state, metrics = learner.update(state, hparams, pipeline.next_batch())
-      if pending is not None:  # the previous call's, as fastpbrl.run does
+      if pending is not None:  # the previous call's, as fastpbrl.run.main does
         np.asarray(pending['finite'])
       pending = metrics
       pipeline.publish_async(learner.policy_params(state), hparams)

@@ -382,9 +382,9 @@ def diverging_member(out: str) -> Row:
 
 
 def child_diverge(run_dir: str) -> None:
-  from fastpbrl.cli import setup_logging  # noqa: PLC0415
+  from fastpbrl.cli.parse import setup_logging  # noqa: PLC0415
   from fastpbrl.rules.pbt import PBT, PBTRunConfig  # noqa: PLC0415
-  from fastpbrl.run import run  # noqa: PLC0415
+  from fastpbrl.run.main import run  # noqa: PLC0415
 
   class OneBadMember(PBT):
     def initial_hparams(self, key, agent, population_size):

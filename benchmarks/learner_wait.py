@@ -1,8 +1,8 @@
 """Learner wait fraction: short TD3 runs of populations through the pipeline.
 
-For each population size and each data path, runs ``fastpbrl.pipeline.Pipeline``
+For each population size and each data path, runs ``fastpbrl.datapath.actor_replay.Pipeline``
 (actor processes, replay, rate limiter, prefetch) with
-``fastpbrl.learner.PopulationLearner`` on TD3 for a fixed wall-clock budget
+``fastpbrl.learner.population.PopulationLearner`` on TD3 for a fixed wall-clock budget
 and reports, once warm (the first ``--warm-calls`` calls, which hold the
 warm-up and the first compile, are excluded):
 
@@ -17,7 +17,7 @@ The data paths, side by side in one run:
   written to shared memory before the next call is dispatched;
 * ``host``: host replay, the call's parameters published by a thread
   (``Pipeline.publish_async``) and its metrics read once the next call is
-  dispatched (what ``fastpbrl.run`` does);
+  dispatched (what ``fastpbrl.run.main`` does);
 * ``device``: as ``host``, with the replay on the device and sampling inside
   the compiled call (``fastpbrl.replay.device``).
 
@@ -47,7 +47,7 @@ import numpy as np
 
 from benchmarks.data_paths import td3_population
 from fastpbrl import agents
-from fastpbrl.pipeline import Pipeline, PipelineConfig
+from fastpbrl.datapath.actor_replay import Pipeline, PipelineConfig
 
 MODES = ('sync', 'host', 'device')
 
@@ -107,7 +107,7 @@ def run_one(args, n: int, mode: str) -> dict:
         np.asarray(metrics['finite'])
         pipeline.publish(learner.policy_params(state), hparams)  # waits
       else:
-        if pending is not None:  # the previous call's, as fastpbrl.run does
+        if pending is not None:  # the previous call's, as fastpbrl.run.main does
           np.asarray(pending['finite'])
         pending = metrics
         pipeline.publish_async(learner.policy_params(state), hparams)

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from benchmarks.provenance import code_version, machine
-from fastpbrl.logging import read_final_returns, write_json_atomic
+from fastpbrl.logs.logging import read_final_returns, write_json_atomic
 from fastpbrl.rules.pbt import read_lineage
 
 COMMAND = ('pbt', '--no-progress')  # the README's command, without the bar

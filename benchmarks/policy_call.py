@@ -43,7 +43,7 @@ from benchmarks.provenance import (answered_one_row, cpu_machine, git_commit,
 from fastpbrl.actors.actor import (configure_actor_process, key_data_of,
                                    make_policy_fns)
 from fastpbrl.agents.registry import make_agent
-from fastpbrl.pipeline import _make_gym_env, _probe_env_spec
+from fastpbrl.datapath.actor_replay import _make_gym_env, _probe_env_spec
 
 RESULT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       'results', 'cpu', 'policy_call.json')

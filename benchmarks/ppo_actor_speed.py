@@ -1,6 +1,6 @@
 """Wall time of on-policy members through fastpbrl's actor processes beside
 one Stable-Baselines3 PPO agent: ``N`` PPO members x ``S`` env steps each
-(``fastpbrl.actor_rollouts``, synchronous iterations) against SB3's PPO x
+(``fastpbrl.datapath.actor_rollouts``, synchronous iterations) against SB3's PPO x
 ``S`` on the same env, and the ratio of the two wall times (below ``N``:
 the population costs less than ``N`` SB3 runs one after another).
 

@@ -4,7 +4,7 @@ how long ``N`` members take compared with ``N`` sequential SB3 runs.
 For each population size ``N`` (``--members``, default 1 4 16 64 256),
 ``N`` PPO members (``--agent``, default ``ppo``) each take ``--env-steps``
 env steps of ``--jax-env`` (default gymnax:CartPole-v1) on the on-device
-rollout path (``fastpbrl.device_rollouts.DeviceRollouts``: envs, rollouts
+rollout path (``fastpbrl.datapath.device_rollouts.DeviceRollouts``: envs, rollouts
 and updates in one compiled call per ``steps_per_call``), and one SB3 PPO
 agent (needs the ``.[torch]`` extra; ``--no-sb3`` leaves it out) takes the
 same env steps on gymnasium's ``--gym-env`` (default CartPole-v1) with
@@ -42,10 +42,11 @@ import numpy as np
 
 from benchmarks.provenance import (answered_one_row, cpu_machine,
                                    git_commit, row_in_process, write_record)
-from fastpbrl import agents, jax_envs
-from fastpbrl.device_rollouts import DeviceRollouts
-from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.pipeline import PipelineConfig
+from fastpbrl import agents
+from fastpbrl.datapath.actor_replay import PipelineConfig
+from fastpbrl.datapath.device_rollouts import DeviceRollouts
+from fastpbrl.envs import jax_envs
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 
 # The agent config's field of the epochs per iteration, as its registered
 # config may name it; SB3's is ``n_epochs``.

@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks import provenance
 from benchmarks.faults import Run, checkpoints, csv_progress, wait_until
-from fastpbrl.logging import evaluation_points, read_member_csvs
+from fastpbrl.logs.logging import evaluation_points, read_member_csvs
 
 EVAL_EPISODES = 5
 

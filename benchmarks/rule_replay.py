@@ -42,10 +42,11 @@ import numpy as np
 
 from benchmarks.provenance import code_version, machine
 from benchmarks.rule_recorder import COMMON, RULES
-from fastpbrl import build, rules
-from fastpbrl.actors.actor import episode_record
-from fastpbrl.logging import write_json_atomic
+from fastpbrl import rules
+from fastpbrl.core.types import episode_record
+from fastpbrl.logs.logging import write_json_atomic
 from fastpbrl.rules.base import Observation
+from fastpbrl.run import build
 
 # Event fields computed from trained weights: not reproducible by a replay.
 FROM_WEIGHTS = ('mean_policy_return',)

@@ -35,10 +35,10 @@ import numpy as np
 from acme import specs
 
 from fastpbrl.agents import td3
-from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.core.types import random_transitions
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from fastpbrl.replay import PerMemberReplay, transition_fields
 from fastpbrl.replay.device import DeviceReplay
-from fastpbrl.types import random_transitions
 
 
 def halfcheetah_like_spec(obs_dim: int = 17,

@@ -24,9 +24,9 @@ import optax
 from acme import specs
 
 from fastpbrl import agents
-from fastpbrl import search_space as ss
 from fastpbrl.agents import networks as nets_lib, ppo
 from fastpbrl.agents.base import Agent, rollout_steps, scalar_hparams
+from fastpbrl.core import search_space as ss
 
 LOG_2PI = math.log(2.0 * math.pi)  # a Python float: float64 tests stay so
 

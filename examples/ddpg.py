@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from fastpbrl import agents
-from fastpbrl import search_space as ss
 from fastpbrl.agents import deterministic as det, networks as nets_lib
 from fastpbrl.agents.base import Agent, polyak, scalar_hparams, td_target
+from fastpbrl.core import search_space as ss
 
 
 @dataclasses.dataclass(frozen=True)

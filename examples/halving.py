@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpbrl import agents, rules
-from fastpbrl import search_space as ss
-from fastpbrl.config import (RunConfig, bounded, check, check_bounds,
-                             rule_fields)
+from fastpbrl.config.settings import (RunConfig, bounded, check, check_bounds,
+                                      rule_fields)
+from fastpbrl.core import search_space as ss
 from fastpbrl.rules.common import evaluation_returns
 
 

@@ -3,8 +3,8 @@ experiments.<rule>`` from a checkout is ``fastpbrl <rule>``."""
 
 import functools
 
-from fastpbrl import cli
-from fastpbrl.commands import main as fastpbrl_main
+from fastpbrl.cli import parse as cli
+from fastpbrl.cli.commands import main as fastpbrl_main
 from fastpbrl.rules import registry
 
 

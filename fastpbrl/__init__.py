@@ -13,7 +13,7 @@ The Python API (``fastpbrl/api.py``, imported on first use so that
 * ``load_run(run_dir) -> RunData``: a run's results as pandas tables
   (episodes, evaluations, hyperparameters, lineage, rule scalars, final
   returns) and ``hparam_schedule(member)``, the hyperparameters behind a
-  member's weights over time (``fastpbrl/run_data.py``);
+  member's weights over time (``fastpbrl/trained/run_data.py``);
 * ``Callback``: hooks ``after_call(loop)`` and ``after_rule_decision(loop,
   event)`` for ``train(..., callbacks=[...])`` and ``run``; ``loop.stop()``
   ends a run early, as ``StopAtReturn(threshold)`` and ``TimeLimit(seconds)``
@@ -28,16 +28,19 @@ __version__ = '0.1.0'
 
 _API = {
     'train': 'fastpbrl.api', 'load_policy': 'fastpbrl.api',
-    'evaluate': 'fastpbrl.api', 'best_member': 'fastpbrl.api',
-    'TrainResult': 'fastpbrl.api', 'Policy': 'fastpbrl.policy',
-    'Evaluation': 'fastpbrl.api', 'Callback': 'fastpbrl.callbacks',
-    'StopAtReturn': 'fastpbrl.callbacks', 'TimeLimit': 'fastpbrl.callbacks',
-    'ConfigError': 'fastpbrl.config', 'RunConfig': 'fastpbrl.config',
+    'evaluate': 'fastpbrl.api', 'best_member': 'fastpbrl.trained.run_data',
+    'TrainResult': 'fastpbrl.api', 'Policy': 'fastpbrl.trained.policy',
+    'Evaluation': 'fastpbrl.api', 'Callback': 'fastpbrl.run.callbacks',
+    'StopAtReturn': 'fastpbrl.run.callbacks',
+    'TimeLimit': 'fastpbrl.run.callbacks',
+    'ConfigError': 'fastpbrl.config.settings',
+    'RunConfig': 'fastpbrl.config.settings',
     'PBTRunConfig': 'fastpbrl.rules.pbt.rule',
     'CEMRLRunConfig': 'fastpbrl.rules.cemrl.rule',
     'DvDRunConfig': 'fastpbrl.rules.dvd.rule',
     'HyperTrickRunConfig': 'fastpbrl.rules.hypertrick.rule',
-    'load_run': 'fastpbrl.run_data', 'RunData': 'fastpbrl.run_data',
+    'load_run': 'fastpbrl.trained.run_data',
+    'RunData': 'fastpbrl.trained.run_data',
 }
 
 __all__ = sorted(_API)
@@ -45,8 +48,8 @@ __all__ = sorted(_API)
 
 def __getattr__(name):
   if name == 'run':
-    # ``fastpbrl.run`` is the run-loop module; its ``run`` function is
-    # ``fastpbrl.run.run`` (an attribute lookup here returns the module).
+    # ``fastpbrl.run`` is the run's package; its ``run`` function is
+    # ``fastpbrl.run.run`` (an attribute lookup here returns the package).
     return importlib.import_module('fastpbrl.run')
   if name in _API:
     return getattr(importlib.import_module(_API[name]), name)

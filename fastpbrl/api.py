@@ -29,20 +29,21 @@ import gymnasium as gym
 import jax
 import numpy as np
 
-from fastpbrl import build, distributed
-from fastpbrl.callbacks import Callback
-from fastpbrl.checkpoint import Checkpointer
-from fastpbrl.config import (ConfigError, RunConfig, check_types,
-                             saved_config, saved_settings)
-from fastpbrl.envs import make_env
-from fastpbrl.evaluation import evaluation_seeds
-from fastpbrl.finish import RunResult
-from fastpbrl.logging import FINAL_RETURNS, read_final_returns
-from fastpbrl.policy import Policy
-from fastpbrl.resume import RULE_FORMAT, state_version
+from fastpbrl.config.settings import (ConfigError, RunConfig, check_types,
+                                      saved_config, saved_settings)
+from fastpbrl.datapath.evaluation import evaluation_seeds
+from fastpbrl.devices import distributed
+from fastpbrl.envs.gym import make_env
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Rule
-from fastpbrl.run import run
+from fastpbrl.run import build
+from fastpbrl.run.callbacks import Callback
+from fastpbrl.run.checkpoint import Checkpointer
+from fastpbrl.run.finish import RunResult
+from fastpbrl.run.main import run
+from fastpbrl.run.resume import RULE_FORMAT, state_version
+from fastpbrl.trained.policy import Policy
+from fastpbrl.trained.run_data import best_member
 
 Member = Union[str, int]
 
@@ -198,22 +199,6 @@ def saved_rule(run_dir: str) -> str:
                       'an earlier fastpbrl, which kept its rules\' state '
                       'another way)')
   return ref
-
-
-def best_member(run_dir: str) -> int:
-  """The member with the highest final-evaluation mean in ``run_dir``'s
-  ``final_returns.json``.
-
-  Raises:
-    ConfigError: the run has no final evaluation (unfinished, or killed).
-  """
-  try:
-    returns = read_final_returns(run_dir)['final_returns']
-  except FileNotFoundError:
-    raise ConfigError(
-        f'{run_dir!r} has no {FINAL_RETURNS} (the run has not finished): '
-        'pass a member index instead of best') from None
-  return int(np.argmax(returns))
 
 
 def resolve_member(run_dir: str, member: Member, population_size: int) -> int:

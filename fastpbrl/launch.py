@@ -2,8 +2,8 @@
 
 ``python -m fastpbrl.launch --num-processes 2 -- fastpbrl pbt FLAGS`` (or
 any command: ``python my_run.py ARGS``, whose script calls
-``fastpbrl.distributed.initialize_from_env()`` first) starts the command ``--num-processes`` times, each with the variables
-``fastpbrl.distributed.initialize_from_env`` reads:
+``fastpbrl.devices.distributed.initialize_from_env()`` first) starts the command ``--num-processes`` times, each with the variables
+``fastpbrl.devices.distributed.initialize_from_env`` reads:
 ``FASTPBRL_COORDINATOR=localhost:<free port>``,
 ``FASTPBRL_NUM_PROCESSES=N`` and ``FASTPBRL_PROCESS_ID=0..N-1``.
 SIGINT and SIGTERM are forwarded to every child (still running ``--grace``

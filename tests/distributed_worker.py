@@ -1,4 +1,4 @@
-"""A 4-member TD3 PBT over several processes (``fastpbrl.distributed``),
+"""A 4-member TD3 PBT over several processes (``fastpbrl.devices.distributed``),
 run by ``tests/test_distributed.py``.
 
 ``python -m fastpbrl.launch --num-processes 2 -- python -m
@@ -10,7 +10,7 @@ and writes ``OUT_DIR/process_<id>.json``: its rule decisions and its rows
 of the final state. ``reference()`` is the same run in one process on one
 device, unsharded, for the test to compare with. ``pbt_step`` is the
 multi-process PBT recipe the worker runs (the run loop's own is
-``fastpbrl.distributed.Processes``).
+``fastpbrl.devices.distributed.Processes``).
 
 ``python -m tests.distributed_worker OUT_DIR shared`` does the same for the
 shared-critic rules: CEM-RL's and DvD's shared-critic updates (one program
@@ -39,15 +39,16 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from fastpbrl import distributed, sharding
-from fastpbrl import search_space as ss
 from fastpbrl.agents import td3
-from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
-                              population_hparams)
+from fastpbrl.core import search_space as ss
+from fastpbrl.core.types import random_transitions
+from fastpbrl.devices import distributed
+from fastpbrl.devices import sharding
+from fastpbrl.learner.population import (PopulationLearner, SharedCriticLearner,
+                                         population_hparams)
+from fastpbrl.rules import pbt as pbt_lib
 from fastpbrl.rules.cemrl import cem as cem_lib
 from fastpbrl.rules.dvd import diversity as dvd_lib
-from fastpbrl.rules import pbt as pbt_lib
-from fastpbrl.types import random_transitions
 from tests import numerics
 from tests.agents.helpers import env_spec
 

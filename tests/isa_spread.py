@@ -46,10 +46,10 @@ import jax
 import numpy as np
 
 from benchmarks.provenance import code_version, machine
-from fastpbrl import sharding
 from fastpbrl.agents import td3
-from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
-                              population_hparams)
+from fastpbrl.devices import sharding
+from fastpbrl.learner.population import (PopulationLearner, SharedCriticLearner,
+                                         population_hparams)
 from fastpbrl.rules.dvd import diversity as dvd
 from tests import numerics
 from tests.agents.helpers import env_spec, random_batch

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 from acme import specs
 
 from fastpbrl import agents
-from fastpbrl import search_space as ss
 from fastpbrl.agents.base import Agent, scalar_hparams
+from fastpbrl.core import search_space as ss
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,14 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from fastpbrl import sharding
-from fastpbrl import search_space as ss
 from fastpbrl.agents import td3
-from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
-                              population_hparams)
+from fastpbrl.core import search_space as ss
+from fastpbrl.devices import sharding
+from fastpbrl.learner.population import (PopulationLearner, SharedCriticLearner,
+                                         population_hparams)
+from fastpbrl.rules import pbt as pbt_lib
 from fastpbrl.rules.cemrl import cem as cem_lib
 from fastpbrl.rules.dvd import diversity as dvd_lib
-from fastpbrl.rules import pbt as pbt_lib
 from tests import numerics
 from tests.agents.helpers import env_spec, random_batch
 

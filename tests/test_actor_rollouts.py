@@ -1,4 +1,4 @@
-"""The on-policy actor path (``fastpbrl.actor_rollouts``): each rollout is
+"""The on-policy actor path (``fastpbrl.datapath.actor_rollouts``): each rollout is
 ``T`` consecutive steps of one env collected by the newest published
 policy, runs through ``fastpbrl.train`` finish and resume, and nothing
 leaks."""
@@ -14,16 +14,19 @@ import numpy as np
 import pytest
 
 import fastpbrl
-from fastpbrl import agents, datapath
-from fastpbrl.actor_rollouts import (ActorRollouts, check_rollout_settings,
-                                     rollout_fields)
+from fastpbrl import agents
 from fastpbrl.actors import (Actor, ParamStore, chunk_layout,
                              default_num_processes)
 from fastpbrl.agents import ppo
-from fastpbrl.config import RunConfig
-from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.pipeline import PipelineConfig
-from fastpbrl.types import Rollout, make_env_spec
+from fastpbrl.config.settings import RunConfig
+from fastpbrl.core.types import Rollout, make_env_spec
+from fastpbrl.datapath import factory as datapath
+from fastpbrl.datapath import protocol
+from fastpbrl.datapath.actor_replay import PipelineConfig
+from fastpbrl.datapath.actor_rollouts import (ActorRollouts,
+                                              check_rollout_settings,
+                                              rollout_fields)
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from tests import rollout_agent_for_tests as test_agent
 from tests.test_preemption import LINE, last_line, stopped_by_sigterm
 
@@ -132,7 +135,7 @@ def test_datapath_create_picks_the_actor_rollouts():
   path = datapath.create(config, agent, learner, shared_replay=False)
   try:
     assert isinstance(path, ActorRollouts)
-    assert isinstance(path, datapath.DataPath)
+    assert isinstance(path, protocol.DataPath)
     assert path.replay.state_rows(path.replay.state_dict()) == 0
     assert path.checkpoint_state() is None and not path.restored_exactly
   finally:

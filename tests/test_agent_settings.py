@@ -8,9 +8,9 @@ import pytest
 
 import fastpbrl
 from examples import a2c
-from fastpbrl import build
-from fastpbrl import config as config_lib
-from fastpbrl.config import ConfigError, RunConfig
+from fastpbrl.config import settings as config_lib
+from fastpbrl.config.settings import ConfigError, RunConfig
+from fastpbrl.run import build
 
 A2C = 'examples.a2c:A2C'
 
@@ -159,7 +159,7 @@ def test_train_takes_agent_settings_as_a_mapping():
 
 def test_the_actor_paths_rollout_shapes_are_refused_before_the_run(tmp_path):
   # Gymnasium envs: one env per member, one iteration per learner call
-  # (fastpbrl.actor_rollouts), refused when the agent is built, before the
+  # (fastpbrl.datapath.actor_rollouts), refused when the agent is built, before the
   # run folder is made.
   run_dir = tmp_path / 'run'
   with pytest.raises(ConfigError, match=r'^--agent ppo: num_envs must be 1 '

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import fastpbrl
-from fastpbrl import commands
-from fastpbrl.evaluation import evaluation_seeds
-from fastpbrl.logging import read_final_returns
-from fastpbrl.plots import hparam_lines, read_hparams_csv
+from fastpbrl.cli import commands
+from fastpbrl.datapath.evaluation import evaluation_seeds
+from fastpbrl.logs.logging import read_final_returns
 from fastpbrl.rules import pbt as pbt_lib
+from fastpbrl.run.plots import hparam_lines, read_hparams_csv
 from tests import numerics
 from tests.test_preemption import stopped_by_sigterm
 

@@ -13,13 +13,13 @@ import jax
 import numpy as np
 import pytest
 
-from fastpbrl import resume
 from fastpbrl.agents import td3
-from fastpbrl.checkpoint import CheckpointError, Checkpointer
-from fastpbrl.config import ConfigError, RunConfig
-from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.config.settings import ConfigError, RunConfig
+from fastpbrl.core.types import make_env_spec
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from fastpbrl.replay import make_replay, transition_fields
-from fastpbrl.types import make_env_spec
+from fastpbrl.run import resume
+from fastpbrl.run.checkpoint import CheckpointError, Checkpointer
 
 
 @pytest.fixture(scope='module')

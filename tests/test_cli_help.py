@@ -7,14 +7,18 @@ import re
 
 import pytest
 
-from fastpbrl import cli, cli_help, commands, config as config_lib, tracking
 from fastpbrl.agents.networks import NETWORK_INITS
-from fastpbrl.config import RunConfig
-from fastpbrl.rules.dvd import bandit as bandit_lib
-from fastpbrl.rules.pbt import exploit as pbt_lib
+from fastpbrl.cli import commands
+from fastpbrl.cli import help as cli_help
+from fastpbrl.cli import parse as cli
+from fastpbrl.config import settings as config_lib
+from fastpbrl.config.settings import RunConfig
+from fastpbrl.logs import tracking
 from fastpbrl.replay.device import LOCATIONS
 from fastpbrl.rules import hypertrick, pbt, registry
+from fastpbrl.rules.dvd import bandit as bandit_lib
 from fastpbrl.rules.dvd import rule as dvd
+from fastpbrl.rules.pbt import exploit as pbt_lib
 
 
 def help_of(name, capsys, *flags):

@@ -12,14 +12,15 @@ import tomllib
 import pytest
 
 from examples import ddpg
-from fastpbrl import agents, commands, rules
-from fastpbrl.build import make_env_spec
-from fastpbrl.commands import bench
-from fastpbrl.config import ConfigError
+from fastpbrl import agents, rules
+from fastpbrl.cli import commands
+from fastpbrl.cli.commands import bench
+from fastpbrl.config.settings import ConfigError
 from fastpbrl.rules import builtin, registry
 from fastpbrl.rules.hypertrick import PRESETS as PRESETS_HT
 from fastpbrl.rules.pbt import PRESETS as PBT_PRESETS
 from fastpbrl.rules.seeds import Seeds
+from fastpbrl.run.build import make_env_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,7 +29,7 @@ def test_console_script_is_declared_and_resolves():
   with open(os.path.join(ROOT, 'pyproject.toml'), 'rb') as f:
     scripts = tomllib.load(f)['project']['scripts']
   module, function = scripts['fastpbrl'].split(':')
-  assert (module, function) == ('fastpbrl.commands', 'console_script')
+  assert (module, function) == ('fastpbrl.cli.commands', 'console_script')
   assert callable(getattr(sys.modules[module], function))
 
 
@@ -154,7 +155,7 @@ def test_custom_env_from_a_user_module(tmp_path, monkeypatch):
 def test_evaluate_of_an_unfinished_run_names_the_member_flag(tmp_path, capsys):
   (tmp_path / 'config.json').write_text(json.dumps({'rule': 'seeds'}))
   from fastpbrl.api import resolve_member
-  from fastpbrl.config import ConfigError
+  from fastpbrl.config.settings import ConfigError
   with pytest.raises(ConfigError, match='no final_returns.json .* pass a member'):
     resolve_member(str(tmp_path), 'best', 4)
   with pytest.raises(ConfigError, match=r'--member 4 is out of range: .* 4 members'):
@@ -185,7 +186,7 @@ def test_console_script_runs_from_another_folder(tmp_path):
   """What the installed script does, from a folder that is not the repo."""
   env = {**os.environ, 'PYTHONPATH': ROOT}
   out = subprocess.run(
-      [sys.executable, '-c', 'from fastpbrl.commands import console_script; '
+      [sys.executable, '-c', 'from fastpbrl.cli.commands import console_script; '
        'console_script()', 'evaluate', 'nowhere'],
       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
   assert out.returncode == 2
@@ -194,7 +195,7 @@ def test_console_script_runs_from_another_folder(tmp_path):
 
 
 def test_default_run_dir_is_rule_agent_env_time(tmp_path):
-  from fastpbrl.build import default_run_dir
+  from fastpbrl.run.build import default_run_dir
   root = str(tmp_path / 'runs')
   path = default_run_dir('pbt', 'td3', 'Pendulum-v1', root)
   assert re.fullmatch(re.escape(root) + r'/pbt-td3-Pendulum-v1-\d{8}-\d{6}',
@@ -209,7 +210,7 @@ def test_default_run_dir_is_rule_agent_env_time(tmp_path):
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(
     tmp_path, monkeypatch):
-  from fastpbrl import build
+  from fastpbrl.run import build
   monkeypatch.setattr(build.time, 'strftime', lambda _: '20261123-050000')
   root = str(tmp_path / 'runs')
   paths = [build.default_run_dir('pbt', 'td3', 'Hopper-v5', root)
@@ -220,7 +221,7 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(
 
 
 def test_write_json_atomic_replaces_whole_files(tmp_path):
-  from fastpbrl.logging import write_json_atomic
+  from fastpbrl.logs.logging import write_json_atomic
   path = str(tmp_path / 'final_returns.json')
   write_json_atomic(path, {'final_returns': [1.0]})
   write_json_atomic(path, {'final_returns': [2.0, 3.0]})
@@ -342,7 +343,7 @@ def test_config_file_then_flags_then_print(tmp_path, capsys):
 def test_a_runs_config_json_is_a_config_file(tmp_path, capsys):
   """What a run saves (its settings, its rule's ref, its folder) starts a
   new run with the same settings, in a folder of its own."""
-  from fastpbrl.config import resolved  # a run saves resolved settings
+  from fastpbrl.config.settings import resolved  # a run saves resolved settings
   settings = dataclasses.asdict(resolved(dataclasses.replace(
       PBT_PRESETS['small'], seed=7, fraction=0.5, hidden_sizes=(32, 32),
       run_dir='runs/old', progress=False)))
@@ -418,11 +419,11 @@ def test_help_imports_nothing_of_jax():
   """``fastpbrl --help`` lists the commands without importing JAX, the run
   loop or a rule (seconds of start-up); ``-X importtime`` in a fresh
   process shows what it imports."""
-  code = ('import sys; from fastpbrl.commands import main; '
+  code = ('import sys; from fastpbrl.cli.commands import main; '
           'assert main(["--help"]) == 0; '
           'heavy = [m for m in sys.modules if m.split(".")[0] in '
           '("jax", "jaxlib", "numpy", "haiku", "optax", "orbax", "gymnasium")'
-          ' or m in ("fastpbrl.run", "fastpbrl.cli", "fastpbrl.rules.base")]; '
+          ' or m in ("fastpbrl.run.main", "fastpbrl.cli.parse", "fastpbrl.rules.base")]; '
           'print(heavy, file=sys.stderr)')
   out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, text=True,
                        capture_output=True, check=True,

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from fastpbrl import config as config_lib
-from fastpbrl.config import ConfigError, check_bounds, declared_bounds
+from fastpbrl.config import settings as config_lib
+from fastpbrl.config.settings import ConfigError, check_bounds, declared_bounds
 from fastpbrl.rules import registry
 
 RULE_CONFIGS = [rule.config_class for rule in registry.builtins()]

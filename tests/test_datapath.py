@@ -1,4 +1,4 @@
-"""The declared data path (``fastpbrl.datapath``): both paths implement
+"""The declared data path (``fastpbrl.datapath.factory``): both paths implement
 ``DataPath`` (each method with the protocol's parameters, and
 ``isinstance`` of built ones), ``datapath.create`` picks the path from the
 env kind, ``random_states`` is DvD's probe-state algorithm (checked against
@@ -13,23 +13,25 @@ import jax
 import numpy as np
 import pytest
 
-from fastpbrl import agents, datapath
-from fastpbrl.config import RunConfig
-from fastpbrl.device_pipeline import DevicePipeline
-from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.pipeline import Pipeline
-from fastpbrl.types import make_env_spec
+from fastpbrl import agents
+from fastpbrl.config.settings import RunConfig
+from fastpbrl.core.types import make_env_spec
+from fastpbrl.datapath import factory as datapath
+from fastpbrl.datapath import protocol
+from fastpbrl.datapath.actor_replay import Pipeline
+from fastpbrl.datapath.device_replay import DevicePipeline
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 
 PROTOCOL_NAMES = sorted(
-    {n for n in vars(datapath.DataPath) if not n.startswith('_')}
-    | set(datapath.DataPath.__annotations__))
+    {n for n in vars(protocol.DataPath) if not n.startswith('_')}
+    | set(protocol.DataPath.__annotations__))
 
 
 @pytest.mark.parametrize('cls', [Pipeline, DevicePipeline])
 def test_both_paths_have_every_method_with_the_protocols_parameters(cls):
   for name in PROTOCOL_NAMES:
-    declared = getattr(datapath.DataPath, name, None)
-    if name in datapath.DataPath.__annotations__:
+    declared = getattr(protocol.DataPath, name, None)
+    if name in protocol.DataPath.__annotations__:
       continue  # an attribute set in __init__: checked on instances below
     assert hasattr(cls, name), f'{cls.__name__} lacks {name}'
     if inspect.isfunction(declared):
@@ -76,7 +78,7 @@ def test_actor_path_random_states_and_evaluate():
   with contextlib.closing(datapath.create(config, agent, learner,
                                           shared_replay=False)) as data:
     assert isinstance(data, Pipeline)
-    assert isinstance(data, datapath.DataPath)
+    assert isinstance(data, protocol.DataPath)
   # Both need no actor: they work on a closed path.
   states = data.random_states(250, seed=3)  # past a 200-step time limit
   assert states.shape == (250, 3) and states.dtype == np.float32
@@ -92,14 +94,14 @@ def test_actor_path_random_states_and_evaluate():
 
 def test_device_path_random_states_and_evaluate():
   pytest.importorskip('gymnax')
-  from fastpbrl import jax_envs  # noqa: PLC0415
+  from fastpbrl.envs import jax_envs  # noqa: PLC0415
   env = 'gymnax:Pendulum-v1'
   config, agent, learner, state, hparams = small_run(
       env, jax_envs.make(env).env_spec)
   with contextlib.closing(datapath.create(config, agent, learner,
                                           shared_replay=False)) as data:
     assert isinstance(data, DevicePipeline)
-    assert isinstance(data, datapath.DataPath)
+    assert isinstance(data, protocol.DataPath)
     states = data.random_states(250, seed=3)
     assert states.shape == (250, 3) and states.dtype == np.float32
     np.testing.assert_array_equal(states, data.random_states(250, seed=3))

@@ -1,7 +1,7 @@
 """The on-device path of agents that learn from their own rollouts: JAX
-envs (gymnax) stepped inside the learner call (``fastpbrl.collect.
+envs (gymnax) stepped inside the learner call (``fastpbrl.learner.collect.
 rollout``, ``PopulationLearner.update_with_rollouts``,
-``fastpbrl.device_rollouts.DeviceRollouts``).
+``fastpbrl.datapath.device_rollouts.DeviceRollouts``).
 
 Beside the built-in PPO, the agent is ``tests.rollout_agent_for_tests``
 (a user agent, outside the package), so the tests also show that the
@@ -19,10 +19,15 @@ import numpy as np
 import pytest
 
 import fastpbrl
-from fastpbrl import agents, collect, datapath, jax_envs, sharding
-from fastpbrl.device_rollouts import DeviceRollouts
-from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.pipeline import PipelineConfig
+from fastpbrl import agents
+from fastpbrl.datapath import factory as datapath
+from fastpbrl.datapath import protocol
+from fastpbrl.datapath.actor_replay import PipelineConfig
+from fastpbrl.datapath.device_rollouts import DeviceRollouts
+from fastpbrl.devices import sharding
+from fastpbrl.envs import jax_envs
+from fastpbrl.learner import collect
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from tests import rollout_agent_for_tests as rollout_agent
 
 pytest.importorskip('gymnax')
@@ -185,7 +190,7 @@ def learn(path, learner, state, hparams, calls):
 
 def test_device_rollouts_is_a_data_path_without_replay():
   path, learner = rollouts(n=2, iterations=2)
-  assert isinstance(path, datapath.DataPath)
+  assert isinstance(path, protocol.DataPath)
   hparams = population_hparams(path.agent, 2)
   state = learner.init(jax.random.PRNGKey(0), hparams)
   path.publish(learner.policy_params(state), hparams)

@@ -1,4 +1,4 @@
-"""The population over several processes (``fastpbrl.distributed``) and
+"""The population over several processes (``fastpbrl.devices.distributed``) and
 the local launcher (``fastpbrl.launch``).
 
 The end-to-end check starts 2 processes on this machine (2 CPU devices
@@ -20,8 +20,9 @@ import warnings
 import numpy as np
 import pytest
 
-from fastpbrl import distributed, launch
-from fastpbrl.logging import read_member_csvs
+from fastpbrl import launch
+from fastpbrl.devices import distributed
+from fastpbrl.logs.logging import read_member_csvs
 from tests import distributed_worker, numerics
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
@@ -438,8 +439,8 @@ def test_jax_env_over_two_processes_is_the_run_on_two_devices(tmp_path):
 def test_processes_of_a_single_process_change_nothing():
   """One process: the run loop's ``Processes`` hands every value back as
   it is (the single-process loop is unchanged), and owns every member."""
-  from fastpbrl.actors import EpisodeRecord
-  from fastpbrl.datapath import pipeline_seed
+  from fastpbrl.core.types import EpisodeRecord
+  from fastpbrl.datapath.factory import pipeline_seed
   p = distributed.Processes(None, 4)
   assert (p.several, p.main, p.local, p.local_count) == (False, True,
                                                          slice(0, 4), 4)
@@ -652,7 +653,7 @@ PPO_DEVICE = ['--env', 'gymnax:CartPole-v1', '--agent-settings',
 def test_ppo_on_device_over_two_processes_is_the_run_on_two_devices(
     tmp_path):
   """PBT of PPO members on the on-device rollout path
-  (``fastpbrl.device_rollouts``) over 2 processes (1 CPU device each:
+  (``fastpbrl.datapath.device_rollouts``) over 2 processes (1 CPU device each:
   the envs of members 0-1 in process 0, of 2-3 in process 1), stopped at
   its budget and resumed over 2 processes to a larger one (each process
   restores its own members' envs, keys and counters), is the run never
@@ -713,7 +714,7 @@ def test_ppo_on_device_over_two_processes_is_the_run_on_two_devices(
 def test_ppo_with_actors_over_two_processes_agrees_and_counts_its_steps(
     tmp_path):
   """PBT of PPO members on the actor rollout path
-  (``fastpbrl.actor_rollouts``) over 2 processes, each with its members'
+  (``fastpbrl.datapath.actor_rollouts``) over 2 processes, each with its members'
   actor process. The actors' episodes are not those of one process (each
   process seeds its own actors), so what must hold: both processes take
   the same decisions (their logs are equal), every member learns from

@@ -10,10 +10,10 @@ import pytest
 
 from fastpbrl import agents
 from fastpbrl.agents import td3
-from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from fastpbrl.rules import pbt
 from fastpbrl.rules.pbt import PBT, PBTRunConfig
-from fastpbrl.run import run
+from fastpbrl.run.main import run
 from tests import numerics
 from tests.agents.helpers import env_spec, random_batch
 

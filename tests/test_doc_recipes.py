@@ -4,7 +4,7 @@
 README.md and docs/**/*.md that runs ``fastpbrl RULE ...`` (a built-in rule,
 or ``module:Rule``; after ``&&``, ``srun ...``, ``fastpbrl.launch ... --``
 or ``VAR=value`` too) is run with ``--print-config`` appended through
-``fastpbrl.commands.main(argv)``: it must exit 0 and print the resolved
+``fastpbrl.cli.commands.main(argv)``: it must exit 0 and print the resolved
 settings as JSON. The rule is then built from the same flags, which runs
 every check a run makes before it starts a process (``config.validate``
 and the rule's own), and must not refuse them. ``fastpbrl info ...`` and
@@ -56,8 +56,9 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from fastpbrl import cli, commands
-from fastpbrl.config import ConfigError
+from fastpbrl.cli import commands
+from fastpbrl.cli import parse as cli
+from fastpbrl.config.settings import ConfigError
 from fastpbrl.rules import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,8 +14,10 @@ import urllib.parse
 
 import pytest
 
-from fastpbrl import cli_reference, commands, launch
-from fastpbrl.commands import evaluate, info
+from fastpbrl import launch
+from fastpbrl.cli import commands
+from fastpbrl.cli import reference as cli_reference
+from fastpbrl.cli.commands import evaluate, info
 from fastpbrl.rules import registry
 from fastpbrl.rules.pbt import PBTRunConfig
 
@@ -103,8 +105,8 @@ def test_the_site_builds_in_strict_mode(site):
     api = f.read()
   # mkdocstrings rendered the docstrings it was pointed at.
   for name in ('fastpbrl.api.train', 'fastpbrl.rules.base.Rule.decide',
-               'fastpbrl.policy.Policy.predict',
-               'fastpbrl.callbacks.Callback.after_call'):
+               'fastpbrl.trained.policy.Policy.predict',
+               'fastpbrl.run.callbacks.Callback.after_call'):
     assert f'id="{name}"' in api, name
 
 
@@ -148,11 +150,11 @@ def test_every_relative_link_of_the_site_opens_a_file_of_it(site):
 
 
 def test_the_cli_reference_is_the_generated_one():
-  """``docs/reference/cli.md`` is what ``python -m fastpbrl.cli_reference``
+  """``docs/reference/cli.md`` is what ``python -m fastpbrl.cli.reference``
   prints: regenerate it when a flag changes."""
   with open(os.path.join(ROOT, 'docs', 'reference', 'cli.md')) as f:
     assert f.read() == cli_reference.markdown(), (
-        'docs/reference/cli.md is stale: python -m fastpbrl.cli_reference '
+        'docs/reference/cli.md is stale: python -m fastpbrl.cli.reference '
         '> docs/reference/cli.md')
 
 

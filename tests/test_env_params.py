@@ -1,5 +1,5 @@
 """Environment parameters searched as hyperparameters
-(``fastpbrl.env_params``), on both data paths: each member's values reach
+(``fastpbrl.envs.params``), on both data paths: each member's values reach
 its own envs (the shaped rewards equal the shaping formula worked out from
 the observations), its episodes report the true objective, the rules
 search and copy them with the agent's hyperparameters, and bad values are
@@ -15,21 +15,26 @@ import numpy as np
 import pytest
 
 import fastpbrl
-from fastpbrl import agents, build, collect, env_params, jax_envs, shaping
-from fastpbrl import search_space as ss
-from fastpbrl.actor_rollouts import rollout_fields
+from fastpbrl import agents
 from fastpbrl.actors import Actor, ParamStore, chunk_layout
-from fastpbrl.actors.actor import EpisodeRecord
-from fastpbrl.config import ConfigError
-from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.logging import read_final_returns
+from fastpbrl.config.settings import ConfigError
+from fastpbrl.core import search_space as ss
+from fastpbrl.core.types import EpisodeRecord
+from fastpbrl.core.types import make_env_spec
+from fastpbrl.datapath.actor_rollouts import rollout_fields
+from fastpbrl.envs import jax_envs
+from fastpbrl.envs import params as env_params
+from fastpbrl.envs import shaping
+from fastpbrl.learner import collect
+from fastpbrl.learner.population import PopulationLearner, population_hparams
+from fastpbrl.logs.logging import read_final_returns
 from fastpbrl.rules.base import Population
 from fastpbrl.rules.pbt import PBT, PBTRunConfig, pb2
 from fastpbrl.rules.random_search import RandomSearch, RandomSearchRunConfig
 from fastpbrl.rules.testing import Harness
-from fastpbrl.types import make_env_spec
+from fastpbrl.run import build
 
-GYM_ID = 'fastpbrl.shaping:ShapedMountainCar-v0'
+GYM_ID = 'fastpbrl.envs.shaping:ShapedMountainCar-v0'
 JAX_ID = 'shaped:MountainCar-v0'
 BONUS = 'env_energy_bonus'
 PPO = dict(rollout_length=16, num_envs=2, batch_size=16, epochs=1,

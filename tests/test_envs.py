@@ -12,8 +12,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from fastpbrl import build, envs
-from fastpbrl.config import ConfigError, RunConfig
+from fastpbrl.config.settings import ConfigError, RunConfig
+from fastpbrl.envs import gym as envs
+from fastpbrl.run import build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,8 +114,8 @@ def test_atari_without_ale_py_names_the_extra(monkeypatch):
 
 def test_preset_atari_is_nature_dqns_schedule():
   from experiments import pbt
-  from fastpbrl import cli
   from fastpbrl.agents import dqn
+  from fastpbrl.cli import parse as cli
   from fastpbrl.rules.pbt import PBT
   config = cli.parse(pbt.PRESETS, 'x', ['--preset', 'atari'])
   assert (config.agent, config.env) == ('dqn', 'ALE/Pong-v5')
@@ -168,7 +169,7 @@ def _default_xla_optimisation(environ) -> dict:
 @needs_atari
 @pytest.mark.slow
 def test_pbt_of_two_dqn_members_on_pong(tmp_path):
-  from fastpbrl.logging import read_member_csvs
+  from fastpbrl.logs.logging import read_member_csvs
   out = subprocess.run([
       sys.executable, '-c', _PONG_RUN,
       '--preset', 'atari', '--population-size', '2', '--env-steps', '400',

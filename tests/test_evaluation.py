@@ -9,9 +9,9 @@ import pytest
 
 from fastpbrl import agents
 from fastpbrl.agents.td3 import TD3Config
-from fastpbrl.evaluation import evaluate_population, evaluation_seeds
-from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.types import make_env_spec, scale_action
+from fastpbrl.core.types import make_env_spec, scale_action
+from fastpbrl.datapath.evaluation import evaluate_population, evaluation_seeds
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from tests import numerics
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from fastpbrl import finish
-from fastpbrl.actors import EpisodeRecord
-from fastpbrl.config import RunConfig
-from fastpbrl.logging import RunLogger
+from fastpbrl.config.settings import RunConfig
+from fastpbrl.core.types import EpisodeRecord
+from fastpbrl.logs.logging import RunLogger
 from fastpbrl.rules.base import RuleOutputs
+from fastpbrl.run import finish
 
 
 class _Rule:

@@ -3,10 +3,10 @@
 import os
 import resource
 
-from fastpbrl.actors import EpisodeRecord
-from fastpbrl.logging import (RuleLog, RunLogger, evaluation_points,
-                              plot_returns, read_member_csvs, read_rule_csv,
-                              summary_table)
+from fastpbrl.core.types import EpisodeRecord
+from fastpbrl.logs.logging import (RuleLog, RunLogger, evaluation_points,
+                                   plot_returns, read_member_csvs,
+                                   read_rule_csv, summary_table)
 
 
 def _row(steps, ret, evaluation, wall=0.0):
@@ -29,7 +29,7 @@ def test_logger_files_summary_and_plot(tmp_path):
   logger = RunLogger(run_dir, 2, total_env_steps=100, progress=False)
   episodes = [(0, -50.0, False), (0, -40.0, True), (0, -20.0, True),
               (1, -70.0, True), (1, -10.0, True)]
-  from fastpbrl.actors import EpisodeRecord
+  from fastpbrl.core.types import EpisodeRecord
   logger.episodes([EpisodeRecord(m, r, 10, e, 10, 1) for m, r, e in episodes],
                   env_steps=10, update_steps=10)
   logger.close()
@@ -76,7 +76,7 @@ def test_summary_gives_the_true_objective_where_the_env_reports_one(
 
 
 def test_logger_writes_whole_evaluations_only(tmp_path):
-  from fastpbrl.actors import EpisodeRecord
+  from fastpbrl.core.types import EpisodeRecord
   run_dir = str(tmp_path)
   logger = RunLogger(run_dir, 1, total_env_steps=100, progress=False,
                      eval_episodes=2)

@@ -1,4 +1,4 @@
-"""The loop's side of a rule decision (``fastpbrl.loop.apply``): episodes
+"""The loop's side of a rule decision (``fastpbrl.run.loop.apply``): episodes
 that started under weights a decision replaced leave the rule's
 observations, counted from the version the new weights go out as; marks
 record the version now acted with; logs and events reach their files and
@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from fastpbrl import loop as loop_lib
-from fastpbrl.actors import EpisodeRecord
-from fastpbrl.callbacks import Loop, StopAtReturn, TimeLimit
-from fastpbrl.config import RunConfig
-from fastpbrl.distributed import Processes
+from fastpbrl.config.settings import RunConfig
+from fastpbrl.core.types import EpisodeRecord
+from fastpbrl.devices.distributed import Processes
 from fastpbrl.rules.base import Decision, Rule
+from fastpbrl.run import loop as loop_lib
+from fastpbrl.run.callbacks import Loop, StopAtReturn, TimeLimit
 
 
 class Pipeline:
@@ -138,7 +138,7 @@ class _Tracker:
 
 
 def test_read_back_logs_each_members_learner_scalars(tmp_path):
-  from fastpbrl.logging import RunLogger
+  from fastpbrl.logs.logging import RunLogger
   parts = _parts(tmp_path)
   parts.logger = RunLogger(str(tmp_path), 3, total_env_steps=30,
                            progress=False, track='none')

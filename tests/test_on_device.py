@@ -1,6 +1,6 @@
 """The on-device data path: JAX envs (gymnax) stepped inside the learner
-call (``fastpbrl.jax_envs``, ``fastpbrl.collect``,
-``fastpbrl.device_pipeline``, ``PopulationLearner.update_with_envs``)."""
+call (``fastpbrl.envs.jax_envs``, ``fastpbrl.learner.collect``,
+``fastpbrl.datapath.device_replay``, ``PopulationLearner.update_with_envs``)."""
 
 import json
 import math
@@ -13,15 +13,18 @@ import numpy as np
 import pytest
 
 import fastpbrl
-from fastpbrl import agents, collect, envs, jax_envs
-from fastpbrl.config import ConfigError
-from fastpbrl.collect import Plan
-from fastpbrl.device_pipeline import DevicePipeline, EnvCall
-from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.pipeline import PipelineConfig
+from fastpbrl import agents
+from fastpbrl.config.settings import ConfigError
+from fastpbrl.core.types import ReplaySample
+from fastpbrl.datapath.actor_replay import PipelineConfig
+from fastpbrl.datapath.device_replay import DevicePipeline, EnvCall
+from fastpbrl.envs import gym as envs
+from fastpbrl.envs import jax_envs
+from fastpbrl.learner import collect
+from fastpbrl.learner.collect import Plan
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from fastpbrl.replay import device as device_replay
 from fastpbrl.replay.buffers import transition_fields
-from fastpbrl.types import ReplaySample
 
 pytest.importorskip('gymnax')
 
@@ -359,7 +362,7 @@ def without_wall_time(path):
 
 
 def final_checkpoint(run_dir):
-  from fastpbrl.checkpoint import Checkpointer
+  from fastpbrl.run.checkpoint import Checkpointer
   checkpointer = Checkpointer(str(run_dir))
   try:
     step = checkpointer.latest_step()
@@ -449,7 +452,7 @@ def test_population_sharded_over_two_devices(tmp_path, shared_replay):
 def test_a_buffer_held_twice_is_copied_before_it_is_donated():
   """Brax's reset returns one array as both reward and done: donating
   both would fail, so the driver copies the repeat."""
-  from fastpbrl.device_pipeline import _unaliased
+  from fastpbrl.datapath.device_replay import _unaliased
   zero = jnp.zeros((2, 1))
   envs = collect.EnvsState({'reward': zero, 'done': zero}, zero, zero, zero,
                            jnp.zeros(2), jnp.zeros(2), None, jnp.zeros(2))

@@ -18,14 +18,17 @@ import jax
 import numpy as np
 import pytest
 
-from fastpbrl import agents, datapath
-from fastpbrl.actors import ActorDiedError, EpisodeRecord
+from fastpbrl import agents
+from fastpbrl.actors import ActorDiedError
 from fastpbrl.agents.sac import SACConfig
 from fastpbrl.agents.td3 import TD3Config
-from fastpbrl.config import RunConfig
-from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.pipeline import Pipeline, PipelineConfig, PipelineStalledError
-from fastpbrl.types import ReplaySample, make_env_spec
+from fastpbrl.config.settings import RunConfig
+from fastpbrl.core.types import EpisodeRecord
+from fastpbrl.core.types import ReplaySample, make_env_spec
+from fastpbrl.datapath import factory as datapath
+from fastpbrl.datapath.actor_replay import (Pipeline, PipelineConfig,
+                                            PipelineStalledError)
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 
 TD3_SMALL = TD3Config(hidden_sizes=(16,), batch_size=16, steps_per_call=10)
 
@@ -125,7 +128,7 @@ def test_unpicklable_agent_fn_fails_before_any_process_starts():
 @pytest.mark.slow
 def test_device_replay_and_asynchronous_publishing_end_to_end():
   # The replay on the device (sampled inside the learner call) and the
-  # parameters published by the publisher thread, as fastpbrl.run does.
+  # parameters published by the publisher thread, as fastpbrl.run.main does.
   n, target = 4, 1200
   learner, state, hparams, agent_fn = td3_population(hopper, n)
   config = PipelineConfig(num_steps=10, batch_size=16, warmup_steps=200,
@@ -350,9 +353,9 @@ SCRIPT = textwrap.dedent('''
     import functools, signal, sys, jax
     from fastpbrl import agents
     from fastpbrl.agents.td3 import TD3Config
-    from fastpbrl.learner import PopulationLearner, population_hparams
-    from fastpbrl.pipeline import Pipeline, PipelineConfig
-    from fastpbrl.types import make_env_spec
+    from fastpbrl.learner.population import PopulationLearner, population_hparams
+    from fastpbrl.datapath.actor_replay import Pipeline, PipelineConfig
+    from fastpbrl.core.types import make_env_spec
     import gymnasium as gym
 
     def main():

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from fastpbrl import plots
-from fastpbrl.logging import HParamsLog
+from fastpbrl.logs.logging import HParamsLog
+from fastpbrl.run import plots
 from tests.rules.pbt.reference import write_lineage
 
 

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 import fastpbrl
-from fastpbrl import build
-from fastpbrl.actors.actor import EpisodeRecord
-from fastpbrl.learner import PopulationLearner
-from fastpbrl.plots import read_hparams_csv
+from fastpbrl.core.types import EpisodeRecord
+from fastpbrl.learner.population import PopulationLearner
 from fastpbrl.rules.base import Population
 from fastpbrl.rules.hypertrick import HyperTrick, HyperTrickRunConfig
 from fastpbrl.rules.testing import Harness
+from fastpbrl.run import build
+from fastpbrl.run.plots import read_hparams_csv
 
 # T = 16 steps in E = 2 envs: 32 env steps per member per learner call.
 PER_CALL = 32

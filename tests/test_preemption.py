@@ -139,9 +139,9 @@ def test_a_second_signal_exits_at_once_and_keeps_the_earlier_checkpoint(
 
 
 SCRIPT = textwrap.dedent('''
-    from fastpbrl.config import RunConfig
+    from fastpbrl.config.settings import RunConfig
     from fastpbrl.rules.seeds import Seeds
-    from fastpbrl.run import run
+    from fastpbrl.run.main import run
     config = RunConfig(env='Pendulum-v1', population_size=2, env_steps=600,
                        warmup_steps=100, hidden_sizes=(8,), batch_size=8,
                        steps_per_call=5, eval_every=300, eval_episodes=1,
@@ -201,7 +201,7 @@ def test_every_rule_stops_on_sigterm_and_resumes(tmp_path, rule):
 
 
 def test_ppo_on_device_stops_on_sigterm_and_resumes(tmp_path):
-  """PPO on the on-device rollout path (``fastpbrl.device_rollouts``),
+  """PPO on the on-device rollout path (``fastpbrl.datapath.device_rollouts``),
   through the command: a SIGTERM after a checkpoint stops it after whole
   iterations (32 env steps per call) with 143 and the resume line; the
   resumed run restores the envs (nothing to refill: no replay) and learns

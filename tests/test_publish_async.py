@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastpbrl.pipeline import PublishError, _AsyncPublisher
+from fastpbrl.datapath.actor_replay import PublishError, _AsyncPublisher
 
 DEADLINE_S = 60.0  # generous: only a very busy machine gets near it
 
@@ -131,7 +131,7 @@ def test_learner_policy_params_survive_the_next_update(shared_critic):
   # donates to the next call (the shared-critic learner used to return the
   # state's own arrays).
   from fastpbrl.agents import td3  # noqa: PLC0415
-  from fastpbrl.learner import (PopulationLearner,  # noqa: PLC0415
+  from fastpbrl.learner.population import (PopulationLearner,  # noqa: PLC0415
                                 SharedCriticLearner, population_hparams)
   from tests.agents.helpers import env_spec, random_batch  # noqa: PLC0415
   agent = td3.make_agent(env_spec('Pendulum-v1'), td3.TD3Config(

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 import fastpbrl
-from fastpbrl import run_data
-from fastpbrl.config import ConfigError
+from fastpbrl.config.settings import ConfigError
+from fastpbrl.trained import run_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

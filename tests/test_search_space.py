@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 import fastpbrl
-from fastpbrl import agents, build
-from fastpbrl import search_space as ss
+from fastpbrl import agents
 from fastpbrl.agents import td3
+from fastpbrl.core import search_space as ss
 from fastpbrl.rules.pbt import PBT, PBTRunConfig
+from fastpbrl.run import build
 from tests import numerics
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
@@ -389,7 +390,7 @@ def test_bad_search_space_file_names_the_field(tmp_path, text, message):
 
 def test_search_space_flag_errors_name_the_flag(tmp_path, monkeypatch):
   from experiments import pbt
-  import fastpbrl.run as run_lib
+  import fastpbrl.run.main as run_lib
 
   def no_start(*args, **kwargs):
     raise AssertionError('a run started despite an invalid search space')

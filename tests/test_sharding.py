@@ -1,4 +1,4 @@
-"""The population sharded over 4 host CPU devices (``fastpbrl.sharding``).
+"""The population sharded over 4 host CPU devices (``fastpbrl.devices.sharding``).
 
 jax reads ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` once, when
 it is imported, and this pytest process imported it long ago: every check
@@ -14,8 +14,8 @@ import types
 
 import pytest
 
-from fastpbrl import sharding
-from fastpbrl.config import ConfigError, RunConfig, validate
+from fastpbrl.config.settings import ConfigError, RunConfig, validate
+from fastpbrl.devices import sharding
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
 pytestmark = pytest.mark.numeric

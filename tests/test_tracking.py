@@ -9,9 +9,9 @@ import struct
 
 import pytest
 
-from fastpbrl import tracking
-from fastpbrl.actors import EpisodeRecord
-from fastpbrl.logging import RunLogger
+from fastpbrl.core.types import EpisodeRecord
+from fastpbrl.logs import tracking
+from fastpbrl.logs.logging import RunLogger
 
 CONFIG = {'rule': 'pbt', 'agent': 'td3', 'population_size': 2}
 

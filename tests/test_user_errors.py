@@ -12,10 +12,11 @@ import gymnasium as gym
 import pytest
 
 import fastpbrl
-from fastpbrl import build, commands
-from fastpbrl.config import (ConfigError, RunConfig, SettingTypeError,
-                             resolved)
+from fastpbrl.cli import commands
+from fastpbrl.config.settings import (ConfigError, RunConfig, SettingTypeError,
+                                      resolved)
 from fastpbrl.rules import registry
+from fastpbrl.run import build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,7 +94,7 @@ def test_a_script_without_the_main_guard_is_refused_at_once(tmp_path):
       """)
   assert done.returncode == 1
   last = done.stderr.strip().splitlines()[-1]
-  assert last.startswith('fastpbrl.config.ConfigError: script.py starts the '
+  assert last.startswith('fastpbrl.config.settings.ConfigError: script.py starts the '
                          'run at its top level (line 2) without'), last
   assert done.stderr.count('at its top level') == 1
   assert os.listdir(tmp_path) == ['script.py']  # no runs/ folder

@@ -19,9 +19,9 @@ import numpy as np
 from benchmarks.learning.suite import ZOO_PPO, task_budget
 from fastpbrl import agents as agents_lib
 from fastpbrl.agents.base import POPULATION_AXIS
-from fastpbrl.envs import make_env
-from fastpbrl.evaluation import evaluate_population, evaluation_seeds
-from fastpbrl.types import Transition, make_env_spec, scale_action
+from fastpbrl.core.types import Transition, make_env_spec, scale_action
+from fastpbrl.datapath.evaluation import evaluate_population, evaluation_seeds
+from fastpbrl.envs.gym import make_env
 
 
 def sb3_zoo_ppo(sb3, task_name: str, seed: int):

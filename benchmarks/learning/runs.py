@@ -22,8 +22,9 @@ from benchmarks.learning.store import result_path, set_aside_superseded
 from benchmarks.learning.suite import (
     METHODS, ROLLOUT_SETTINGS, ZOO, agent_of, task_budget, zoo_flags)
 from benchmarks.provenance import code_version, machine
-from fastpbrl.config import agent_spec
-from fastpbrl.logging import evaluation_points, read_member_csvs, read_rule_csv
+from fastpbrl.config.settings import agent_spec
+from fastpbrl.logs.logging import (evaluation_points, read_member_csvs,
+                                   read_rule_csv)
 from fastpbrl.rules.pbt.lineage import LINEAGE, founders
 
 
@@ -45,7 +46,7 @@ def _curve(run_dir: str, eval_episodes: int, eval_every: int,
 def scored_field(run_dir: str) -> str:
   """What a run's results are scored on: ``'true_objective'`` where every
   evaluation episode reports the env's own score (a shaped env's unshaped
-  return, ``fastpbrl.env_params``), else ``'episode_return'``."""
+  return, ``fastpbrl.envs.params``), else ``'episode_return'``."""
   rows = [r for member in read_member_csvs(run_dir) for r in member
           if r['evaluation'] == 'True']
   if rows and all(r.get('true_objective') not in (None, '') for r in rows):

@@ -9,8 +9,9 @@ import functools
 from typing import Optional
 
 from fastpbrl import agents as agents_lib
-from fastpbrl import build, jax_envs
-from fastpbrl.config import ConfigError
+from fastpbrl.config.settings import ConfigError
+from fastpbrl.envs import jax_envs
+from fastpbrl.run import build
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +72,7 @@ ROLLOUT_SETTINGS = {
         'num_envs=64', 'rollout_length=32', 'batch_size=512', 'epochs=4',
         'normalize_observations=True'),
 }
-# Reward shaping searched as an env parameter (fastpbrl.shaping): gymnax's
+# Reward shaping searched as an env parameter (fastpbrl.envs.shaping): gymnax's
 # MountainCar-v0 with an energy bonus whose weight is env_energy_bonus
 # (default 0: no shaping), scored on the unshaped return. Fixed before its
 # runs.

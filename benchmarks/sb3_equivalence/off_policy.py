@@ -20,8 +20,8 @@ from benchmarks.sb3_equivalence.weights import (
     Pair, at_dtype, compared_dtype, copy_into, differences_line, exit_status,
     haiku_linears, max_rel_diff, perturb, split_head, torch_linears)
 from fastpbrl import agents as agents_lib
-from fastpbrl.envs import make_env
-from fastpbrl.types import Transition, make_env_spec
+from fastpbrl.core.types import Transition, make_env_spec
+from fastpbrl.envs.gym import make_env
 
 BATCH_SIZE = 256
 RANDOM_STEPS = 2000  # transitions the batches are drawn from

@@ -25,8 +25,8 @@ from benchmarks.sb3_equivalence.weights import (
     haiku_linears, max_rel_diff, perturb, relative_difference, torch_linears)
 from fastpbrl import agents as agents_lib
 from fastpbrl.agents import ppo
-from fastpbrl.envs import make_env
-from fastpbrl.types import Rollout, make_env_spec, scale_action
+from fastpbrl.core.types import Rollout, make_env_spec, scale_action
+from fastpbrl.envs.gym import make_env
 
 # Our parameter groups, from the agent's state.
 OURS = {'policy': lambda s: haiku_linears(s.policy, 'policy'),

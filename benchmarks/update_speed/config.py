@@ -24,7 +24,7 @@ from acme import specs
 
 from fastpbrl.agents import dqn, ppo, sac, td3
 from fastpbrl.agents.base import rollout_steps
-from fastpbrl.types import Rollout, random_transitions
+from fastpbrl.core.types import Rollout, random_transitions
 
 
 AGENTS = ('td3', 'sac', 'dqn', 'ppo')

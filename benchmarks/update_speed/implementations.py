@@ -24,9 +24,9 @@ from benchmarks.update_speed.config import (ATARI_NUM_ACTIONS,
 from benchmarks.update_speed.measurements import (_jax_device_peak_bytes,
                                                   calls_per_sample, xla_flops)
 from fastpbrl.agents import td3
-from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
-                              multi_step, population_hparams)
-from fastpbrl.types import random_transitions as random_batch
+from fastpbrl.core.types import random_transitions as random_batch
+from fastpbrl.learner.population import (PopulationLearner, SharedCriticLearner,
+                                         multi_step, population_hparams)
 
 
 class _Runner:

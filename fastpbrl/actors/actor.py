@@ -54,7 +54,7 @@ computed in the same jitted call.
 :func:`run_actor` is the body of an actor process (see ``pool.py``).
 
 **On-policy mode** (``on_policy=True``, the actors of
-``fastpbrl.actor_rollouts.ActorRollouts``, for agents that learn from
+``fastpbrl.datapath.actor_rollouts.ActorRollouts``, for agents that learn from
 their own rollouts): synchronous iterations, as Stable-Baselines3's and the
 PPO paper's. Before each chunk (``T = rollout_length`` steps of every
 hosted member, one env each) the actor waits, polling its stop flag, until
@@ -86,8 +86,8 @@ from acme import specs
 from fastpbrl.actors.channel import Channel, ChannelHandle
 from fastpbrl.actors.param_store import ParamStore, ParamStoreHandle
 from fastpbrl.actors.vector_envs import make_batch
-from fastpbrl.env_params import ActorHParams
-from fastpbrl.types import make_env_spec, scale_action
+from fastpbrl.core.types import make_env_spec, scale_action
+from fastpbrl.envs.params import ActorHParams
 
 ACTOR_STREAM = 1  # spawn_key[0] of the actors' seed sequences
 
@@ -123,42 +123,6 @@ def member_seeds(seed: int, member: int, restart: int = 0) -> MemberSeeds:
   words = seq.generate_state(4, np.uint32)
   return MemberSeeds(int(words[0]), int(words[1]), int(words[2]),
                      np.random.default_rng(seq.spawn(1)[0]), int(words[3]))
-
-
-class EpisodeRecord(NamedTuple):
-  """One completed episode of one member.
-
-  Fields read as attributes (``r.episode_return``) or, for code that treats
-  records as rows, by name (``r['episode_return']``).
-  """
-
-  member: int
-  episode_return: float  # undiscounted sum of env rewards
-  episode_length: int  # env steps in the episode
-  evaluation: bool  # True: played without exploration noise
-  # The member's training env steps when it ended; for an evaluation
-  # episode, when its evaluation started: the steps of the policy it played.
-  env_steps: int
-  policy_version: int  # param store version in use when it ended
-  start_policy_version: int = 0  # param store version when it started
-  # info['true_objective'] at the episode's end (NaN when the env gives none)
-  true_objective: float = float('nan')
-
-  def __getitem__(self, key):
-    if isinstance(key, str):
-      if key not in self._fields:
-        raise KeyError(key)
-      return getattr(self, key)
-    return tuple.__getitem__(self, key)
-
-
-def episode_record(record) -> EpisodeRecord:
-  """``record`` as an ``EpisodeRecord`` (a dict of its fields, as older
-  recordings hold, or one already)."""
-  if isinstance(record, EpisodeRecord):
-    return record
-  return EpisodeRecord(**{k: record[k] for k in EpisodeRecord._fields
-                          if k in record})
 
 
 def eval_env_seed(eval_env: int, k: int) -> int:
@@ -330,7 +294,7 @@ class Actor:
     self._version = 0
     self._params = None
     self._hparams = None
-    self._env_values = {}  # {name: [M]} env parameters (fastpbrl.env_params)
+    self._env_values = {}  # {name: [M]} env parameters (fastpbrl.envs.params)
     # On the device once, not converted from numpy at every policy call.
     self._key_data = jax.device_put(np.stack(
         [key_data_of(s.key, prng_impl) for s in self._seeds]))

@@ -34,7 +34,7 @@ from typing import Mapping, NamedTuple, Sequence
 import gymnasium as gym
 import numpy as np
 
-from fastpbrl import env_params
+from fastpbrl.envs import params as env_params
 
 
 class EnvStep(NamedTuple):
@@ -74,7 +74,7 @@ class EnvBatch(abc.ABC):
                      which: Sequence[int] | None = None) -> None:
     """Env ``j`` (each of ``which``; default: every env) acts with
     ``{name: values[name][j]}`` from its next step (``set_env_params`` of
-    an env with parameters, ``fastpbrl.env_params``); nothing for ``{}``."""
+    an env with parameters, ``fastpbrl.envs.params``); nothing for ``{}``."""
     if not values:
       return
     for j in range(self.size) if which is None else which:

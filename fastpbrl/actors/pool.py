@@ -84,7 +84,7 @@ def missing_main_guard() -> str | None:
   == '__main__':`` block, which every spawned actor process would re-run;
   else None. Only a main script that spawn re-imports counts (a file run
   as ``python script.py`` or a module run as ``python -m mod``); ``python
-  -c``, a package's ``__main__`` (``python -m fastpbrl.commands``,
+  -c``, a package's ``__main__`` (``python -m fastpbrl.cli.commands``,
   ``python -m pytest``), the console scripts (guarded) and notebooks pass."""
   main = sys.modules.get('__main__')
   spec_name = getattr(getattr(main, '__spec__', None), 'name', None)
@@ -169,7 +169,7 @@ def default_num_processes(num_members: int, on_policy: bool = False) -> int:
   cores minus one (the learner's) beside a learner that runs while the
   actors step (off-policy); every available core for synchronous on-policy
   collection, where the learner waits while the actors step and the actors
-  wait while it learns (``fastpbrl.actor_rollouts``), so that a core kept
+  wait while it learns (``fastpbrl.datapath.actor_rollouts``), so that a core kept
   for it would idle through every rollout."""
   try:
     cores = len(os.sched_getaffinity(0))

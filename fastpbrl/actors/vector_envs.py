@@ -46,8 +46,8 @@ from gymnasium.envs.mujoco.half_cheetah_v5 import HalfCheetahEnv
 from gymnasium.envs.mujoco.hopper_v5 import HopperEnv
 from gymnasium.envs.mujoco.walker2d_v5 import Walker2dEnv
 
-from fastpbrl import env_params
 from fastpbrl.actors.env_batch import EnvBatch, EnvStep, SerialEnvs, stepped
+from fastpbrl.envs import params as env_params
 
 # The wrappers gymnasium.make adds; any other one may change what the env
 # returns, so such an env is stepped serially.

@@ -2,7 +2,7 @@
 package or in your own code; ``examples/ddpg.py`` does it in under 100 lines.
 
 An agent is a bundle of **pure functions over pytrees** for ONE member. The
-learner (``fastpbrl.learner``) stacks members on a leading population axis and
+learner (``fastpbrl.learner.population``) stacks members on a leading population axis and
 runs ``jit(vmap(scan(update)))``; actors call ``act`` on the policy parameters
 they read from shared memory. Nothing in an agent knows about the population,
 processes or devices.
@@ -41,7 +41,7 @@ To add an agent ``foo``, in any importable module (``mypkg/foo.py``):
            hidden_sizes_field='hidden_sizes')  # None: no such setting
 
    ``default_search_space`` is PBT's and HyperTrick's prior over fields of
-   ``FooHParams`` (``fastpbrl.search_space``; ``--search-space
+   ``FooHParams`` (``fastpbrl.core.search_space``; ``--search-space
    FILE`` replaces it). ``hparam_domains`` gives each field's meaning,
    unit and valid range (``search_space.HParamDomain``): ``--hparams``
    and search spaces outside it are refused, ``fastpbrl info`` prints it;
@@ -86,7 +86,7 @@ To add an agent ``foo``, in any importable module (``mypkg/foo.py``):
   interval of the rules, the logs and the budget counts alike for both
   kinds, and ``--update-to-data-ratio`` stays 1;
 * ``update(state, hparams, rollout) -> (state, metrics)`` is ONE
-  iteration on the ``Rollout`` (``fastpbrl.types``, ``[T, E, ...]``) the
+  iteration on the ``Rollout`` (``fastpbrl.core.types``, ``[T, E, ...]``) the
   member has just collected with ``behave``: advantages, then the epochs
   of minibatch steps it wants, shuffled with the key in its state. The
   learner scans it over a call's iterations and vmaps it over members, as
@@ -119,8 +119,8 @@ import jax.numpy as jnp
 import optax
 from acme import specs
 
-from fastpbrl.types import (POPULATION_AXIS, Metrics, Params, PRNGKey,
-                            Transition)
+from fastpbrl.core.types import (POPULATION_AXIS, Metrics, Params, PRNGKey,
+                                 Transition)
 
 State = TypeVar('State')
 HParams = TypeVar('HParams')

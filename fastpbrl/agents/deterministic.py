@@ -20,7 +20,7 @@ import optax
 from acme import specs
 
 from fastpbrl.agents.networks import Network
-from fastpbrl.types import Params, PRNGKey
+from fastpbrl.core.types import Params, PRNGKey
 
 
 class ActorCriticState(NamedTuple):

@@ -23,7 +23,7 @@ random-action steps before learning (``--warmup-steps 50000``), the first
 update only after them (``--no-warmup-counts-as-data``) and a replay
 of ``--replay-capacity 100000`` transitions per member. ``fastpbrl pbt
 --preset atari`` uses them, with the Atari preprocessing
-that ``fastpbrl.envs`` gives any ``ALE/...`` id; ``fastpbrl.build`` warns when
+that ``fastpbrl.envs.gym`` gives any ``ALE/...`` id; ``fastpbrl.run.build`` warns when
 a DQN run on frames uses other values.
 
 Departures from the paper:
@@ -64,11 +64,11 @@ import jax.numpy as jnp
 import optax
 from acme import specs
 
-from fastpbrl import search_space as ss
 from fastpbrl.agents import networks as nets_lib
 from fastpbrl.agents.base import Agent, scalar_hparams, select_tree, td_target
 from fastpbrl.agents.registry import register
-from fastpbrl.types import Params, PRNGKey, Transition
+from fastpbrl.core import search_space as ss
+from fastpbrl.core.types import Params, PRNGKey, Transition
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +101,7 @@ class DQNHParams(NamedTuple):
 EPSILON_START = 1.0  # epsilon at a member's first env step (Nature: 1.0)
 
 # Nature DQN's run settings on Atari (Extended Data Table 1), as the flags of
-# ``fastpbrl.config.RunConfig`` (``image_run_settings`` of the registration):
+# ``fastpbrl.config.settings.RunConfig`` (``image_run_settings`` of the registration):
 # ``--preset atari`` of ``fastpbrl pbt``.
 NATURE_ATARI_RUN = {
     # One update step (batch 32) per 4 agent steps ("update frequency").
@@ -174,7 +174,7 @@ def make_agent(env_spec: specs.EnvironmentSpec,
   if frames:
     if obs_shape != (84, 84, 4):
       raise ValueError(f'image observations must be 84x84x4 stacked frames '
-                       f'(what fastpbrl.envs.make_env gives ALE/... ids), got '
+                       f'(what fastpbrl.envs.gym.make_env gives ALE/... ids), got '
                        f'{obs_shape}')
     net = nets_lib.nature_q_network(num_actions)
   elif len(obs_shape) == 1:

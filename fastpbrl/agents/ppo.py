@@ -86,11 +86,11 @@ import jax.numpy as jnp
 import optax
 from acme import specs
 
-from fastpbrl import search_space as ss
 from fastpbrl.agents import networks as nets_lib
 from fastpbrl.agents.base import Agent, scalar_hparams
 from fastpbrl.agents.registry import register
-from fastpbrl.types import Params, PRNGKey, Rollout
+from fastpbrl.core import search_space as ss
+from fastpbrl.core.types import Params, PRNGKey, Rollout
 
 ADAM_EPS = 1e-5  # SB3's PPO passes eps=1e-5 to its Adam
 ADVANTAGE_EPS = 1e-8  # SB3: (A - mean) / (std + 1e-8)

@@ -27,10 +27,10 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 from acme import specs
 
-from fastpbrl import search_space as ss
 from fastpbrl.agents.base import (LEARNS_FROM, ROLLOUT_CONFIG_FIELDS, Agent,
                                   SharedCritic)
-from fastpbrl.imports import find, known_names
+from fastpbrl.core import search_space as ss
+from fastpbrl.core.imports import find, known_names
 
 # Built-in agents: name -> the module whose import registers it.
 BUILTIN = {'td3': 'fastpbrl.agents.td3', 'sac': 'fastpbrl.agents.sac',
@@ -165,7 +165,7 @@ def register(name: str, *, make_agent: Callable[..., Agent], config: type,
   bad = [k for k, v in domains.items() if not isinstance(v, ss.HParamDomain)]
   if bad:
     raise ValueError(f'agent {name!r}: hparam_domains[{bad[0]!r}] is not a '
-                     'fastpbrl.search_space.HParamDomain')
+                     'fastpbrl.core.search_space.HParamDomain')
   renamed = dict(renamed_hparams or {})
   try:
     ss.check_space(domains, default_search_space, renamed)

@@ -31,14 +31,14 @@ import jax.numpy as jnp
 import optax
 from acme import specs
 
-from fastpbrl import search_space as ss
 from fastpbrl.agents import deterministic as det
 from fastpbrl.agents import networks as nets_lib
 from fastpbrl.agents.base import (Agent, SharedCritic, any_member,
                                   periodic_flag, polyak, scalar_hparams,
                                   select_tree, td_target)
 from fastpbrl.agents.registry import register
-from fastpbrl.types import Params, PRNGKey, Transition
+from fastpbrl.core import search_space as ss
+from fastpbrl.core.types import Params, PRNGKey, Transition
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,7 +336,7 @@ def shared_critic(env_spec: specs.EnvironmentSpec,
 
 
 # The 2022 paper's PBT search space (Flajolet et al., appendix B.1), with the
-# discount in horizon space (see fastpbrl.search_space).
+# discount in horizon space (see fastpbrl.core.search_space).
 SEARCH_SPACE = {
     'policy_lr': ss.PAPER_LR,
     'critic_lr': ss.PAPER_LR,

@@ -8,7 +8,7 @@ Host-side module (numpy and a lock; nothing here is jittable).
 * :class:`SharedReplay`: one ring fed by every member, ``[capacity, ...]``.
   Every member's batch is drawn from all transitions inserted (CEM-RL, DvD).
 
-Each field of :class:`fastpbrl.types.Transition` has its own array. Sampling a
+Each field of :class:`fastpbrl.core.types.Transition` has its own array. Sampling a
 learner call's worth of data, ``[N, num_steps, batch_size, ...]``, draws all
 indices at once and gathers each field with one ``np.take`` — no Python loop
 over members or steps. Sampling is uniform over the stored transitions.
@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from acme import specs
 
-from fastpbrl.types import Transition
+from fastpbrl.core.types import Transition
 
 logger = logging.getLogger(__name__)
 

@@ -56,10 +56,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl import sharding
+from fastpbrl.core.types import Transition
+from fastpbrl.devices import sharding
 from fastpbrl.replay.buffers import (DEFAULT_CAPACITY, FieldSpecs, Replay,
                                      bytes_per_transition, format_bytes)
-from fastpbrl.types import Transition
 
 logger = logging.getLogger(__name__)
 
@@ -360,7 +360,7 @@ class DeviceReplay(Replay):
       layout: ``'per_member'`` or ``'shared'``.
       fields, num_members, capacity: as the numpy replays.
       device: where the rings live (default device if ``None``).
-      mesh: a population mesh (``fastpbrl.sharding``) to keep the rings
+      mesh: a population mesh (``fastpbrl.devices.sharding``) to keep the rings
         on instead: per-member rings split with their members (each device
         holds its own members' data), a shared ring replicated. Every
         flush, copy and restore keeps that layout, so the learner never

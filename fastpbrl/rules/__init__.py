@@ -13,8 +13,8 @@ per rule (host-side; the array work inside a rule may be jitted).
 * ``common``: what several rules share (search spaces, config checks).
 
 The rules sit below the run loop: they import the settings
-(``fastpbrl.config``), the learner and the pure rules, never
-``fastpbrl.run`` or ``fastpbrl.loop``, which import them. A rule of your
+(``fastpbrl.config.settings``), the learner and the pure rules, never
+``fastpbrl.run.main`` or ``fastpbrl.run.loop``, which import them. A rule of your
 own is one file: ``examples/halving.py``.
 
 Its names are imported on first use (PEP 562): importing
@@ -22,7 +22,7 @@ Its names are imported on first use (PEP 562): importing
 ``fastpbrl --help`` lists, then does not import JAX through ``base``.
 """
 
-from fastpbrl.imports import lazy_names
+from fastpbrl.core.imports import lazy_names
 
 # name -> the module of this package that defines it.
 _NAMES = {'Decision': 'base', 'Observation': 'base', 'Population': 'base',

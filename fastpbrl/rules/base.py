@@ -13,7 +13,7 @@ experiments. It is a config plus pure functions, as an agent is
     # after every learner call:
     rule_state, decision = rule.decide(rule_state, observation)
 
-The run loop (``fastpbrl.loop``) builds the ``Observation`` (counters, the
+The run loop (``fastpbrl.run.loop``) builds the ``Observation`` (counters, the
 episodes that finished in this call, the stacked state and
 hyperparameters, the data path's queries) and applies the ``Decision``
 (new state and hyperparameters, replay copies, restarts, events for the
@@ -38,11 +38,11 @@ Over several processes (``fastpbrl.launch``) ``observation.state`` and
 ``observation.hparams`` are global arrays of which each process holds only
 its own members' rows: jitted functions take them as they are, and a
 value the host needs (a hyperparameter, a step counter) is read with
-``fastpbrl.sharding.whole_value``, which gathers it (``np.asarray`` would
+``fastpbrl.devices.sharding.whole_value``, which gathers it (``np.asarray`` would
 refuse). A rule that cannot run there sets ``multi_process = False``.
 
 To add a rule: subclass ``Rule`` in a file of your own, give it a ``name``,
-a ``config_class`` (a ``fastpbrl.config.RunConfig`` subclass: its fields
+a ``config_class`` (a ``fastpbrl.config.settings.RunConfig`` subclass: its fields
 are the command's flags) and ``presets``, override what it needs, and decorate it
 with ``fastpbrl.rules.register``. ``fastpbrl mymod:MyRule --help`` then
 lists its flags, and runs it, checkpoints and resumes it like the built-in
@@ -72,10 +72,11 @@ import jax
 import numpy as np
 
 from fastpbrl.actors.pool import exit_if_spawned_import, missing_main_guard
-from fastpbrl.config import ConfigError, RunConfig, check, resolved, validate
-from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
-                              population_hparams)
-from fastpbrl.sharding import whole_value
+from fastpbrl.config.settings import (ConfigError, RunConfig, check, resolved,
+                                      validate)
+from fastpbrl.devices.sharding import whole_value
+from fastpbrl.learner.population import (PopulationLearner, SharedCriticLearner,
+                                         population_hparams)
 
 
 class Population(NamedTuple):
@@ -91,7 +92,7 @@ class DataQueries(Protocol):
   """What a rule may ask of the run's data path (``Observation.data``):
   episodes of policies the population does not act with, and states to
   probe policies on. The loop hands the run's data path
-  (``fastpbrl.datapath``, whichever runs: gymnasium actors or JAX envs on
+  (``fastpbrl.datapath.factory``, whichever runs: gymnasium actors or JAX envs on
   the device); a test or a replay hands a fake."""
 
   def evaluate(self, policy_params: Any, actor_hparams: Any, episodes: int,
@@ -100,7 +101,7 @@ class DataQueries(Protocol):
     of the ``K`` stacked policies ``policy_params`` (whole in every
     process, not a population's rows), acting with ``actor_hparams``
     (``[K]``), policy ``k``'s resets seeded as member ``k``'s evaluations
-    of ``seed`` (``fastpbrl.evaluation.evaluation_seeds``). Every process
+    of ``seed`` (``fastpbrl.datapath.evaluation.evaluation_seeds``). Every process
     calls it at the same point and gets the same values."""
 
   def random_states(self, num_states: int, seed: int) -> np.ndarray:
@@ -113,7 +114,7 @@ class Observation(NamedTuple):
   """What a rule may read after a learner call.
 
   ``episodes`` are the episodes that finished during this call
-  (``fastpbrl.actors.EpisodeRecord``: ``member``, ``episode_return``,
+  (``fastpbrl.core.types.EpisodeRecord``: ``member``, ``episode_return``,
   ``episode_length``, ``evaluation``, ``env_steps``, ``policy_version``,
   ``start_policy_version``, ``true_objective``; read them as attributes,
   or per member with ``fastpbrl.rules.common.evaluation_returns``),
@@ -197,7 +198,7 @@ class RuleOutputs(NamedTuple):
   # copies back (``RunData.hparam_schedule``; None: the member's own rows).
   schedule: Optional[Callable[[list, int], list]] = None
   # ``draw(run_dir) -> path or None``: pictures of its own, drawn by
-  # ``fastpbrl.plots.plot_run`` at the end of a run after the generic ones.
+  # ``fastpbrl.run.plots.plot_run`` at the end of a run after the generic ones.
   pictures: Sequence[Callable[[str], Optional[str]]] = ()
 
 
@@ -305,7 +306,7 @@ class Rule:
 
   def make_learner(self, agent, num_steps: int, mesh=None,
                    batch_size: Optional[int] = None):
-    """The learner; ``mesh`` (``fastpbrl.sharding``, None: one device)
+    """The learner; ``mesh`` (``fastpbrl.devices.sharding``, None: one device)
     splits the population over devices; ``batch_size`` (default: the
     agent's) is what a call samples from a device replay."""
     if self.shared_critic:

@@ -16,18 +16,18 @@ from typing import Optional, Sequence
 import gymnasium as gym
 import numpy as np
 
-from fastpbrl import env_params
-from fastpbrl import search_space as ss
-from fastpbrl.config import (ConfigError, RunConfig, agent_spec, check,
-                             parse_hparams)
-from fastpbrl.envs import parameters_of
+from fastpbrl.config.settings import (ConfigError, RunConfig, agent_spec, check,
+                                      parse_hparams)
+from fastpbrl.core import search_space as ss
+from fastpbrl.envs import params as env_params
+from fastpbrl.envs.gym import parameters_of
 
 
 def search_space_of(config: RunConfig) -> ss.SearchSpace:
   """``--search-space``: a file, or the space itself as a JSON object (the
   Python API passes a dict as one, so that config.json keeps it); if unset,
   the agent's default space and the priors of the env's parameters
-  (``fastpbrl.env_params``). Its ranges must lie in the agent's declared
+  (``fastpbrl.envs.params``). Its ranges must lie in the agent's declared
   domains (``register(..., hparam_domains=...)``) and the env parameters'
   (a given space searches the env parameters it names, and holds the
   others at their defaults)."""

@@ -16,8 +16,8 @@ same" as PBT's (appendix A.2), and report PBT's gains as "improvement over
 the equivalent random search baseline" (Fig. 5). This rule is that arm:
 its members start from THE SAME draws as ``fastpbrl pbt --init-hparams
 prior`` of the same ``--seed``, ``--population-size`` and search space
-(both sample with ``fastpbrl.search_space.sample`` from the key
-``fastpbrl.build.initial_population`` gives every rule), so the two runs
+(both sample with ``fastpbrl.core.search_space.sample`` from the key
+``fastpbrl.run.build.initial_population`` gives every rule), so the two runs
 start alike (the same initial parameters too) and differ in PBT's
 decisions. ``--preset paper`` is the arm of ``fastpbrl pbt --preset
 paper`` (its run settings, which draw from the prior). Against ``fastpbrl seeds`` (every member at
@@ -36,8 +36,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from fastpbrl import search_space as ss
-from fastpbrl.config import RunConfig, resolved
+from fastpbrl.config.settings import RunConfig, resolved
+from fastpbrl.core import search_space as ss
 from fastpbrl.rules.base import Rule
 from fastpbrl.rules.common import search_space_of, validate_space
 from fastpbrl.rules.pbt.rule import PRESETS as PBT_PRESETS

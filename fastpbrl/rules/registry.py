@@ -24,7 +24,7 @@ import importlib
 import logging
 from typing import Mapping
 
-from fastpbrl.imports import find, known_names
+from fastpbrl.core.imports import find, known_names
 from fastpbrl.rules.base import Rule, RuleOutputs
 from fastpbrl.rules.builtin import BUILTIN
 

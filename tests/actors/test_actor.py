@@ -15,9 +15,9 @@ from fastpbrl import agents
 from fastpbrl.actors import Actor, ParamStore, chunk_layout, member_seeds
 from fastpbrl.agents.dqn import DQNConfig
 from fastpbrl.agents.td3 import TD3Config
-from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.core.types import make_env_spec
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from fastpbrl.replay import transition_fields
-from fastpbrl.types import make_env_spec
 from tests import numerics
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.

@@ -11,8 +11,8 @@ import numpy as np
 from fastpbrl import agents
 from fastpbrl.actors import Actor, ParamStore, member_seeds
 from fastpbrl.agents import dqn
-from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.types import make_env_spec
+from fastpbrl.core.types import make_env_spec
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from tests.actors.test_actor import make_step_env, new_chunk
 
 CONFIG = dqn.DQNConfig(mlp_hidden_sizes=(8,))

@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 
 from fastpbrl import agents
-from fastpbrl.actors import (ActorDiedError, ActorPool, ParamStore,
-                             split_members)
+from fastpbrl.actors import ActorDiedError, ActorPool, ParamStore, split_members
 from fastpbrl.agents.td3 import TD3Config
-from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.core.types import make_env_spec
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from fastpbrl.replay import transition_fields
-from fastpbrl.types import make_env_spec
 
 pytestmark = pytest.mark.slow
 

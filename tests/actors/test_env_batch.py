@@ -15,9 +15,9 @@ from fastpbrl.actors import Actor, ParamStore, chunk_layout
 from fastpbrl.actors import vector_envs
 from fastpbrl.actors.env_batch import SerialEnvs
 from fastpbrl.agents.td3 import TD3Config
-from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.core.types import make_env_spec
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from fastpbrl.replay import transition_fields
-from fastpbrl.types import make_env_spec
 
 MEMBERS = 3
 EPISODE = 40  # a short time limit, so that every run truncates

@@ -10,9 +10,9 @@ import jax
 import numpy as np
 from acme import specs
 
-from fastpbrl.learner import PopulationLearner
-from fastpbrl.types import make_env_spec
-from fastpbrl.types import random_transitions as random_batch  # noqa: F401
+from fastpbrl.learner.population import PopulationLearner
+from fastpbrl.core.types import make_env_spec
+from fastpbrl.core.types import random_transitions as random_batch  # noqa: F401
 from tests import numerics
 
 

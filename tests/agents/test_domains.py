@@ -5,8 +5,8 @@ renamed delay refused with its conversion."""
 import pytest
 
 from fastpbrl import agents
-from fastpbrl import search_space as ss
-from fastpbrl.build import make_env_spec
+from fastpbrl.core import search_space as ss
+from fastpbrl.run.build import make_env_spec
 
 # An env each built-in agent can act in (DQN's defaults depend on frames).
 ENVS = {'td3': 'Pendulum-v1', 'sac': 'Pendulum-v1', 'dqn': 'CartPole-v1',

@@ -10,7 +10,7 @@ from acme import specs
 
 from fastpbrl.agents import dqn
 from fastpbrl.agents import networks as nets_lib
-from fastpbrl.learner import population_hparams
+from fastpbrl.learner.population import population_hparams
 from tests import numerics
 from tests.agents.helpers import assert_population_matches_loop, env_spec, random_batch
 

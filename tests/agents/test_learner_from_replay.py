@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from fastpbrl.agents import td3
-from fastpbrl.learner import (PopulationLearner, SharedCriticLearner,
-                              population_hparams)
+from fastpbrl.core.types import random_transitions
+from fastpbrl.learner.population import (PopulationLearner, SharedCriticLearner,
+                                         population_hparams)
 from fastpbrl.replay import device, transition_fields
 from fastpbrl.replay.device import DeviceReplay
-from fastpbrl.types import random_transitions
 from tests import numerics
 from tests.agents.helpers import env_spec
 

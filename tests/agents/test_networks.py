@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastpbrl import build, config as config_lib
 from fastpbrl.agents import networks
 from fastpbrl.agents import sac, td3
+from fastpbrl.config import settings as config_lib
+from fastpbrl.run import build
 
 # Rule 3: a sample std over n draws has relative standard error
 # sqrt((kurtosis - 1) / (4 n)); the checks below allow 4 of them.

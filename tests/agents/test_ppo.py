@@ -17,8 +17,8 @@ import pytest
 
 from fastpbrl import agents
 from fastpbrl.agents import ppo
-from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.types import Rollout, random_transitions
+from fastpbrl.core.types import Rollout, random_transitions
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from tests import numerics
 from tests.agents.helpers import env_spec, member
 
@@ -394,11 +394,11 @@ def test_networks_start_as_sb3s_mlp_policy():
 # A child process, so that a deadlock fails the test instead of hanging the
 # suite: 70 members' initial states (PPO's four orthogonal initialisers at
 # more than 64 members, the case XLA's CPU scheduler deadlocked on when
-# vmapped: fastpbrl.learner.init_members) against one-member inits.
+# vmapped: fastpbrl.learner.population.init_members) against one-member inits.
 INIT_MANY = """
 import jax, numpy as np
 from fastpbrl import agents
-from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from tests.agents.helpers import env_spec
 n = 70
 agent = agents.make_agent('ppo', env_spec('CartPole-v1'))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastpbrl.agents import sac
-from fastpbrl.learner import PopulationLearner, population_hparams
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from tests import numerics
 from tests.agents.helpers import assert_population_matches_loop, env_spec, random_batch
 

@@ -9,7 +9,8 @@ import pytest
 
 from fastpbrl.agents import td3
 from fastpbrl.agents.base import periodic_flag
-from fastpbrl.learner import PopulationLearner, SharedCriticLearner, population_hparams
+from fastpbrl.learner.population import (PopulationLearner, SharedCriticLearner,
+                                         population_hparams)
 from tests import numerics
 from tests.agents.helpers import (assert_population_matches_loop, env_spec,
                                   member, random_batch)

@@ -20,7 +20,7 @@ import benchmarks.learning.store  # noqa: F401
 import benchmarks.learning.suite  # noqa: F401
 import benchmarks.learning.tables  # noqa: F401
 from benchmarks import learning
-from fastpbrl import cli as fastpbrl_cli
+from fastpbrl.cli import parse as fastpbrl_cli
 from fastpbrl.rules import registry
 
 

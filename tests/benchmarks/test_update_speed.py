@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks import update_speed
-from fastpbrl.types import make_env_spec
+from fastpbrl.core.types import make_env_spec
 from tests import numerics
 
 # A 128-wide matmul for the peak: the default 2048 takes about 7 s on two

@@ -11,8 +11,8 @@ import pytest
 from examples import a2c
 from fastpbrl import agents
 from fastpbrl.agents import ppo
-from fastpbrl.learner import PopulationLearner, population_hparams
-from fastpbrl.types import Rollout
+from fastpbrl.core.types import Rollout
+from fastpbrl.learner.population import PopulationLearner, population_hparams
 from tests import numerics
 from tests.agents.helpers import env_spec, member, random_batch
 

@@ -142,7 +142,7 @@ def test_cemrl_refuses_an_agent_without_a_shared_critic(tmp_path):
 @pytest.mark.slow
 def test_pbt_of_ddpg_members_through_the_cli(tmp_path):
   from experiments import pbt
-  from fastpbrl.logging import read_member_csvs
+  from fastpbrl.logs.logging import read_member_csvs
   run_dir = str(tmp_path / 'run')
   result = pbt.main([
       '--agent', 'examples.ddpg:DDPG', '--population-size', '2',

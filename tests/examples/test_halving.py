@@ -14,15 +14,15 @@ import pytest
 
 from examples import halving
 from fastpbrl import rules
-from fastpbrl.actors.actor import EpisodeRecord
-from fastpbrl.build import initial_population, make_agent, make_env_spec
+from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.rules.testing import Harness
+from fastpbrl.run.build import initial_population, make_agent, make_env_spec
 from tests.test_distributed import DEADLINE_S, sigterm_after
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 COMMAND = [sys.executable, '-c',
-           'from fastpbrl.commands import console_script; console_script()',
+           'from fastpbrl.cli.commands import console_script; console_script()',
            'examples.halving:Halving']
 FLAGS = ['--env', 'Pendulum-v1', '--population-size', '4', '--warmup-steps',
          '100', '--hidden-sizes', '8', '8', '--batch-size', '8',

@@ -42,7 +42,7 @@ from experiments import cemrl, dvd, hypertrick, pbt
 def test_bad_flag_exits_with_a_message_naming_it(module, argv, message,
                                                   tmp_path, monkeypatch):
   # Any process start would need the pipeline: make it fail loudly instead.
-  import fastpbrl.run as run_lib
+  import fastpbrl.run.main as run_lib
   monkeypatch.setattr(run_lib, 'RunLogger', _no_start)
   with pytest.raises(SystemExit) as info:
     module.main(argv + ['--run-dir', str(tmp_path), '--no-progress'])
@@ -56,7 +56,7 @@ def _no_start(*args, **kwargs):
 
 
 def test_preset_paper_sets_the_papers_population(monkeypatch):
-  from fastpbrl import cli
+  from fastpbrl.cli import parse as cli
   config = cli.parse(pbt.PRESETS, 'x', ['--preset', 'paper'])
   assert (config.env, config.population_size) == ('HalfCheetah-v5', 80)
   config = cli.parse(pbt.PRESETS, 'x', ['--preset', 'paper',
@@ -68,7 +68,7 @@ def test_preset_paper_sets_the_papers_population(monkeypatch):
 
 def test_setup_logging_shows_fastpbrl_info_even_if_root_is_configured(capsys):
   import logging
-  from fastpbrl import cli
+  from fastpbrl.cli import parse as cli
   root_handler = logging.NullHandler()
   logging.getLogger().addHandler(root_handler)  # what absl does on import
   log = logging.getLogger('fastpbrl')
@@ -88,7 +88,7 @@ def test_setup_logging_shows_fastpbrl_info_even_if_root_is_configured(capsys):
 
 
 def _pbt_error(argv, monkeypatch):
-  import fastpbrl.run as run_lib
+  import fastpbrl.run.main as run_lib
   monkeypatch.setattr(run_lib, 'RunLogger', _no_start)
   with pytest.raises(SystemExit) as info:
     pbt.main(argv + ['--no-progress'])
@@ -130,7 +130,7 @@ def test_rerun_of_a_missing_member_names_the_flags(tmp_path, monkeypatch):
 
 
 def test_resumed_pipeline_seeds_are_not_other_runs_seeds():
-  from fastpbrl.datapath import pipeline_seed
+  from fastpbrl.datapath.factory import pipeline_seed
   assert pipeline_seed(3, 0) == 3  # a fresh run uses its own seed
   resumed = {pipeline_seed(0, calls) for calls in range(1, 50)}
   assert len(resumed) == 49 and not resumed & set(range(1000))

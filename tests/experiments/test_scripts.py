@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments import cemrl, dvd, hypertrick, pbt, seeds
-from fastpbrl.logging import read_member_csvs, read_rule_csv
+from fastpbrl.logs.logging import read_member_csvs, read_rule_csv
 from fastpbrl.rules import pbt as pbt_lib
 
 TINY = ['--env', 'Pendulum-v1', '--env-steps', '1200', '--warmup-steps', '200',

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from acme import specs
 
+from fastpbrl.core.types import Transition
 from fastpbrl.replay import (PerMemberReplay, SharedReplay, make_replay,
                              transition_fields)
 from fastpbrl.replay.buffers import Replay
-from fastpbrl.types import Transition
 
 OBS_DIM = 3
 

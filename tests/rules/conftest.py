@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import pytest
 
 from fastpbrl import agents
-from fastpbrl import search_space as ss
 from fastpbrl.agents import td3
-from fastpbrl.learner import population_hparams
-from fastpbrl.types import Transition, make_env_spec, random_transitions
+from fastpbrl.core import search_space as ss
+from fastpbrl.core.types import Transition, make_env_spec, random_transitions
+from fastpbrl.learner.population import population_hparams
 
 
 @functools.lru_cache(maxsize=None)

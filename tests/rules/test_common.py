@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from fastpbrl.actors import EpisodeRecord
+from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.rules.common import evaluation_returns, evaluations
 
 

@@ -10,11 +10,12 @@ import jax
 import numpy as np
 import pytest
 
-from fastpbrl import build, rules
-from fastpbrl import search_space as ss
-from fastpbrl.build import initial_population, make_agent, make_env_spec
-from fastpbrl.config import ConfigError, RunConfig
+from fastpbrl import rules
+from fastpbrl.config.settings import ConfigError, RunConfig
+from fastpbrl.core import search_space as ss
 from fastpbrl.rules import registry
+from fastpbrl.run import build
+from fastpbrl.run.build import initial_population, make_agent, make_env_spec
 
 SMALL = dict(env='Pendulum-v1', population_size=4, hidden_sizes=(8, 8))
 
@@ -79,7 +80,7 @@ def test_unknown_refs_get_one_line():
 
 def test_train_refuses_an_unregistered_rule_class():
   from fastpbrl.api import rule_class
-  from fastpbrl.config import ConfigError
+  from fastpbrl.config.settings import ConfigError
 
   class Unregistered(rules.Rule):
     name = 'unregistered-here'

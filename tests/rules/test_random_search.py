@@ -1,6 +1,6 @@
 """Random search from the prior (``fastpbrl random``): its members start
 from the draws of ``fastpbrl pbt --init-hparams prior`` (the same initial
-population, built by ``fastpbrl.build.initial_population`` for both rules),
+population, built by ``fastpbrl.run.build.initial_population`` for both rules),
 for every kind of agent; they keep them through a run and through a stop
 and resume, which restores them and draws nothing; a search space outside
 the agent's domains is refused in one line naming --search-space."""
@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from examples import ddpg  # registers the user agent 'ddpg'
-from fastpbrl import agents, commands, rules
-from fastpbrl import search_space as ss
-from fastpbrl.build import initial_population, make_agent, make_env_spec
-from fastpbrl.plots import read_hparams_csv
+from fastpbrl import agents, rules
+from fastpbrl.cli import commands
+from fastpbrl.core import search_space as ss
 from fastpbrl.rules.random_search import PRESETS, RandomSearch
+from fastpbrl.run.build import initial_population, make_agent, make_env_spec
+from fastpbrl.run.plots import read_hparams_csv
 
 SPACE = json.dumps({'policy_lr': {'kind': 'loguniform', 'low': 1e-4,
                                   'high': 1e-2},

@@ -6,15 +6,15 @@ import json
 
 import numpy as np
 
-from fastpbrl import loop as loop_lib
-from fastpbrl.actors.actor import EpisodeRecord
-from fastpbrl.callbacks import Loop
-from fastpbrl.config import RunConfig
-from fastpbrl.distributed import Processes
+from fastpbrl.config.settings import RunConfig
+from fastpbrl.core.types import EpisodeRecord
+from fastpbrl.devices.distributed import Processes
 from fastpbrl.rules.base import Decision, Rule, RuleOutputs
 from fastpbrl.rules.pbt.rule import PBT
 from fastpbrl.rules.testing import Harness
-from fastpbrl.run_data import load_run
+from fastpbrl.run import loop as loop_lib
+from fastpbrl.run.callbacks import Loop
+from fastpbrl.trained.run_data import load_run
 
 N = 3
 

@@ -8,7 +8,7 @@
 The rule's names are imported on first use (PEP 562).
 """
 
-from fastpbrl.imports import lazy_names
+from fastpbrl.core.imports import lazy_names
 
 # name -> the module of this package that defines it.
 _NAMES = {'CEMRLRunConfig': 'rule', 'PRESETS': 'rule', 'CEMRLState': 'rule',

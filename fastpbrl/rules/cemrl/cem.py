@@ -88,7 +88,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from fastpbrl.agents.base import SharedCritic
-from fastpbrl.types import Params, PRNGKey
+from fastpbrl.core.types import Params, PRNGKey
 
 
 class CEMState(NamedTuple):

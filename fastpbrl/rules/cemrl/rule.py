@@ -26,15 +26,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.config import (RunConfig, bounded, check, check_bounds,
-                             resolved, rule_fields)
-from fastpbrl.learner import population_hparams
-from fastpbrl.rules.cemrl import cem as cem_lib
+from fastpbrl.config.settings import (RunConfig, bounded, check, check_bounds,
+                                      resolved, rule_fields)
+from fastpbrl.devices.sharding import whole_value
+from fastpbrl.learner.population import population_hparams
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows, split_key)
+from fastpbrl.rules.cemrl import cem as cem_lib
 from fastpbrl.rules.common import check_shared_critic
 from fastpbrl.rules.registry import register
-from fastpbrl.sharding import whole_value
 
 MEAN_POLICY = 'mean_policy.csv'
 

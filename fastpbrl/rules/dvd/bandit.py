@@ -41,7 +41,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from fastpbrl.rng import Pcg64State, pcg64_generator, pcg64_state
+from fastpbrl.core.rng import Pcg64State, pcg64_generator, pcg64_state
 
 
 @dataclasses.dataclass(frozen=True)

@@ -94,7 +94,7 @@ import jax
 import jax.numpy as jnp
 
 from fastpbrl.agents.base import SharedCritic
-from fastpbrl.types import Params
+from fastpbrl.core.types import Params
 
 # ---------------------------------------------------------------------------
 # Pure JAX: kernel and loss

@@ -28,17 +28,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.config import (Derived, RunConfig, as_learner_calls, bounded,
-                             as_update_steps, check, check_bounds,
-                             resolved, rule_fields, steps_per_call_of)
-from fastpbrl.rules.dvd import bandit as bandit_lib
-from fastpbrl.rules.dvd import diversity as dvd_lib
+from fastpbrl.config.settings import (Derived, RunConfig, as_learner_calls,
+                                      bounded, as_update_steps, check,
+                                      check_bounds, resolved, rule_fields,
+                                      steps_per_call_of)
+from fastpbrl.devices.sharding import whole_value
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows)
 from fastpbrl.rules.common import (check_evaluations_per, check_shared_critic,
                                    evaluations)
+from fastpbrl.rules.dvd import bandit as bandit_lib
+from fastpbrl.rules.dvd import diversity as dvd_lib
 from fastpbrl.rules.registry import register
-from fastpbrl.sharding import whole_value
 
 # Learner calls between two measurements of the logged diversity figure
 # (the loop logs rule scalars every 10 calls).

@@ -23,17 +23,17 @@ from typing import ClassVar, Literal, Mapping, NamedTuple, Optional
 import jax
 import numpy as np
 
-from fastpbrl import search_space as ss
-from fastpbrl.config import (Derived, RunConfig, agent_spec, as_flag_error,
-                             as_update_steps, bounded, check, check_bounds,
-                             resolved, rule_fields)
-from fastpbrl.rules.hypertrick import scheduler as hypertrick_lib
-from fastpbrl.rng import Pcg64State, pcg64_generator, pcg64_state
+from fastpbrl.config.settings import (Derived, RunConfig, agent_spec,
+                                      as_flag_error, as_update_steps, bounded,
+                                      check, check_bounds, resolved,
+                                      rule_fields)
+from fastpbrl.core import search_space as ss
+from fastpbrl.core.rng import Pcg64State, pcg64_generator, pcg64_state
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows, split_key)
 from fastpbrl.rules.common import (check_evaluations_per, evaluation_returns,
-                                   search_space_of,
-                                   validate_space)
+                                   search_space_of, validate_space)
+from fastpbrl.rules.hypertrick import scheduler as hypertrick_lib
 from fastpbrl.rules.registry import register
 
 # A phase's metric: the mean of the slot's last this-many evaluation returns

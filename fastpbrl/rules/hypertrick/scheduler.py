@@ -48,8 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl import search_space as ss
-from fastpbrl.types import PRNGKey
+from fastpbrl.core import search_space as ss
+from fastpbrl.core.types import PRNGKey
 
 CONTINUE = 'continue'
 TERMINATE = 'terminate'

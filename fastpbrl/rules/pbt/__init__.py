@@ -15,7 +15,7 @@ The names below are imported from their module on first use (PEP 562), so
 that reading a lineage file does not import the rule.
 """
 
-from fastpbrl.imports import lazy_names
+from fastpbrl.core.imports import lazy_names
 
 # name -> the module of this package that defines it.
 _NAMES = {'PBTRunConfig': 'rule', 'PRESETS': 'rule', 'PBTState': 'rule',

@@ -15,7 +15,7 @@ through the run loop:
 
 ``step`` counts update steps per member; events also carry ``env_steps``
 (per member) when the caller gives it (the run loop does; the lineage
-picture, ``fastpbrl.plots``, draws against it).
+picture, ``fastpbrl.run.plots``, draws against it).
 
 ``read_lineage`` reads the file back; ``schedule(path, member)`` rebuilds
 the hyperparameters that produced a member's current weights, following
@@ -33,9 +33,9 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
+from fastpbrl.devices.sharding import whole_value
 from fastpbrl.rules.base import hparam_rows
 from fastpbrl.rules.pbt.exploit import PBTResult
-from fastpbrl.sharding import whole_value
 
 HParams = Any  # a NamedTuple of [N] hyperparameter arrays
 

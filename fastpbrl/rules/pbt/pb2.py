@@ -103,7 +103,7 @@ from scipy import optimize
 from scipy.linalg import cho_factor, cho_solve
 from scipy.stats import qmc
 
-from fastpbrl import search_space as ss
+from fastpbrl.core import search_space as ss
 
 CANDIDATES = 1024  # Sobol points the acquisition is maximised over
 WINDOW = 512  # data rows kept (the newest)

@@ -26,22 +26,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl import search_space as ss
 from fastpbrl.agents import dqn
-from fastpbrl.config import (ConfigError, Derived, RunConfig, as_flag_error,
-                             as_update_steps, bounded, check, check_bounds,
-                             resolved, rule_fields)
-from fastpbrl.jax_envs import is_jax_env
-from fastpbrl.rules.pbt import exploit as pbt_lib
-from fastpbrl.rules.pbt import lineage as lineage_lib
-from fastpbrl.rules.pbt import pb2
-from fastpbrl.rules.pbt.lineage import LINEAGE
+from fastpbrl.config.settings import (ConfigError, Derived, RunConfig,
+                                      as_flag_error, as_update_steps, bounded,
+                                      check, check_bounds, resolved,
+                                      rule_fields)
+from fastpbrl.core import search_space as ss
+from fastpbrl.devices.sharding import (placed_like, process_zero_value,
+                                       whole_value)
+from fastpbrl.envs.jax_envs import is_jax_env
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  RuleOutputs, split_key)
 from fastpbrl.rules.common import (check_evaluations_per, evaluation_returns,
                                    search_space_of, validate_space)
+from fastpbrl.rules.pbt import exploit as pbt_lib
+from fastpbrl.rules.pbt import lineage as lineage_lib
+from fastpbrl.rules.pbt import pb2
+from fastpbrl.rules.pbt.lineage import LINEAGE
 from fastpbrl.rules.registry import register
-from fastpbrl.sharding import placed_like, process_zero_value, whole_value
 
 
 @dataclasses.dataclass

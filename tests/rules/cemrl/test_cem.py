@@ -193,7 +193,8 @@ def test_flatten_roundtrip_and_load_policies():
 
 
 def _rl_population(n=4, num_rl=2, steps=5, train_until=0):
-  from fastpbrl.learner import SharedCriticLearner, population_hparams
+  from fastpbrl.learner.population import (SharedCriticLearner,
+                                           population_hparams)
   from tests.rules.conftest import tiny_td3
   agent = tiny_td3(batch_size=4, steps_per_call=steps)
   learner = SharedCriticLearner(

@@ -18,17 +18,18 @@ import numpy as np
 import optax
 import pytest
 
-from fastpbrl import build, cli
-from fastpbrl.actors.actor import EpisodeRecord
-from fastpbrl.checkpoint import Checkpointer
-from fastpbrl.config import ConfigError
-from fastpbrl.logging import append_rows
-from fastpbrl.rules.cemrl import cem as cem_lib
-from fastpbrl.resume import like
+from fastpbrl.cli import parse as cli
+from fastpbrl.config.settings import ConfigError
+from fastpbrl.core.types import EpisodeRecord
+from fastpbrl.logs.logging import append_rows
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Observation
 from fastpbrl.rules.cemrl import CEMRL, CEMRLRunConfig, CEMRLState
+from fastpbrl.rules.cemrl import cem as cem_lib
 from fastpbrl.rules.testing import Harness
+from fastpbrl.run import build
+from fastpbrl.run.checkpoint import Checkpointer
+from fastpbrl.run.resume import like
 from tests.rules.conftest import pendulum_spec, random_batch, tiny_td3
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.
@@ -327,7 +328,7 @@ def test_resume_continues_the_schedule(tmp_path, monkeypatch, phase):
   while phase == 'eval' and not run.rule_state.evaluating:
     one_call(run)
   assert bool(run.rule_state.evaluating) == (phase == 'eval')
-  # What the run checkpoints (fastpbrl.resume.Saver) and restores.
+  # What the run checkpoints (fastpbrl.run.resume.Saver) and restores.
   checkpointer = Checkpointer(str(tmp_path))
   checkpointer.save(run.calls, run.state,
                     {'hparams': run.hparams, 'rule': run.rule_state}, {})

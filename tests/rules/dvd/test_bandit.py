@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from fastpbrl import rng as rng_lib
+from fastpbrl.core import rng as rng_lib
 from fastpbrl.rules.dvd import bandit as bandit_lib
 from tests import numerics
 

@@ -11,9 +11,9 @@ import pytest
 from acme import specs
 
 from fastpbrl.agents import td3
-from fastpbrl.learner import SharedCriticLearner, population_hparams
-from fastpbrl.rules.dvd import diversity as dvd
+from fastpbrl.learner.population import SharedCriticLearner, population_hparams
 from fastpbrl.rules.dvd import DvDRunConfig
+from fastpbrl.rules.dvd import diversity as dvd
 from tests import numerics
 from tests.rules.conftest import pendulum_spec, random_batch, tiny_td3
 

@@ -11,15 +11,16 @@ import jax
 import numpy as np
 import pytest
 
-from fastpbrl import distributed, resume
-from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.agents import td3
-from fastpbrl.build import initial_population, make_agent, make_env_spec
-from fastpbrl.checkpoint import Checkpointer
-from fastpbrl.config import ConfigError
+from fastpbrl.config.settings import ConfigError
+from fastpbrl.core.types import EpisodeRecord
+from fastpbrl.devices import distributed
 from fastpbrl.rules.base import Observation
 from fastpbrl.rules.dvd.rule import DvD, DvDRunConfig
 from fastpbrl.rules.testing import Harness
+from fastpbrl.run import resume
+from fastpbrl.run.build import initial_population, make_agent, make_env_spec
+from fastpbrl.run.checkpoint import Checkpointer
 from tests.test_datapath import probe_states_of_dvd
 
 
@@ -248,7 +249,7 @@ def test_logged_diversity_is_the_mean_pairwise_action_distance():
 
 def _save_and_restore(tmp_path, run: Run, template_run: Run):
   """``run``'s rule state through a checkpoint, read back into the shapes
-  ``template_run``'s ``init`` gave (as ``fastpbrl.resume`` does)."""
+  ``template_run``'s ``init`` gave (as ``fastpbrl.run.resume`` does)."""
   checkpointer = Checkpointer(str(tmp_path))
   try:
     checkpointer.save(run.calls, run.state,

@@ -11,17 +11,17 @@ import jax
 import numpy as np
 import pytest
 
-from fastpbrl.actors.actor import EpisodeRecord
-from fastpbrl.checkpoint import Checkpointer
-from fastpbrl.config import ConfigError
-from fastpbrl.learner import PopulationLearner
-from fastpbrl.rules.hypertrick import scheduler as ht
-from fastpbrl.resume import like
-from fastpbrl.rng import pcg64_generator, pcg64_state
+from fastpbrl.config.settings import ConfigError
+from fastpbrl.core.rng import pcg64_generator, pcg64_state
+from fastpbrl.core.types import EpisodeRecord
+from fastpbrl.learner.population import PopulationLearner
 from fastpbrl.rules import registry
 from fastpbrl.rules.base import Observation, Population
 from fastpbrl.rules.hypertrick import PRESETS, HyperTrick, HyperTrickRunConfig
+from fastpbrl.rules.hypertrick import scheduler as ht
 from fastpbrl.rules.testing import Harness
+from fastpbrl.run.checkpoint import Checkpointer
+from fastpbrl.run.resume import like
 from tests.rules.conftest import tiny_td3
 
 N = 2

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastpbrl import agents
-from fastpbrl import search_space as ss
+from fastpbrl.core import search_space as ss
 from fastpbrl.rules.hypertrick import scheduler as ht
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.

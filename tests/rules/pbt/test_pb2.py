@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from fastpbrl import search_space as ss
+from fastpbrl.core import search_space as ss
 from fastpbrl.rules.pbt import pb2
 
 PARAMS = pb2.KernelParams(variance=1.3, lengthscale=0.5, epsilon=0.2,

@@ -10,20 +10,20 @@ import jax
 import numpy as np
 import pytest
 
-from fastpbrl import search_space as ss
-from fastpbrl.actors.actor import EpisodeRecord
 from fastpbrl.agents import td3
-from fastpbrl.build import initial_population, make_agent, make_env_spec
-from fastpbrl.checkpoint import Checkpointer
-from fastpbrl.config import ConfigError
-from fastpbrl.rules.pbt import pb2
+from fastpbrl.config.settings import ConfigError
+from fastpbrl.core import search_space as ss
+from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.rules import pbt as pbt_lib
-from fastpbrl import resume
-from fastpbrl.resume import like
 from fastpbrl.rules.base import Observation
-from fastpbrl.rules.testing import Harness
+from fastpbrl.rules.pbt import pb2
 from fastpbrl.rules.pbt.rule import (LINEAGE, PRESETS, PBT, PBTRunConfig,
-                                fitness_of, record)
+                                     fitness_of, record)
+from fastpbrl.rules.testing import Harness
+from fastpbrl.run import resume
+from fastpbrl.run.build import initial_population, make_agent, make_env_spec
+from fastpbrl.run.checkpoint import Checkpointer
+from fastpbrl.run.resume import like
 
 N = 4
 
