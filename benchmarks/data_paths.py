@@ -53,7 +53,8 @@ from benchmarks.provenance import (answered_one_row, git_commit,
                                    row_in_process, write_record)
 from fastpbrl import agents
 from fastpbrl.agents.td3 import TD3Config
-from fastpbrl.datapath.actor_replay import Pipeline, PipelineConfig
+from fastpbrl.datapath.actor_replay import Pipeline
+from fastpbrl.datapath.common import PipelineConfig
 from fastpbrl.datapath.device_replay import DevicePipeline, EnvCall
 from fastpbrl.devices import sharding
 from fastpbrl.envs import jax_envs

@@ -47,7 +47,8 @@ import numpy as np
 
 from benchmarks.data_paths import td3_population
 from fastpbrl import agents
-from fastpbrl.datapath.actor_replay import Pipeline, PipelineConfig
+from fastpbrl.datapath.actor_replay import Pipeline
+from fastpbrl.datapath.common import PipelineConfig
 
 MODES = ('sync', 'host', 'device')
 

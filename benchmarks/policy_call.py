@@ -43,7 +43,7 @@ from benchmarks.provenance import (answered_one_row, cpu_machine, git_commit,
 from fastpbrl.actors.actor import (configure_actor_process, key_data_of,
                                    make_policy_fns)
 from fastpbrl.agents.registry import make_agent
-from fastpbrl.datapath.actor_replay import _make_gym_env, _probe_env_spec
+from fastpbrl.datapath.actor_family import make_gym_env, probe_env_spec
 
 RESULT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       'results', 'cpu', 'policy_call.json')
@@ -58,7 +58,7 @@ CALLS = (('ppo', 'policy'), ('ppo', 'policy_and_eval'), ('td3', 'policy'),
 def _call_and_args(agent_ref: str, call: str, m: int, env_id: str):
   """The actor's jitted call ``call`` of ``agent_ref`` and the arguments an
   actor passes it, for ``m`` members."""
-  spec = _probe_env_spec(functools.partial(_make_gym_env, env_id))
+  spec = probe_env_spec(functools.partial(make_gym_env, env_id))
   agent = make_agent(agent_ref, spec)
   hp = jax.device_get(agent.default_hparams())
   states = [agent.init(jax.random.key(i), hp) for i in range(m)]

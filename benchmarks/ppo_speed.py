@@ -43,7 +43,7 @@ import numpy as np
 from benchmarks.provenance import (answered_one_row, cpu_machine,
                                    git_commit, row_in_process, write_record)
 from fastpbrl import agents
-from fastpbrl.datapath.actor_replay import PipelineConfig
+from fastpbrl.datapath.common import PipelineConfig
 from fastpbrl.datapath.device_rollouts import DeviceRollouts
 from fastpbrl.envs import jax_envs
 from fastpbrl.learner.population import PopulationLearner, population_hparams

@@ -27,8 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpbrl import agents, rules
-from fastpbrl.config.settings import (RunConfig, bounded, check, check_bounds,
-                                      rule_fields)
+from fastpbrl.config import RunConfig, bounded, check, check_bounds, rule_fields
 from fastpbrl.core import search_space as ss
 from fastpbrl.rules.common import evaluation_returns
 

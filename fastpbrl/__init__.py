@@ -19,7 +19,9 @@ The Python API (``fastpbrl/api.py``, imported on first use so that
   ends a run early, as ``StopAtReturn(threshold)`` and ``TimeLimit(seconds)``
   do;
 * ``fastpbrl.run.run(config, rule, callbacks=())``: the loop itself;
-* ``fastpbrl.rules``: the rule contract and registry (``register``).
+* ``fastpbrl.rules``: the rule contract and registry (``register``);
+* ``fastpbrl.envs.register``: adds a family of JAX envs (``--env
+  prefix:NAME``, stepped on the device; ``fastpbrl/envs/jax_envs.py``).
 """
 
 import importlib
@@ -33,8 +35,8 @@ _API = {
     'Evaluation': 'fastpbrl.api', 'Callback': 'fastpbrl.run.callbacks',
     'StopAtReturn': 'fastpbrl.run.callbacks',
     'TimeLimit': 'fastpbrl.run.callbacks',
-    'ConfigError': 'fastpbrl.config.settings',
-    'RunConfig': 'fastpbrl.config.settings',
+    'ConfigError': 'fastpbrl.config.errors',
+    'RunConfig': 'fastpbrl.config.fields',
     'PBTRunConfig': 'fastpbrl.rules.pbt.rule',
     'CEMRLRunConfig': 'fastpbrl.rules.cemrl.rule',
     'DvDRunConfig': 'fastpbrl.rules.dvd.rule',
@@ -53,6 +55,6 @@ def __getattr__(name):
     return importlib.import_module('fastpbrl.run')
   if name in _API:
     return getattr(importlib.import_module(_API[name]), name)
-  if name in ('agents', 'rules'):  # fastpbrl.rules.register after import
+  if name in ('agents', 'envs', 'rules'):  # fastpbrl.rules.register, ...
     return importlib.import_module(f'fastpbrl.{name}')
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -29,8 +29,10 @@ import gymnasium as gym
 import jax
 import numpy as np
 
-from fastpbrl.config.settings import (ConfigError, RunConfig, check_types,
-                                      saved_config, saved_settings)
+from fastpbrl.config.checks import check_types
+from fastpbrl.config.errors import ConfigError
+from fastpbrl.config.fields import RunConfig
+from fastpbrl.config.saved import saved_config, saved_settings
 from fastpbrl.datapath.evaluation import evaluation_seeds
 from fastpbrl.devices import distributed
 from fastpbrl.envs.gym import make_env
@@ -92,9 +94,10 @@ def train(rule: Union[str, type, None] = None, *,
 
   Args:
     rule: ``pbt`` (the default for a new run), ``cemrl``, ``dvd``,
-      ``hypertrick``, ``seeds``, ``random``, a rule of your own as ``module:Class``, or
-      its (registered) class. With ``resume`` it defaults to the run's own,
-      with ``config`` to the rule whose config class it is.
+      ``hypertrick``, ``seeds``, ``random``, a rule of your own as
+      ``module:Class``, or its (registered) class. With ``resume`` it
+      defaults to the run's own, with ``config`` to the rule whose config
+      class it is.
     config: the settings as the rule's typed config (``PBTRunConfig``,
       ``RunConfig`` for ``seeds``, ...: the dataclasses the commands' flags
       come from); ``config_fields`` override it.
@@ -117,6 +120,19 @@ def train(rule: Union[str, type, None] = None, *,
       value of the wrong type (``population_size='2'``, an env object).
   """
   resume = config_fields.get('resume') or getattr(config, 'resume', None)
+  rule_cls = _train_rule(rule, config, resume)
+  fields = _flag_values(rule_cls, config_fields)
+  distributed.initialize_if_launched()  # under fastpbrl.launch or srun
+  config = _train_config(rule_cls, config, resume, fields)
+  rule_obj = rule_cls.from_config(config)
+  return _train_result(run(rule_obj.config, rule_obj, callbacks=callbacks))
+
+
+def _train_rule(rule: Union[str, type, None], config: Optional[RunConfig],
+                resume: Optional[str]) -> type:
+  """``train``'s rule class: ``rule``, else the resumed run's, else the
+  one ``config`` is for, else PBT's; checks that ``config`` (if any) is
+  that rule's, and that it does not come with ``resume``."""
   if config is not None and resume:
     raise ConfigError('config and resume: a resume takes the run\'s saved '
                       'settings; pass changes as keyword arguments')
@@ -128,37 +144,55 @@ def train(rule: Union[str, type, None] = None, *,
   if config is not None and not isinstance(config, config_cls):
     raise ConfigError(f'config is a {type(config).__name__}; rule '
                       f'{rule_cls.name} takes a {config_cls.__name__}')
-  fields = {f.name for f in dataclasses.fields(config_cls)}
-  unknown = sorted(set(config_fields) - fields)
+  return rule_cls
+
+
+def _flag_values(rule_cls: type, config_fields: Mapping[str, Any]) -> dict:
+  """``train``'s keyword settings as the command's flags take them (numpy
+  scalars as Python ones, mappings as the flags' text); a ``ConfigError``
+  for a setting ``rule_cls``'s config does not have."""
+  known = {f.name for f in dataclasses.fields(rule_cls.config_class)}
+  unknown = sorted(set(config_fields) - known)
   if unknown:
     raise ConfigError(f'{rule_cls.name} has no setting {unknown[0]!r} '
                       f'(--{unknown[0].replace("_", "-")}); see fastpbrl '
                       f'{registry.ref_of(rule_cls)} --help')
-  config_fields = {k: v.item() if isinstance(v, np.generic) else v
-                   for k, v in config_fields.items()}  # np.int64(2) -> 2
-  if config_fields.get('hidden_sizes') is not None:
-    config_fields['hidden_sizes'] = tuple(config_fields['hidden_sizes'])
-  if isinstance(config_fields.get('agent_settings'), Mapping):
+  fields = {k: v.item() if isinstance(v, np.generic) else v
+            for k, v in config_fields.items()}  # np.int64(2) -> 2
+  if fields.get('hidden_sizes') is not None:
+    fields['hidden_sizes'] = tuple(fields['hidden_sizes'])
+  if isinstance(fields.get('agent_settings'), Mapping):
     # {'num_envs': 8, 'hidden_sizes': (64, 64)}: as --agent-settings takes it
-    config_fields['agent_settings'] = tuple(
+    fields['agent_settings'] = tuple(
         f'{k}={",".join(map(str, v)) if isinstance(v, (tuple, list)) else v}'
-        for k, v in config_fields['agent_settings'].items())
-  if isinstance(config_fields.get('hparams'), Mapping):  # {'policy_lr': 1e-3}
-    config_fields['hparams'] = tuple(
-        f'{k}={v!r}' for k, v in config_fields['hparams'].items())
-  if isinstance(config_fields.get('search_space'), Mapping):
+        for k, v in fields['agent_settings'].items())
+  if isinstance(fields.get('hparams'), Mapping):  # {'policy_lr': 1e-3}
+    fields['hparams'] = tuple(
+        f'{k}={v!r}' for k, v in fields['hparams'].items())
+  if isinstance(fields.get('search_space'), Mapping):
     # {'policy_lr': {'kind': 'loguniform', 'low': 1e-4, 'high': 1e-3}}: as
     # --search-space takes it inline, so that config.json keeps it.
-    config_fields['search_space'] = json.dumps(config_fields['search_space'])
-  distributed.initialize_if_launched()  # under fastpbrl.launch or srun
+    fields['search_space'] = json.dumps(fields['search_space'])
+  return fields
+
+
+def _train_config(rule_cls: type, config: Optional[RunConfig],
+                  resume: Optional[str], fields: dict) -> RunConfig:
+  """The run's settings: the resumed run's saved ones, else ``config``,
+  else the rule's defaults, with ``fields`` over them, type-checked."""
+  config_cls = rule_cls.config_class
   if resume:  # what the command's --resume does: the saved settings
     base = saved_config(resume, config_cls())
   else:
     base = config if config is not None else config_cls()
-  config = dataclasses.replace(base, **config_fields)
+  config = dataclasses.replace(base, **fields)
   check_types(config)
-  rule_obj = rule_cls.from_config(config)
-  result = run(rule_obj.config, rule_obj, callbacks=callbacks)
+  return config
+
+
+def _train_result(result: RunResult) -> TrainResult:
+  """``train``'s result for the finished run ``result``: its best member
+  and latest checkpoint, and the lineage its rule declares."""
   best = int(np.argmax(result.final_returns))
   read_lineage = registry.run_outputs(
       saved_settings(result.run_dir, flag='run folder')).lineage

@@ -18,14 +18,14 @@ from fastpbrl import agents
 from fastpbrl.actors import (Actor, ParamStore, chunk_layout,
                              default_num_processes)
 from fastpbrl.agents import ppo
-from fastpbrl.config.settings import RunConfig
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.core.types import Rollout, make_env_spec
 from fastpbrl.datapath import factory as datapath
 from fastpbrl.datapath import protocol
-from fastpbrl.datapath.actor_replay import PipelineConfig
 from fastpbrl.datapath.actor_rollouts import (ActorRollouts,
                                               check_rollout_settings,
                                               rollout_fields)
+from fastpbrl.datapath.common import PipelineConfig
 from fastpbrl.learner.population import PopulationLearner, population_hparams
 from tests import rollout_agent_for_tests as test_agent
 from tests.test_preemption import LINE, last_line, stopped_by_sigterm

@@ -8,8 +8,13 @@ import pytest
 
 import fastpbrl
 from examples import a2c
-from fastpbrl.config import settings as config_lib
-from fastpbrl.config.settings import ConfigError, RunConfig
+from fastpbrl.config.agent_settings import (agent_config, hidden_sizes_of,
+                                            steps_per_call_of)
+from fastpbrl.config.checks import validate
+from fastpbrl.config.derived import as_learner_calls, resolved
+from fastpbrl.config.errors import ConfigError
+from fastpbrl.config.fields import RunConfig
+from fastpbrl.config.saved import check_resume, saved_config
 from fastpbrl.run import build
 
 A2C = 'examples.a2c:A2C'
@@ -17,30 +22,30 @@ A2C = 'examples.a2c:A2C'
 
 def _refused(config: RunConfig) -> str:
   with pytest.raises(ConfigError) as info:
-    config_lib.validate(config_lib.resolved(config))
+    validate(resolved(config))
   return str(info.value)
 
 
 def test_agent_settings_set_fields_of_any_agent_parsed_to_their_types():
-  td3 = config_lib.agent_config(RunConfig(
+  td3 = agent_config(RunConfig(
       agent='td3', agent_settings=('batch_size=64', 'hidden_sizes=32,16')))
   assert td3.batch_size == 64 and td3.hidden_sizes == (32, 16)
   assert td3.steps_per_call == 50  # a replay agent's stays its own
   rollout = RunConfig(agent=A2C, env='gymnax:CartPole-v1',
                       agent_settings=('rollout_length=16', 'num_envs=4'))
-  made = config_lib.agent_config(rollout)
+  made = agent_config(rollout)
   # steps_per_call=None reaches the rollout agent's config: it derives T x E,
   # and so does every interval that counts learner calls.
   assert made == a2c.A2CConfig(rollout_length=16, num_envs=4)
   assert made.steps_per_call == 64 and made.batch_size == 64
-  assert config_lib.steps_per_call_of(rollout) == 64
-  assert config_lib.as_learner_calls(640, rollout) == 10
-  assert config_lib.steps_per_call_of(
+  assert steps_per_call_of(rollout) == 64
+  assert as_learner_calls(640, rollout) == 10
+  assert steps_per_call_of(
       dataclasses.replace(rollout, steps_per_call=128)) == 128
   agent = build.make_agent(rollout, build.make_env_spec(rollout.env))
   assert agent.config == made and agent.learns_from == 'rollout'
   # The built-in PPO: its own minibatch size, T x E steps per call.
-  ppo = config_lib.agent_config(RunConfig(agent='ppo', agent_settings=(
+  ppo = agent_config(RunConfig(agent='ppo', agent_settings=(
       'rollout_length=128', 'num_envs=8', 'epochs=4', 'activation=relu')))
   assert (ppo.rollout_length, ppo.num_envs, ppo.epochs, ppo.activation,
           ppo.batch_size, ppo.steps_per_call) == (128, 8, 4, 'relu', 64, 1024)
@@ -74,13 +79,13 @@ def test_a_setting_given_by_a_flag_and_agent_settings_is_refused():
 
 
 def test_hidden_sizes_default_to_the_agents_own():
-  assert config_lib.hidden_sizes_of(RunConfig(agent='td3')) == (256, 256)
-  assert config_lib.hidden_sizes_of(RunConfig(agent='dqn')) == (256, 256)
-  assert config_lib.hidden_sizes_of(RunConfig(agent=A2C)) == (64, 64)
-  assert config_lib.hidden_sizes_of(RunConfig(agent='ppo')) == (64, 64)
-  assert config_lib.hidden_sizes_of(RunConfig(agent='examples.ddpg:DDPG')) == (
+  assert hidden_sizes_of(RunConfig(agent='td3')) == (256, 256)
+  assert hidden_sizes_of(RunConfig(agent='dqn')) == (256, 256)
+  assert hidden_sizes_of(RunConfig(agent=A2C)) == (64, 64)
+  assert hidden_sizes_of(RunConfig(agent='ppo')) == (64, 64)
+  assert hidden_sizes_of(RunConfig(agent='examples.ddpg:DDPG')) == (
       400, 300)
-  assert config_lib.hidden_sizes_of(RunConfig(agent=A2C,
+  assert hidden_sizes_of(RunConfig(agent=A2C,
                                               hidden_sizes=(8,))) == (8,)
 
 
@@ -96,20 +101,20 @@ def _saved_run(tmp_path, **settings):
 def test_a_run_saved_with_the_old_default_widths_resumes(tmp_path):
   # config.json of a TD3 run from before the per-agent default: [256, 256].
   run = _saved_run(tmp_path, agent='td3', hidden_sizes=[256, 256])
-  resumed = config_lib.saved_config(run, RunConfig(resume=run))
-  config_lib.check_resume(resumed, 'seeds')
+  resumed = saved_config(run, RunConfig(resume=run))
+  check_resume(resumed, 'seeds')
   # The same widths left unset, or given: the same network.
-  config_lib.check_resume(dataclasses.replace(resumed, hidden_sizes=None),
+  check_resume(dataclasses.replace(resumed, hidden_sizes=None),
                           'seeds')
   new = _saved_run(tmp_path / 'new', agent='td3', hidden_sizes=None)
-  config_lib.check_resume(RunConfig(resume=new, hidden_sizes=(256, 256)),
+  check_resume(RunConfig(resume=new, hidden_sizes=(256, 256)),
                           'seeds')
   with pytest.raises(ConfigError, match=r'^--hidden-sizes \(64, 64\) '
                      r'differs from the resumed run\'s \(256, 256\)'):
-    config_lib.check_resume(dataclasses.replace(resumed, hidden_sizes=(64, 64)),
+    check_resume(dataclasses.replace(resumed, hidden_sizes=(64, 64)),
                             'seeds')
   with pytest.raises(ConfigError, match='^--agent-settings'):
-    config_lib.check_resume(dataclasses.replace(
+    check_resume(dataclasses.replace(
         resumed, agent_settings=('batch_size=8',)), 'seeds')
 
 
@@ -132,18 +137,18 @@ def test_a_run_saved_with_the_old_default_widths_resumes(tmp_path):
 def test_a_rollout_agent_refuses_replay_settings(change, message):
   assert _refused(RunConfig(agent=A2C, **change)).startswith(message)
   # The same settings are a replay agent's own.
-  config_lib.validate(config_lib.resolved(RunConfig(agent='td3', **change)))
+  validate(resolved(RunConfig(agent='td3', **change)))
 
 
 def test_a_rollout_agent_ignores_a_warmup_with_a_warning(caplog):
   # A preset's warm-up (PBT's paper preset sets 25,000) is not refused.
-  config = config_lib.resolved(RunConfig(agent=A2C, env='CartPole-v1',
+  config = resolved(RunConfig(agent=A2C, env='CartPole-v1',
                                          env_steps=1000, warmup_steps=5000))
-  config_lib.validate(config)
+  validate(config)
   build.make_agent(config, build.make_env_spec('CartPole-v1'))
   assert '--warmup-steps 5000 is ignored' in caplog.text
   caplog.clear()
-  build.make_agent(config_lib.resolved(dataclasses.replace(
+  build.make_agent(resolved(dataclasses.replace(
       config, warmup_steps=None)), build.make_env_spec('CartPole-v1'))
   assert 'warmup' not in caplog.text
 
@@ -178,7 +183,7 @@ def test_the_actor_paths_rollout_shapes_are_refused_before_the_run(tmp_path):
 def test_a_rollout_agent_records_no_warmup_by_default():
   # config.json shows what the run does: no random warm-up for PPO, the
   # budget's for TD3; a warm-up the user set is kept (and warned about).
-  assert config_lib.resolved(RunConfig(agent='ppo')).warmup_steps == 0
-  assert config_lib.resolved(RunConfig(agent='td3')).warmup_steps == 1000
-  assert config_lib.resolved(RunConfig(agent='ppo',
+  assert resolved(RunConfig(agent='ppo')).warmup_steps == 0
+  assert resolved(RunConfig(agent='td3')).warmup_steps == 1000
+  assert resolved(RunConfig(agent='ppo',
                                        warmup_steps=7)).warmup_steps == 7

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from fastpbrl.agents import td3
-from fastpbrl.config.settings import ConfigError, RunConfig
+from fastpbrl.config.errors import ConfigError
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.core.types import make_env_spec
 from fastpbrl.learner.population import PopulationLearner, population_hparams
 from fastpbrl.replay import make_replay, transition_fields

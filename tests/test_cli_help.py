@@ -11,8 +11,10 @@ from fastpbrl.agents.networks import NETWORK_INITS
 from fastpbrl.cli import commands
 from fastpbrl.cli import help as cli_help
 from fastpbrl.cli import parse as cli
-from fastpbrl.config import settings as config_lib
-from fastpbrl.config.settings import RunConfig
+from fastpbrl.config.derived import as_learner_calls, as_update_steps
+from fastpbrl.config.errors import ConfigError
+from fastpbrl.config.fields import RunConfig
+from fastpbrl.config.saved import INTERVAL_UNIT, file_config, saved_config
 from fastpbrl.logs import tracking
 from fastpbrl.replay.device import LOCATIONS
 from fastpbrl.rules import hypertrick, pbt, registry
@@ -100,10 +102,10 @@ def test_a_value_outside_an_enumeration_is_one_line(argv, message, capsys):
 def test_a_settings_file_value_outside_an_enumeration_is_refused(tmp_path):
   path = tmp_path / 'settings.json'
   path.write_text(json.dumps({'exploit': 'roulette'}))
-  with pytest.raises(config_lib.ConfigError, match='exploit must be'):
-    config_lib.file_config(str(path), pbt.PBTRunConfig())
+  with pytest.raises(ConfigError, match='exploit must be'):
+    file_config(str(path), pbt.PBTRunConfig())
   path.write_text(json.dumps({'exploit': 'tournament'}))
-  assert config_lib.file_config(str(path), pbt.PBTRunConfig()).exploit == (
+  assert file_config(str(path), pbt.PBTRunConfig()).exploit == (
       'tournament')
 
 
@@ -112,14 +114,14 @@ def test_a_settings_file_value_outside_an_enumeration_is_refused(tmp_path):
 
 def test_intervals_convert_at_the_ratio_and_steps_per_call():
   td3 = RunConfig(update_to_data_ratio=1.0)
-  assert config_lib.as_update_steps(2_500, td3) == 2_500
-  assert config_lib.as_learner_calls(5_000, td3) == 100  # 50 steps a call
+  assert as_update_steps(2_500, td3) == 2_500
+  assert as_learner_calls(5_000, td3) == 100  # 50 steps a call
   dqn = RunConfig(agent='dqn', update_to_data_ratio=0.25)
-  assert config_lib.as_update_steps(500_000, dqn) == 125_000
-  assert config_lib.as_learner_calls(100_000, dqn) == 2_500  # 10 a call
-  assert config_lib.as_learner_calls(10, td3) == 1  # at least one call
-  assert config_lib.as_update_steps(0, td3) == 0  # 0 stays "never"
-  assert config_lib.as_learner_calls(0, td3) == 0
+  assert as_update_steps(500_000, dqn) == 125_000
+  assert as_learner_calls(100_000, dqn) == 2_500  # 10 a call
+  assert as_learner_calls(10, td3) == 1  # at least one call
+  assert as_update_steps(0, td3) == 0  # 0 stays "never"
+  assert as_learner_calls(0, td3) == 0
 
 
 def test_rules_count_their_intervals_from_env_steps():
@@ -150,10 +152,10 @@ def test_a_config_json_saved_before_the_unit_change_is_converted(tmp_path):
       'rule': 'pbt', 'agent': 'dqn', 'update_to_data_ratio': 0.25,
       'steps_per_call': None, 'checkpoint_every': 100,
       'ready_after': 125_000, 'no_mutation_before': 0})
-  config = config_lib.saved_config(run_dir, pbt.PBTRunConfig())
+  config = saved_config(run_dir, pbt.PBTRunConfig())
   assert config.checkpoint_every == 4_000  # 100 x 10 / 0.25
   assert config.ready_after == 500_000
-  again = config_lib.file_config(str(tmp_path / 'config.json'),
+  again = file_config(str(tmp_path / 'config.json'),
                                  pbt.PBTRunConfig())
   assert again.ready_after == 500_000
 
@@ -162,17 +164,17 @@ def test_hypertricks_renamed_phase_length_is_read_from_an_old_run(tmp_path):
   run_dir = old_run(tmp_path, {'rule': 'hypertrick', 'agent': 'td3',
                                'update_to_data_ratio': 2.0,
                                'phase_update_steps': 4_000})
-  config = config_lib.saved_config(run_dir,
+  config = saved_config(run_dir,
                                    hypertrick.HyperTrickRunConfig())
   assert config.phase_env_steps == 2_000
 
 
 def test_a_config_json_in_todays_unit_is_read_as_it_is(tmp_path):
   run_dir = old_run(tmp_path, {
-      'rule': 'pbt', 'interval_unit': config_lib.INTERVAL_UNIT,
+      'rule': 'pbt', 'interval_unit': INTERVAL_UNIT,
       'update_to_data_ratio': 0.5, 'checkpoint_every': 100,
       'ready_after': 300})
-  config = config_lib.saved_config(run_dir, pbt.PBTRunConfig())
+  config = saved_config(run_dir, pbt.PBTRunConfig())
   assert (config.checkpoint_every, config.ready_after) == (100, 300)
 
 

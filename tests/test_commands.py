@@ -15,7 +15,7 @@ from examples import ddpg
 from fastpbrl import agents, rules
 from fastpbrl.cli import commands
 from fastpbrl.cli.commands import bench
-from fastpbrl.config.settings import ConfigError
+from fastpbrl.config.errors import ConfigError
 from fastpbrl.rules import builtin, registry
 from fastpbrl.rules.hypertrick import PRESETS as PRESETS_HT
 from fastpbrl.rules.pbt import PRESETS as PBT_PRESETS
@@ -155,7 +155,7 @@ def test_custom_env_from_a_user_module(tmp_path, monkeypatch):
 def test_evaluate_of_an_unfinished_run_names_the_member_flag(tmp_path, capsys):
   (tmp_path / 'config.json').write_text(json.dumps({'rule': 'seeds'}))
   from fastpbrl.api import resolve_member
-  from fastpbrl.config.settings import ConfigError
+  from fastpbrl.config.errors import ConfigError
   with pytest.raises(ConfigError, match='no final_returns.json .* pass a member'):
     resolve_member(str(tmp_path), 'best', 4)
   with pytest.raises(ConfigError, match=r'--member 4 is out of range: .* 4 members'):
@@ -343,7 +343,7 @@ def test_config_file_then_flags_then_print(tmp_path, capsys):
 def test_a_runs_config_json_is_a_config_file(tmp_path, capsys):
   """What a run saves (its settings, its rule's ref, its folder) starts a
   new run with the same settings, in a folder of its own."""
-  from fastpbrl.config.settings import resolved  # a run saves resolved settings
+  from fastpbrl.config.derived import resolved  # a run saves resolved settings
   settings = dataclasses.asdict(resolved(dataclasses.replace(
       PBT_PRESETS['small'], seed=7, fraction=0.5, hidden_sizes=(32, 32),
       run_dir='runs/old', progress=False)))

@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from fastpbrl.config import settings as config_lib
-from fastpbrl.config.settings import ConfigError, check_bounds, declared_bounds
+from fastpbrl.config.bounds import bounded, check_bounds, declared_bounds
+from fastpbrl.config.errors import ConfigError
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.rules import registry
 
 RULE_CONFIGS = [rule.config_class for rule in registry.builtins()]
@@ -113,7 +114,7 @@ def test_a_redeclared_field_keeps_its_base_bound():
   # PBT redeclares eval_every (its own default and docstring).
   pbt = registry.get('pbt').config_class
   assert (declared_bounds(pbt)['eval_every']
-          == declared_bounds(config_lib.RunConfig)['eval_every'])
+          == declared_bounds(RunConfig)['eval_every'])
 
 
 @pytest.mark.parametrize('rule,settings,expected', [
@@ -132,6 +133,6 @@ def test_rules_check_their_declared_bounds(rule, settings, expected):
 
 def test_bounded_refuses_two_bounds_on_one_side():
   with pytest.raises(ValueError):
-    config_lib.bounded(1, ge=0, gt=0)
+    bounded(1, ge=0, gt=0)
   with pytest.raises(ValueError):
-    config_lib.bounded(1)
+    bounded(1)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fastpbrl import agents
-from fastpbrl.config.settings import RunConfig
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.core.types import make_env_spec
 from fastpbrl.datapath import factory as datapath
 from fastpbrl.datapath import protocol

@@ -22,7 +22,7 @@ import fastpbrl
 from fastpbrl import agents
 from fastpbrl.datapath import factory as datapath
 from fastpbrl.datapath import protocol
-from fastpbrl.datapath.actor_replay import PipelineConfig
+from fastpbrl.datapath.common import PipelineConfig
 from fastpbrl.datapath.device_rollouts import DeviceRollouts
 from fastpbrl.devices import sharding
 from fastpbrl.envs import jax_envs

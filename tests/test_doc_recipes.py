@@ -58,7 +58,7 @@ import pytest
 
 from fastpbrl.cli import commands
 from fastpbrl.cli import parse as cli
-from fastpbrl.config.settings import ConfigError
+from fastpbrl.config.errors import ConfigError
 from fastpbrl.rules import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,7 +17,7 @@ import pytest
 import fastpbrl
 from fastpbrl import agents
 from fastpbrl.actors import Actor, ParamStore, chunk_layout
-from fastpbrl.config.settings import ConfigError
+from fastpbrl.config.errors import ConfigError
 from fastpbrl.core import search_space as ss
 from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.core.types import make_env_spec

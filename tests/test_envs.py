@@ -12,7 +12,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from fastpbrl.config.settings import ConfigError, RunConfig
+from fastpbrl.config.errors import ConfigError
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.envs import gym as envs
 from fastpbrl.run import build
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from fastpbrl.config.settings import RunConfig
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.logs.logging import RunLogger
 from fastpbrl.rules.base import RuleOutputs
@@ -15,6 +15,8 @@ from fastpbrl.run import finish
 
 
 class _Rule:
+  space = None  # Rule.space: a rule that draws from no search space
+
   def hparam_rows(self, hparams):
     return [{'policy_lr': 1e-3, 'tau': 0.005}, {'policy_lr': 3e-4,
                                                 'tau': 0.005}]

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from fastpbrl.config.settings import RunConfig
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.devices.distributed import Processes
 from fastpbrl.rules.base import Decision, Rule

@@ -14,11 +14,12 @@ import pytest
 
 import fastpbrl
 from fastpbrl import agents
-from fastpbrl.config.settings import ConfigError
+from fastpbrl.config.errors import ConfigError
 from fastpbrl.core.types import ReplaySample
-from fastpbrl.datapath.actor_replay import PipelineConfig
+from fastpbrl.datapath.common import PipelineConfig
 from fastpbrl.datapath.device_replay import DevicePipeline, EnvCall
 from fastpbrl.envs import gym as envs
+from fastpbrl.envs import gymnax_envs
 from fastpbrl.envs import jax_envs
 from fastpbrl.learner import collect
 from fastpbrl.learner.collect import Plan
@@ -306,7 +307,7 @@ def test_bad_env_ids_stop_with_one_line_naming_env():
 
   with pytest.raises(jax_envs.JaxEnvError, match=r"--env 'gymnax:Lake': "
                      r'observation space Discrete is not supported'):
-    jax_envs._gymnax_observations('gymnax:Lake', Discrete())
+    gymnax_envs.observation_spec('gymnax:Lake', Discrete())
   with pytest.raises(ConfigError, match=r'--agent dqn on --env '
                      r'gymnax:Pendulum-v1'):
     fastpbrl.train('seeds', env='gymnax:Pendulum-v1', agent='dqn')
@@ -452,11 +453,11 @@ def test_population_sharded_over_two_devices(tmp_path, shared_replay):
 def test_a_buffer_held_twice_is_copied_before_it_is_donated():
   """Brax's reset returns one array as both reward and done: donating
   both would fail, so the driver copies the repeat."""
-  from fastpbrl.datapath.device_replay import _unaliased
+  from fastpbrl.datapath.device_family import unaliased
   zero = jnp.zeros((2, 1))
   envs = collect.EnvsState({'reward': zero, 'done': zero}, zero, zero, zero,
                            jnp.zeros(2), jnp.zeros(2), None, jnp.zeros(2))
-  out = _unaliased(envs)
+  out = unaliased(envs)
   pointers = [x.unsafe_buffer_pointer() for x in jax.tree.leaves(out)]
   assert len(set(pointers)) == len(pointers)
   kept = [x is zero for x in jax.tree.leaves(out)]

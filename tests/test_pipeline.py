@@ -22,12 +22,13 @@ from fastpbrl import agents
 from fastpbrl.actors import ActorDiedError
 from fastpbrl.agents.sac import SACConfig
 from fastpbrl.agents.td3 import TD3Config
-from fastpbrl.config.settings import RunConfig
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.core.types import ReplaySample, make_env_spec
 from fastpbrl.datapath import factory as datapath
-from fastpbrl.datapath.actor_replay import (Pipeline, PipelineConfig,
-                                            PipelineStalledError)
+from fastpbrl.datapath.actor_family import PipelineStalledError
+from fastpbrl.datapath.actor_replay import Pipeline
+from fastpbrl.datapath.common import PipelineConfig
 from fastpbrl.learner.population import PopulationLearner, population_hparams
 
 TD3_SMALL = TD3Config(hidden_sizes=(16,), batch_size=16, steps_per_call=10)
@@ -354,7 +355,8 @@ SCRIPT = textwrap.dedent('''
     from fastpbrl import agents
     from fastpbrl.agents.td3 import TD3Config
     from fastpbrl.learner.population import PopulationLearner, population_hparams
-    from fastpbrl.datapath.actor_replay import Pipeline, PipelineConfig
+    from fastpbrl.datapath.actor_replay import Pipeline
+    from fastpbrl.datapath.common import PipelineConfig
     from fastpbrl.core.types import make_env_spec
     import gymnasium as gym
 

@@ -139,7 +139,7 @@ def test_a_second_signal_exits_at_once_and_keeps_the_earlier_checkpoint(
 
 
 SCRIPT = textwrap.dedent('''
-    from fastpbrl.config.settings import RunConfig
+    from fastpbrl.config.fields import RunConfig
     from fastpbrl.rules.seeds import Seeds
     from fastpbrl.run.main import run
     config = RunConfig(env='Pendulum-v1', population_size=2, env_steps=600,

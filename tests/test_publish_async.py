@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastpbrl.datapath.actor_replay import PublishError, _AsyncPublisher
+from fastpbrl.datapath.actor_family import AsyncPublisher, PublishError
 
 DEADLINE_S = 60.0  # generous: only a very busy machine gets near it
 
@@ -31,7 +31,7 @@ class SlowStore:
 
 def test_the_newest_submission_lands_and_older_waiting_ones_are_replaced():
   store = SlowStore()
-  publisher = _AsyncPublisher(store.write)
+  publisher = AsyncPublisher(store.write)
   try:
     publisher.submit({'w': np.array([0])})
     assert store.entered.wait(DEADLINE_S)  # the thread is writing 0
@@ -50,7 +50,7 @@ def test_keep_every_writes_every_submission_in_order():
   # submission is superseded: submit then waits for the thread to take the
   # previous one (released here from another thread while it waits).
   store = SlowStore()
-  publisher = _AsyncPublisher(store.write, keep_every=True)
+  publisher = AsyncPublisher(store.write, keep_every=True)
   try:
     publisher.submit({'w': np.array([0])})
     assert store.entered.wait(DEADLINE_S)  # the thread is writing 0
@@ -76,7 +76,7 @@ def test_keep_every_writes_every_submission_in_order():
 
 def test_wait_times_out_while_a_write_is_stuck_then_succeeds():
   store = SlowStore()
-  publisher = _AsyncPublisher(store.write)
+  publisher = AsyncPublisher(store.write)
   try:
     publisher.submit({'w': np.array([1])})
     assert store.entered.wait(DEADLINE_S)
@@ -91,7 +91,7 @@ def test_a_failed_write_is_raised_by_wait_check_and_submit():
   def write(tree):
     raise OSError('disk gone')
 
-  publisher = _AsyncPublisher(write)
+  publisher = AsyncPublisher(write)
   try:
     publisher.submit({'w': np.array([1])})
     with pytest.raises(PublishError, match='disk gone') as info:
@@ -112,7 +112,7 @@ def test_parameters_survive_the_state_being_donated_after_submit():
   step = jax.jit(lambda s: {'p': s['p'] + 1.0}, donate_argnums=0)
   state = {'p': jnp.arange(4.0)}
   store = SlowStore()
-  publisher = _AsyncPublisher(store.write)
+  publisher = AsyncPublisher(store.write)
   try:
     publisher.submit(policy_params(state))
     for _ in range(3):

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 import fastpbrl
-from fastpbrl.config.settings import ConfigError
+from fastpbrl.config.errors import ConfigError
 from fastpbrl.trained import run_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

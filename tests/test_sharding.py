@@ -14,7 +14,9 @@ import types
 
 import pytest
 
-from fastpbrl.config.settings import ConfigError, RunConfig, validate
+from fastpbrl.config.checks import validate
+from fastpbrl.config.errors import ConfigError
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.devices import sharding
 
 # Floats of two routes: tests/isa_matrix.sh runs them per instruction set.

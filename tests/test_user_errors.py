@@ -13,8 +13,9 @@ import pytest
 
 import fastpbrl
 from fastpbrl.cli import commands
-from fastpbrl.config.settings import (ConfigError, RunConfig, SettingTypeError,
-                                      resolved)
+from fastpbrl.config.derived import resolved
+from fastpbrl.config.errors import ConfigError, SettingTypeError
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.rules import registry
 from fastpbrl.run import build
 
@@ -94,8 +95,9 @@ def test_a_script_without_the_main_guard_is_refused_at_once(tmp_path):
       """)
   assert done.returncode == 1
   last = done.stderr.strip().splitlines()[-1]
-  assert last.startswith('fastpbrl.config.settings.ConfigError: script.py starts the '
-                         'run at its top level (line 2) without'), last
+  assert last.startswith(
+      'fastpbrl.config.errors.ConfigError: script.py starts the run at its '
+      'top level (line 2) without'), last
   assert done.stderr.count('at its top level') == 1
   assert os.listdir(tmp_path) == ['script.py']  # no runs/ folder
 

@@ -22,7 +22,7 @@ from benchmarks.learning.store import result_path, set_aside_superseded
 from benchmarks.learning.suite import (
     METHODS, ROLLOUT_SETTINGS, ZOO, agent_of, task_budget, zoo_flags)
 from benchmarks.provenance import code_version, machine
-from fastpbrl.config.settings import agent_spec
+from fastpbrl.config.agent_settings import agent_spec
 from fastpbrl.logs.logging import (evaluation_points, read_member_csvs,
                                    read_rule_csv)
 from fastpbrl.rules.pbt.lineage import LINEAGE, founders

@@ -9,7 +9,7 @@ import functools
 from typing import Optional
 
 from fastpbrl import agents as agents_lib
-from fastpbrl.config.settings import ConfigError
+from fastpbrl.config.errors import ConfigError
 from fastpbrl.envs import jax_envs
 from fastpbrl.run import build
 

@@ -15,7 +15,7 @@ import numpy as np
 from benchmarks import stats
 from benchmarks.learning.suite import (
     METHODS, SEARCHING_MODULES, TASKS, agent_of, baseline_of, control_of)
-from fastpbrl.config.settings import agent_spec
+from fastpbrl.config.agent_settings import agent_spec
 from fastpbrl.rules.pbt import pb2
 
 

@@ -101,8 +101,8 @@ class DQNHParams(NamedTuple):
 EPSILON_START = 1.0  # epsilon at a member's first env step (Nature: 1.0)
 
 # Nature DQN's run settings on Atari (Extended Data Table 1), as the flags of
-# ``fastpbrl.config.settings.RunConfig`` (``image_run_settings`` of the registration):
-# ``--preset atari`` of ``fastpbrl pbt``.
+# ``fastpbrl.config.fields.RunConfig`` (``image_run_settings`` of the
+# registration): ``--preset atari`` of ``fastpbrl pbt``.
 NATURE_ATARI_RUN = {
     # One update step (batch 32) per 4 agent steps ("update frequency").
     'update_to_data_ratio': 0.25,

@@ -78,6 +78,7 @@ for the policy lag and the values are those of the current network.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple, Optional, Sequence
 
@@ -424,116 +425,170 @@ def _adam(learning_rate) -> optax.GradientTransformation:
   return optax.adam(learning_rate, eps=ADAM_EPS)
 
 
+def _identity_stats(shape: tuple) -> ObsStats:
+  """Statistics that leave values as they are: mean 0, var 1, count 0."""
+  return ObsStats(mean=jnp.zeros(shape, jnp.float32),
+                  var=jnp.ones(shape, jnp.float32),
+                  count=jnp.zeros((), jnp.float32))
+
+
+def _init(nets: PPONetworks, config: PPOConfig, key: PRNGKey,
+          hparams: PPOHParams) -> PPOState:
+  """``Agent.init``: fresh networks, one Adam state over both, and the
+  identity observation and reward statistics."""
+  del hparams  # the initial state does not depend on hyperparameters
+  k_pi, k_v, k_state = jax.random.split(key, 3)
+  obs = jnp.zeros((1, *nets.obs_shape), jnp.float32)
+  params = (nets.policy.init(k_pi, obs), nets.value.init(k_v, obs))
+  reward_norm = RewardNorm(returns=jnp.zeros((config.num_envs,), jnp.float32),
+                           stats=_identity_stats(()))
+  return PPOState(policy=params[0], value=params[1],
+                  opt_state=_adam(1.0).init(params),
+                  obs_stats=_identity_stats(nets.obs_shape),
+                  reward_norm=reward_norm, key=k_state,
+                  step=jnp.zeros((), jnp.int32))
+
+
+def _prepare(config: PPOConfig, stats: ObsStats, obs: jax.Array) -> jax.Array:
+  """``obs`` as the networks see it: normalised with ``stats`` when
+  ``normalize_observations``, else as it is."""
+  if config.normalize_observations:
+    return normalize(stats, obs)
+  return obs
+
+
+def _act(nets: PPONetworks, config: PPOConfig, policy_params,
+         observation: jax.Array, key: PRNGKey, hparams: PPOHParams,
+         explore: bool) -> jax.Array:
+  """``Agent.act``: a sample (``explore``) or the evaluation action."""
+  del hparams  # PPO explores by sampling its own distribution
+  policy, stats = policy_params
+  action, _ = _sample(nets, policy, _prepare(config, stats, observation), key,
+                      explore)
+  # The env side clips too (collect.scale_actions); act's contract is
+  # actions in [-1, 1].
+  return action if nets.discrete else jnp.clip(action, -1.0, 1.0)
+
+
+def _behave(nets: PPONetworks, config: PPOConfig, policy_params,
+            observation: jax.Array, key: PRNGKey, hparams: PPOHParams):
+  """``Agent.behave``: sampled actions and their log-probabilities."""
+  del hparams
+  policy, stats = policy_params
+  return _sample(nets, policy, _prepare(config, stats, observation), key, True)
+
+
+def _policy_params(state: PPOState) -> tuple[Params, ObsStats]:
+  """``Agent.policy_params``: the policy and the observation statistics."""
+  return state.policy, state.obs_stats
+
+
+def _values(nets: PPONetworks, value: Params, obs: jax.Array,
+            shape: tuple) -> jax.Array:
+  """``V(obs)`` of the prepared observations ``obs`` ``[*shape,
+  *obs_shape]``, of shape ``shape`` (``[T, E]``)."""
+  flat = obs.reshape((math.prod(shape), *nets.obs_shape))
+  return nets.value.apply(value, flat).reshape(shape)
+
+
+def _samples(nets: PPONetworks, config: PPOConfig, state: PPOState,
+             hp: PPOHParams, rollout: Rollout):
+  """``(samples, values, reward_norm)``: the rollout's ``T x E`` samples
+  for the minibatches (prepared observations, GAE advantages, returns
+  ``A + V``), the values ``V(obs)`` ``[T, E]`` and the reward statistics
+  after the rollout."""
+  obs = _prepare(config, state.obs_stats, rollout.observation)
+  next_obs = _prepare(config, state.obs_stats, rollout.next_observation)
+  values = _values(nets, state.value, obs, rollout.reward.shape)
+  next_values = _values(nets, state.value, next_obs, rollout.reward.shape)
+  terminated = rollout.terminated.astype(values.dtype)
+  truncated = rollout.truncated.astype(values.dtype)
+  reward = rollout.reward.astype(values.dtype)
+  reward_norm = state.reward_norm
+  if config.normalize_rewards:
+    # VecNormalize's per-step scaling, continuing each env's return from
+    # the previous iteration (its rollouts are consecutive).
+    reward, reward_norm = scale_rewards(
+        reward_norm, reward, jnp.maximum(terminated, truncated), hp.discount)
+    reward = reward.astype(values.dtype)
+  advantage = gae(reward, values, next_values, terminated, truncated,
+                  hp.discount, hp.gae_lambda)
+  n = config.rollout_length * config.num_envs
+  samples = _Minibatch(
+      observation=obs.reshape((n, *nets.obs_shape)),
+      action=rollout.action.reshape((n,) + rollout.action.shape[2:]),
+      log_prob=rollout.log_prob.reshape(n).astype(values.dtype),
+      advantage=advantage.reshape(n),
+      returns=(advantage + values).reshape(n))
+  return samples, values, reward_norm
+
+
+def _minibatch_step(nets: PPONetworks, config: PPOConfig, carry,
+                    batch: _Minibatch, hp: PPOHParams):
+  """One Adam step on ``batch``'s loss, gradients clipped to
+  ``max_grad_norm``: ``((params, opt_state), metrics)``."""
+  params, opt_state = carry
+  (_, metrics), grads = jax.value_and_grad(
+      lambda p: ppo_loss(nets, config, p, batch, hp), has_aux=True)(params)
+  grads = clip_by_global_norm(grads, hp.max_grad_norm)
+  updates, opt_state = _adam(hp.learning_rate).update(grads, opt_state)
+  return (optax.apply_updates(params, updates), opt_state), metrics
+
+
+def _epochs(nets: PPONetworks, config: PPOConfig, carry, samples: _Minibatch,
+            hp: PPOHParams, key: PRNGKey):
+  """``epochs`` passes over ``samples`` in shuffled minibatches of
+  ``batch_size``, one ``_minibatch_step`` each, from ``carry = (params,
+  opt_state)``: the new carry and each metric's mean over the steps."""
+  num_samples = config.rollout_length * config.num_envs
+  order = minibatch_order(key, num_samples, config.epochs).reshape(
+      config.epochs * (num_samples // config.batch_size), config.batch_size)
+  carry, metrics = jax.lax.scan(
+      lambda c, idx: _minibatch_step(
+          nets, config, c, jax.tree.map(lambda x: x[idx], samples), hp),
+      carry, order)
+  return carry, {k: jnp.mean(v) for k, v in metrics.items()}
+
+
+def _update(nets: PPONetworks, config: PPOConfig, state: PPOState,
+            hp: PPOHParams, rollout: Rollout):
+  """``Agent.update``: one PPO iteration on the ``[T, E]`` rollout (the
+  module docstring): the samples, the minibatch epochs, then the
+  observation statistics merged with the rollout's."""
+  samples, values, reward_norm = _samples(nets, config, state, hp, rollout)
+  key, k_shuffle = jax.random.split(state.key)
+  (params, opt_state), metrics = _epochs(
+      nets, config, ((state.policy, state.value), state.opt_state), samples,
+      hp, k_shuffle)
+  metrics['explained_variance'] = explained_variance(values.reshape(-1),
+                                                     samples.returns)
+  if config.normalize_rewards:
+    metrics['reward_scale'] = 1.0 / jnp.sqrt(reward_norm.stats.var
+                                             + REWARD_EPS)
+  stats = state.obs_stats
+  if config.normalize_observations:
+    # At the END of the iteration (VecNormalize: at every env step).
+    stats = update_obs_stats(stats, rollout.observation)
+  new_state = PPOState(policy=params[0], value=params[1], opt_state=opt_state,
+                       obs_stats=stats, reward_norm=reward_norm, key=key,
+                       step=state.step + 1)
+  return new_state, metrics
+
+
 def make_agent(env_spec: specs.EnvironmentSpec,
                config: PPOConfig = PPOConfig()) -> Agent:
-  """Builds the PPO agent's pure functions for ``env_spec``."""
+  """Builds the PPO agent's pure functions for ``env_spec``: the functions
+  above with the networks and the static ``config`` bound, so that the
+  hyperparameters stay traced arguments."""
   nets = make_networks(env_spec, config)
-  num_samples = config.rollout_length * config.num_envs
-  num_minibatches = num_samples // config.batch_size
-
-  def init(key: PRNGKey, hparams: PPOHParams) -> PPOState:
-    del hparams  # the initial state does not depend on hyperparameters
-    k_pi, k_v, k_state = jax.random.split(key, 3)
-    obs = jnp.zeros((1, *nets.obs_shape), jnp.float32)
-    params = (nets.policy.init(k_pi, obs), nets.value.init(k_v, obs))
-    stats = ObsStats(mean=jnp.zeros(nets.obs_shape, jnp.float32),
-                     var=jnp.ones(nets.obs_shape, jnp.float32),
-                     count=jnp.zeros((), jnp.float32))
-    reward_norm = RewardNorm(
-        returns=jnp.zeros((config.num_envs,), jnp.float32),
-        stats=ObsStats(mean=jnp.zeros((), jnp.float32),
-                       var=jnp.ones((), jnp.float32),
-                       count=jnp.zeros((), jnp.float32)))
-    return PPOState(policy=params[0], value=params[1],
-                    opt_state=_adam(1.0).init(params), obs_stats=stats,
-                    reward_norm=reward_norm, key=k_state,
-                    step=jnp.zeros((), jnp.int32))
-
-  def prepare(stats: ObsStats, obs: jax.Array) -> jax.Array:
-    if config.normalize_observations:
-      return normalize(stats, obs)
-    return obs
-
-  def act(policy_params, observation, key, hparams, explore: bool):
-    del hparams  # PPO explores by sampling its own distribution
-    policy, stats = policy_params
-    action, _ = _sample(nets, policy, prepare(stats, observation), key,
-                        explore)
-    # The env side clips too (collect.scale_actions); act's contract is
-    # actions in [-1, 1].
-    return action if nets.discrete else jnp.clip(action, -1.0, 1.0)
-
-  def behave(policy_params, observation, key, hparams):
-    del hparams
-    policy, stats = policy_params
-    return _sample(nets, policy, prepare(stats, observation), key, True)
-
-  def minibatch_step(carry, batch: _Minibatch, hp: PPOHParams):
-    params, opt_state = carry
-    (_, metrics), grads = jax.value_and_grad(
-        lambda p: ppo_loss(nets, config, p, batch, hp), has_aux=True)(params)
-    grads = clip_by_global_norm(grads, hp.max_grad_norm)
-    updates, opt_state = _adam(hp.learning_rate).update(grads, opt_state)
-    return (optax.apply_updates(params, updates), opt_state), metrics
-
-  def update(state: PPOState, hp: PPOHParams, rollout: Rollout):
-    obs = prepare(state.obs_stats, rollout.observation)
-    next_obs = prepare(state.obs_stats, rollout.next_observation)
-    flat_shape = (num_samples, *nets.obs_shape)
-    values = nets.value.apply(state.value, obs.reshape(flat_shape)).reshape(
-        rollout.reward.shape)
-    next_values = nets.value.apply(
-        state.value, next_obs.reshape(flat_shape)).reshape(
-            rollout.reward.shape)
-    terminated = rollout.terminated.astype(values.dtype)
-    truncated = rollout.truncated.astype(values.dtype)
-    reward = rollout.reward.astype(values.dtype)
-    reward_norm = state.reward_norm
-    if config.normalize_rewards:
-      # VecNormalize's per-step scaling, continuing each env's return from
-      # the previous iteration (its rollouts are consecutive).
-      reward, reward_norm = scale_rewards(
-          reward_norm, reward, jnp.maximum(terminated, truncated),
-          hp.discount)
-      reward = reward.astype(values.dtype)
-    advantage = gae(reward, values, next_values, terminated, truncated,
-                    hp.discount, hp.gae_lambda)
-    returns = advantage + values
-    data = _Minibatch(
-        observation=obs.reshape(flat_shape),
-        action=rollout.action.reshape((num_samples,)
-                                      + rollout.action.shape[2:]),
-        log_prob=rollout.log_prob.reshape(num_samples).astype(values.dtype),
-        advantage=advantage.reshape(num_samples),
-        returns=returns.reshape(num_samples))
-    key, k_shuffle = jax.random.split(state.key)
-    order = minibatch_order(k_shuffle, num_samples, config.epochs).reshape(
-        config.epochs * num_minibatches, config.batch_size)
-    (params, opt_state), metrics = jax.lax.scan(
-        lambda carry, idx: minibatch_step(
-            carry, jax.tree.map(lambda x: x[idx], data), hp),
-        ((state.policy, state.value), state.opt_state), order)
-    metrics = {k: jnp.mean(v) for k, v in metrics.items()}
-    metrics['explained_variance'] = explained_variance(
-        values.reshape(-1), returns.reshape(-1))
-    if config.normalize_rewards:
-      metrics['reward_scale'] = 1.0 / jnp.sqrt(reward_norm.stats.var
-                                               + REWARD_EPS)
-    stats = state.obs_stats
-    if config.normalize_observations:
-      # At the END of the iteration (VecNormalize: at every env step).
-      stats = update_obs_stats(stats, rollout.observation)
-    new_state = PPOState(policy=params[0], value=params[1],
-                         opt_state=opt_state, obs_stats=stats,
-                         reward_norm=reward_norm, key=key,
-                         step=state.step + 1)
-    return new_state, metrics
-
   return Agent(
       name='ppo', env_spec=env_spec, config=config,
-      default_hparams=default_hparams, init=init, act=act, update=update,
-      policy_params=lambda state: (state.policy, state.obs_stats),
-      learns_from='rollout', behave=behave)
+      default_hparams=default_hparams,
+      init=functools.partial(_init, nets, config),
+      act=functools.partial(_act, nets, config),
+      update=functools.partial(_update, nets, config),
+      policy_params=_policy_params, learns_from='rollout',
+      behave=functools.partial(_behave, nets, config))
 
 
 # Not in the 2022 paper (it does not tune PPO). PB2 (Parker-Holder et al.

@@ -30,7 +30,7 @@ from acme import specs
 from fastpbrl.agents.base import (LEARNS_FROM, ROLLOUT_CONFIG_FIELDS, Agent,
                                   SharedCritic)
 from fastpbrl.core import search_space as ss
-from fastpbrl.core.imports import find, known_names
+from fastpbrl.core.imports import code_identity, find, known_names
 
 # Built-in agents: name -> the module whose import registers it.
 BUILTIN = {'td3': 'fastpbrl.agents.td3', 'sac': 'fastpbrl.agents.sac',
@@ -184,18 +184,12 @@ def register(name: str, *, make_agent: Callable[..., Agent], config: type,
   # The same code registering again (a reload, or one file imported under
   # two module names: __main__ and its import path, or a path and a package)
   # replaces its own entry.
-  if old is not None and _identity(old.make_agent) != _identity(make_agent):
+  if old is not None and (code_identity(old.make_agent)
+                          != code_identity(make_agent)):
     raise ValueError(f'agent {name!r} is already registered by '
                      f'{old.module}; choose another name')
   _REGISTRY[name] = spec
   return spec
-
-
-def _identity(fn) -> tuple[str, str]:
-  code = getattr(fn, '__code__', None)
-  source = code.co_filename if code is not None else getattr(
-      fn, '__module__', '')
-  return source, getattr(fn, '__qualname__', repr(fn))
 
 
 def known() -> tuple[str, ...]:

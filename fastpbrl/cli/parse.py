@@ -22,8 +22,9 @@ from typing import Mapping, Optional, Sequence, TypeVar
 import tyro
 
 from fastpbrl.cli import help as cli_help
-from fastpbrl.config.settings import (ConfigError, StorageError, file_config,
-                                      resolved, saved_config)
+from fastpbrl.config.derived import resolved
+from fastpbrl.config.errors import ConfigError, StorageError
+from fastpbrl.config.saved import file_config, saved_config
 from fastpbrl.devices import distributed
 from fastpbrl.run.signals import ForcedExit, RunInterrupted
 

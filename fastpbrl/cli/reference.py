@@ -20,7 +20,7 @@ import dataclasses
 from fastpbrl import launch
 from fastpbrl.cli.commands import COMMANDS, bench, evaluate, info
 from fastpbrl.cli.help import default_text, field_docs
-from fastpbrl.config.settings import RunConfig
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.rules import registry
 
 

@@ -83,6 +83,17 @@ def find(ref: str, registered: Mapping[str, Any], builtin: Mapping[str, str],
   return None, (import_ref_module(ref, module_name), attr)
 
 
+def code_identity(fn) -> tuple[str, str]:
+  """The file and qualified name of the function ``fn``: the same for the
+  same code imported twice (a reload, or one file imported under two
+  module names: ``__main__`` and its import path), so that a registry
+  lets it register again and refuses other code under a taken name."""
+  code = getattr(fn, '__code__', None)
+  source = code.co_filename if code is not None else getattr(
+      fn, '__module__', '')
+  return source, getattr(fn, '__qualname__', repr(fn))
+
+
 def lazy_names(package: str,
                names: Mapping[str, str]) -> Callable[[str], Any]:
   """A module ``__getattr__`` for ``package`` that imports

@@ -2,11 +2,12 @@
 member's rollouts, the learner learns from them (host-side; not jittable).
 
 For agents that learn from their own rollouts (``Agent.learns_from ==
-'rollout'``: PPO, A2C) on envs stepped by actor processes. It reuses the
-off-policy path's machinery (``fastpbrl.datapath.actor_replay``, ``fastpbrl.actors``):
-the actor processes, their env batches, the param store, the shared-memory
-channels, restarts of dead or hung actors, episode records and evaluation
-episodes (``--eval-every``). What differs is the protocol::
+rollout'``: PPO, A2C) on envs stepped by actor processes. It shares the
+off-policy path's machinery (``fastpbrl.datapath.actor_family.ActorPath``,
+its base, and ``fastpbrl.actors``): the actor processes, their env
+batches, the param store, the shared-memory channels, restarts of dead or
+hung actors, episode records and evaluation episodes (``--eval-every``).
+What differs is the protocol::
 
   learner                                actor of member m
   publish version v  ------------------> waits for a version > its last
@@ -33,62 +34,41 @@ Limits of this path (each refused with one line):
 
 * one env per member (``num_envs`` 1): the actors host one training env
   per member; several would need a member's envs batched apart from the
-  other members' (JAX envs have them, ``fastpbrl.datapath.device_replay``);
+  other members' (JAX envs have them,
+  ``fastpbrl.datapath.device_rollouts``);
 * one iteration per learner call (``--steps-per-call`` = ``rollout_length
   x num_envs``): a call's second iteration would learn from a rollout the
   first iteration's policy did not collect, which synchronous collection
   rules out.
 
 There is no replay: ``copy_member_data`` does nothing (an exploited member
-learns from its next own rollout, collected by its new weights), the
-checkpoint holds no data and a resume starts new episodes
-(``restored_exactly`` False), as the off-policy actors' does. Over several
-processes (``fastpbrl.devices.distributed``) each holds its members' actors, and
-``learn`` makes the rollout global.
+learns from its next own rollout, collected by its new weights), a
+restarted member starts new episodes with its next policy (no warm-up,
+nothing to empty), the checkpoint holds no data and a resume starts new
+episodes (``restored_exactly`` False), as the off-policy actors' does.
+Over several processes (``fastpbrl.devices.distributed``) each holds its
+members' actors, and ``learn`` makes the rollout global.
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
 import logging
 import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-import jax
 import numpy as np
 
-from fastpbrl.actors import shm
-from fastpbrl.actors.param_store import ParamStore
 from fastpbrl.actors.pool import ActorPool
 from fastpbrl.agents.base import rollout_steps
-from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.core.types import LearnerCall, Rollout
-from fastpbrl.datapath.actor_replay import (EpisodeBuffer, PipelineConfig,
-                                            PipelineStalledError,
-                                            PolicyPublisher, _make_gym_env,
-                                            _population_layout, _probe_env_spec,
-                                            chunk_episodes, evaluate_local,
-                                            random_states, replay_call)
+from fastpbrl.datapath.actor_family import (ActorPath, PipelineStalledError,
+                                            chunk_episodes)
+from fastpbrl.datapath.common import NoReplay, PipelineConfig, replay_call
 from fastpbrl.devices.distributed import Processes
 from fastpbrl.replay.buffers import transition_fields
 
 logger = logging.getLogger(__name__)
-
-
-class NoReplay:
-  """The replay of a path without one: nothing to checkpoint."""
-
-  layout = 'none'
-
-  def state_dict(self) -> dict:
-    return {}
-
-  @staticmethod
-  def state_rows(state: dict) -> int:
-    del state
-    return 0
 
 
 def rollout_fields(env_spec) -> dict:
@@ -114,19 +94,17 @@ def check_rollout_settings(agent_config, num_steps: int,
         f'rollout per learner call), got {num_steps}')
 
 
-class ActorRollouts(PolicyPublisher):
+class ActorRollouts(ActorPath):
   """Synchronous on-policy rollouts from actor processes (see the module);
   a ``fastpbrl.datapath.protocol.DataPath``."""
-
-  # The actors' envs live in their processes: a resume starts new episodes.
-  restored_exactly = False
 
   def __init__(self, env: str | Callable[[], Any],
                agent_fn: Callable[..., Any], policy_params: Any,
                actor_hparams: Any, config: PipelineConfig, *,
                rollout_length: int, seed: int = 0,
                resume_env_steps: Sequence[int] | None = None,
-               processes: Processes | None = None, agent=None):
+               processes: Processes | None = None, agent=None,
+               publish_every_version: bool = False):
     """Starts the actors; they wait for the first :meth:`publish`.
 
     Args:
@@ -146,43 +124,33 @@ class ActorRollouts(PolicyPublisher):
       resume_env_steps: ``[N]`` env steps of each member at the checkpoint
         a resume starts from (the actors' evaluation schedule continues
         from them; :attr:`env_steps` counts from zero).
-      processes: the run's ``fastpbrl.devices.distributed.Processes`` (None: one).
+      processes: the run's ``fastpbrl.devices.distributed.Processes``
+        (None: one).
       agent: the agent ``evaluate`` plays (None: ``agent_fn(env_spec)``).
+      publish_every_version: every ``publish_async`` becomes a version,
+        none is superseded (a run over several processes, whose rules
+        compare versions across them).
     """
-    self._closed = False
-    self._pool = self._store = self._publisher = None
-    self.publish_every_version = False
-    self.config = config
-    self.seed = int(seed)
-    self.replay = NoReplay()
-    self._env_fn = (functools.partial(_make_gym_env, env)
-                    if isinstance(env, str) else env)
-    self.env_spec = _probe_env_spec(self._env_fn)
-    self._agent_fn, self._agent = agent_fn, agent
-    tree, has_values, n = _population_layout(policy_params, actor_hparams)
-    self.num_members = n
-    self._processes = processes or Processes(None, n)
     if int(rollout_length) != config.num_steps:
       raise ValueError(f'--steps-per-call must be rollout_length = '
                        f'{rollout_length} with actor processes, got '
                        f'{config.num_steps}')
-    config.validate(n)
+    self.replay = NoReplay()
     self.rollout_length = int(rollout_length)
-    self._init_host_state(n)
-    tree = (*tree, self._restart_requests.copy() if has_values else
-            jax.ShapeDtypeStruct((n,), np.int64))
+    super().__init__(env, agent_fn, policy_params, actor_hparams, config,
+                     seed=seed, processes=processes, agent=agent,
+                     publish_every_version=publish_every_version)
+    self._init_host_state()
     try:
-      self._store = ParamStore.create(tree)
-      if has_values:
-        self._store.write(tree)
+      self._create_store()
       self._start_actors(resume_env_steps)
     except BaseException:
       self.close()
       raise
 
-  def _init_host_state(self, n: int) -> None:
-    """The rollout buffers and counters; registers :meth:`close` at exit
-    and removes shared memory dead runs left."""
+  def _init_host_state(self) -> None:
+    """The rollout buffers and counters."""
+    n = self.num_members
     fields = rollout_fields(self.env_spec)
     self._fields = fields
     t = self.rollout_length
@@ -192,20 +160,11 @@ class ActorRollouts(PolicyPublisher):
                      for k, (shape, dtype) in fields.items()}
     self._ready = np.zeros(n, np.int64)
     self._cond = threading.Condition()
-    self._lock = threading.Lock()  # restart requests (PolicyPublisher)
-    self._restart_requests = np.zeros(n, np.int64)
     self._env_steps = np.zeros(n, np.int64)
     self._discarded_steps = 0
-    self._episodes = EpisodeBuffer(self.config.max_episode_records)
-    self._last_progress = time.monotonic()
     self._learned_version = 0  # the version of the last rollout learned
     self._waited_s = 0.0
     self._first_learn: float | None = None
-    atexit.register(self.close)
-    swept = shm.sweep_stale_segments()
-    if swept:
-      logger.info('removed %d shared-memory segments left by dead runs: %s',
-                  len(swept), ', '.join(swept))
 
   def _start_actors(self, resume_env_steps) -> None:
     config, n = self.config, self.num_members
@@ -350,10 +309,6 @@ class ActorRollouts(PolicyPublisher):
 
   # ---------------------------------------------------- what happened
 
-  def drain_episodes(self) -> list[EpisodeRecord]:
-    """Every episode finished since the last drain, oldest first."""
-    return self._episodes.drain()
-
   @property
   def env_steps(self) -> np.ndarray:
     """``[N]`` env steps per member of the rollouts the learner took
@@ -384,30 +339,6 @@ class ActorRollouts(PolicyPublisher):
     next rollout its new weights collect."""
     del dst_indices, src_indices
 
-  def restart_members(self, members: Sequence[int] | np.ndarray) -> None:
-    """``members`` start new episodes with the next :meth:`publish` (and
-    act with what it publishes: no warm-up, nothing to empty)."""
-    members = np.asarray(members, np.int64).reshape(-1)
-    if members.size and (members.min() < 0 or members.max() >= self.num_members):
-      raise ValueError(f'members must be in [0, {self.num_members}); got '
-                       f'{members.tolist()}')
-    with self._lock:
-      self._restart_requests[members] += 1
-
-  # ------------------------------------------------- asked by rules
-
-  def evaluate(self, policy_params: Any, actor_hparams: Any, episodes: int,
-               seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``DataPath.evaluate``, played here on the host as ``Pipeline``'s
-    (works after :meth:`close`)."""
-    if self._agent is None:
-      self._agent = self._agent_fn(self.env_spec)
-    return evaluate_local(self._agent, self._env_fn, self._processes,
-                          policy_params, actor_hparams, episodes, seed)
-
-  def random_states(self, num_states: int, seed: int) -> np.ndarray:
-    return random_states(self._env_fn, num_states, seed)
-
   # --------------------------------------------- stats, checkpoints
 
   def wait_fraction(self) -> float:
@@ -417,42 +348,3 @@ class ActorRollouts(PolicyPublisher):
       return 0.0
     wall = time.monotonic() - self._first_learn
     return min(1.0, self._waited_s / wall) if wall > 0 else 0.0
-
-  def checkpoint_state(self) -> None:
-    """Nothing: a resume starts new episodes (``restored_exactly``)."""
-    return None
-
-  @property
-  def pool(self) -> ActorPool:
-    return self._pool
-
-  def _check(self) -> None:
-    if self._closed:
-      raise RuntimeError('the data path is closed')
-    self._pool.check()
-    if self._publisher is not None:
-      self._publisher.check()
-
-  def close(self) -> None:
-    """Stops the actors and the publisher and unlinks shared memory
-    (idempotent; also at interpreter exit)."""
-    if self._closed:
-      return
-    self._closed = True
-    atexit.unregister(self.close)
-    try:
-      if self._publisher is not None:
-        self._publisher.close()
-    finally:
-      try:
-        if self._pool is not None:
-          self._pool.close()
-      finally:
-        if self._store is not None:
-          self._store.close()
-
-  def __enter__(self) -> 'ActorRollouts':
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()

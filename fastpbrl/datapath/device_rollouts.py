@@ -16,10 +16,10 @@ on-policy member's update steps are the env steps it learned from. No
 transition or parameter crosses to the host inside a call; after it, only
 the ``[I, T, N, E]`` episode flags and returns do.
 
-:class:`DeviceRollouts` implements ``fastpbrl.datapath.protocol.DataPath`` with the
-host-side parts of ``fastpbrl.datapath.device_replay.DeviceEnvs`` (counters,
-episodes, evaluations, restarts, checkpoints, wait statistics), as
-``DevicePipeline`` does for replay agents. What differs from it:
+:class:`DeviceRollouts` implements ``fastpbrl.datapath.protocol.DataPath``
+with the host-side parts of ``fastpbrl.datapath.device_family.DeviceEnvs``
+(counters, episodes, evaluations, restarts, checkpoints, wait
+statistics), as ``DevicePipeline`` does for replay agents. What differs from it:
 
 * **Synchronous.** The policy that collects an iteration's rollout is the
   one that learns from it (``Rollout.log_prob`` is the learning policy's),
@@ -44,8 +44,8 @@ import jax
 import numpy as np
 
 from fastpbrl.core.types import LearnerCall
-from fastpbrl.datapath.actor_rollouts import NoReplay
-from fastpbrl.datapath.device_replay import DeviceEnvs, host_key
+from fastpbrl.datapath.common import NoReplay
+from fastpbrl.datapath.device_family import DeviceEnvs, host_key
 from fastpbrl.envs import jax_envs
 from fastpbrl.learner import collect
 
@@ -70,8 +70,8 @@ class DeviceRollouts(DeviceEnvs):
       learner: the run's ``PopulationLearner``; its fused call is compiled
         here, ``learner.num_steps / (T x E)`` iterations per call.
       num_members: ``N``.
-      config: a ``fastpbrl.datapath.actor_replay.PipelineConfig`` (steps per call,
-        evaluation; its warm-up and replay settings are not used).
+      config: a ``fastpbrl.datapath.common.PipelineConfig`` (steps per
+        call, evaluation; its warm-up and replay settings are not used).
       seed: the run's seed (env resets, behaviour sampling).
       resume_env_steps: ``[N]`` env steps of every member at the
         checkpoint a resume starts from (None: a new run).

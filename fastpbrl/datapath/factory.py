@@ -5,28 +5,25 @@ A data path turns the members' policies into what the learner learns
 from, and tells the loop what happened on the way: finished episodes and
 env steps. The loop (``fastpbrl.run.loop``), the rules, the logs and the
 checkpoints talk to it only through :class:`DataPath`, so they never know
-which path runs. Four implement it today:
+which path runs. Four implement it today, in ``fastpbrl.datapath``:
 
-==========================================  ==============================
-``fastpbrl.datapath.actor_replay.Pipeline``              off-policy, gymnasium envs:
-                                            actor processes -> replay ->
-                                            prefetch -> learner call
-``fastpbrl.datapath.device_replay.DevicePipeline`` off-policy, JAX envs: envs,
-                                            rings and acting inside the
-                                            learner's compiled call
-``fastpbrl.datapath.device_rollouts.DeviceRollouts`` on-policy, JAX envs: envs,
-                                            rollouts and updates inside
-                                            the learner's compiled call
-``fastpbrl.datapath.actor_rollouts.ActorRollouts``   on-policy, gymnasium envs:
-                                            actor processes -> one
-                                            synchronous rollout per member
-                                            -> learner call
-==========================================  ==============================
+* ``actor_replay.Pipeline``: off-policy, gymnasium envs: actor processes
+  -> replay -> prefetch -> learner call;
+* ``actor_rollouts.ActorRollouts``: on-policy, gymnasium envs: actor
+  processes -> one synchronous rollout per member -> learner call;
+* ``device_replay.DevicePipeline``: off-policy, JAX envs: envs, rings and
+  acting inside the learner's compiled call;
+* ``device_rollouts.DeviceRollouts``: on-policy, JAX envs: envs, rollouts
+  and updates inside the learner's compiled call.
+
+The two gymnasium paths derive from ``actor_family.ActorPath``, the two
+JAX ones from ``device_family.DeviceEnvs``; all four read a
+``common.PipelineConfig``.
 
 :func:`create` picks one from the env kind and what the agent learns
-from (``Agent.learns_from``): the one place
-that branches on the path, and the one mapping from a ``RunConfig`` to a
-``PipelineConfig``.
+from (``Agent.learns_from``): the one place that branches on the path,
+and the one mapping from a ``RunConfig`` to a ``PipelineConfig``. It
+passes each path all it needs through its constructor.
 
 **Adding a path** (on-policy rollouts for PPO: actors or on-device
 envs collect ``T`` steps x ``E`` envs per member with the newest policy,
@@ -51,8 +48,8 @@ implements, member for member:
 * ``wait_fraction``, ``checkpoint_state`` / ``restored_exactly`` /
   ``replay``, ``close``: statistics, checkpoints and shutdown.
 
-Over several processes (``fastpbrl.devices.distributed``) a data path holds this
-process's members: counters, episodes and rule actions are its rows
+Over several processes (``fastpbrl.devices.distributed``) a data path holds
+this process's members: counters, episodes and rule actions are its rows
 (numbered from 0); ``learn`` and ``evaluate`` take and give the whole
 population's arrays, and every process must call them at the same point.
 """
@@ -67,10 +64,11 @@ import jax
 import numpy as np
 
 from fastpbrl import agents as agents_lib
-from fastpbrl.config.settings import resolved
-from fastpbrl.datapath.actor_replay import Pipeline, PipelineConfig
+from fastpbrl.config.derived import resolved
+from fastpbrl.datapath.actor_replay import Pipeline
 from fastpbrl.datapath.actor_rollouts import (ActorRollouts,
                                               check_rollout_settings)
+from fastpbrl.datapath.common import PipelineConfig
 from fastpbrl.datapath.device_replay import DevicePipeline
 from fastpbrl.datapath.device_rollouts import DeviceRollouts
 from fastpbrl.datapath.protocol import DataPath
@@ -158,8 +156,8 @@ def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
         resume_env_steps=resume_env_steps, processes=processes,
         saved_state=saved_state)
   if jax_envs.is_jax_env(run_config.env):  # stepped inside the learner call
-    if learner.batch_size is None:  # its fused call samples the rings
-      learner.batch_size = agent.config.batch_size
+    # The fused call samples the rings with config.batch_size where the
+    # learner has no batch size of its own (DevicePipeline gives it that).
     config = pipeline_config(run_config, agent, learner,
                              refill_steps=refill_steps,
                              shared_replay=shared_replay,
@@ -202,7 +200,7 @@ def _actors(run_config, agent, learner, processes, *, shared_replay: bool,
       dataclasses.replace(run_config, population_size=n), agent, learner,
       shared_replay=shared_replay, refill_steps=refill_steps,
       replay_location=run_config.replay_location)
-  pipeline = Pipeline(
+  return Pipeline(
       run_config.env,
       functools.partial(agents_lib.make_agent, ref, config=agent.config),
       policy_layout, hparams_layout, config, seed=seed,
@@ -214,9 +212,9 @@ def _actors(run_config, agent, learner, processes, *, shared_replay: bool,
       mesh=None if several else getattr(learner, 'mesh', None),
       carried_env_steps=(carried_env_steps if np.ndim(carried_env_steps) == 0
                          else np.asarray(carried_env_steps)[local]),
-      processes=processes, agent=agent)
-  pipeline.publish_every_version = several
-  return pipeline
+      processes=processes, agent=agent,
+      # Over several processes every version counts alike in all of them.
+      publish_every_version=several)
 
 
 def _actor_agent_ref(run_config, agent) -> str:
@@ -252,14 +250,13 @@ def _actor_rollouts(run_config, agent, learner, processes, *, seed: int,
   config = pipeline_config(
       dataclasses.replace(run_config, population_size=n), agent, learner,
       shared_replay=False, replay_location='host')
-  data = ActorRollouts(
+  return ActorRollouts(
       run_config.env,
       functools.partial(agents_lib.make_agent, ref, config=agent.config),
       policy_layout, hparams_layout, config,
       rollout_length=agent.config.rollout_length, seed=seed,
       resume_env_steps=(None if resume_env_steps is None
                         else np.asarray(resume_env_steps)[processes.local]),
-      processes=processes, agent=agent)
-  # Over several processes every version counts alike in all of them.
-  data.publish_every_version = processes.several
-  return data
+      processes=processes, agent=agent,
+      # Over several processes every version counts alike in all of them.
+      publish_every_version=processes.several)

@@ -1,6 +1,7 @@
 """Environment construction: a gymnasium id to a ready environment.
 
-Host-side module (gymnasium wrappers, numpy; nothing here is jittable).
+Host-side module (gymnasium wrappers, numpy; nothing here is jittable:
+``GymnasiumView`` jits a JAX env's own functions).
 
 :func:`make_env` is the one place where fastpbrl turns an ``--env`` id into
 an environment: the run's spec probe (``run.make_env_spec``), every actor
@@ -8,7 +9,10 @@ an environment: the run's spec probe (``run.make_env_spec``), every actor
 that they all see the same observations.
 
 A JAX env id (``gymnax:Pendulum-v1``, ``fastpbrl.envs.jax_envs``) gives one
-instance of it as a gymnasium env (training steps those on the device).
+instance of it as a gymnasium env (``GymnasiumView``: training steps those
+on the device; the host-side tools that play episodes one at a time,
+``fastpbrl evaluate``, ``fastpbrl.load_policy`` and videos, take these ids
+unchanged).
 Most ids go straight to ``gymnasium.make``. Atari ids (the ``ALE/``
 namespace of ale-py, e.g. ``ALE/Pong-v5``, and ale-py's older ``...-v4``
 ids) get the preprocessing of Nature DQN (Mnih et al. 2015, "Human-level
@@ -44,12 +48,15 @@ from __future__ import annotations
 import functools
 
 import gymnasium as gym
+import jax
+import jax.numpy as jnp
 import numpy as np
+from acme import specs
 
 from fastpbrl.core.imports import add_cwd_to_path
 from fastpbrl.envs import jax_envs
 from fastpbrl.envs import params as env_params
-from fastpbrl.envs.jax_envs import GymnasiumView, is_jax_env
+from fastpbrl.envs.jax_envs import is_jax_env
 
 ATARI_EXTRA = "pip install -e '.[atari]' (ale-py and OpenCV)"
 
@@ -101,7 +108,7 @@ def make_env(env_id: str, **kwargs) -> gym.Env:
       (the message says what to install).
     ImportError: the ``module`` of a ``module:EnvId`` id does not import.
   """
-  if is_jax_env(env_id):  # gymnax:..., brax:...: one instance, jitted
+  if is_jax_env(env_id):  # gymnax:..., brax:..., a family's: jitted
     return GymnasiumView(env_id)
   if not is_atari(env_id):
     return gym.make(env_id, **kwargs)
@@ -175,3 +182,51 @@ def parameters_of(env_id: str) -> dict:
     return env_params.declared(env)
   finally:
     env.close()
+
+
+class GymnasiumView(gym.Env):
+  """One instance of a ``JaxEnv`` as a ``gymnasium.Env`` (jitted reset and
+  step, numpy in and out, the time limit as ``truncated``).
+
+  For the host-side tools that play episodes one at a time; training on a
+  JAX env steps it on the device instead (``fastpbrl.learner.collect``).
+  """
+
+  metadata = {'render_modes': []}
+
+  def __init__(self, env_id: str):
+    self.jax_env = jax_envs.make(env_id)
+    spec = self.jax_env.env_spec
+    self.observation_space = gym.spaces.Box(
+        -np.inf, np.inf, spec.observations.shape, np.float32)
+    if isinstance(spec.actions, specs.DiscreteArray):
+      self.action_space = gym.spaces.Discrete(spec.actions.num_values)
+    else:
+      shape = spec.actions.shape  # bounds may be scalars in a family's spec
+      self.action_space = gym.spaces.Box(
+          np.broadcast_to(spec.actions.minimum, shape),
+          np.broadcast_to(spec.actions.maximum, shape), shape, np.float32)
+    self._reset = jax.jit(self.jax_env.reset)
+    self._step = jax.jit(self.jax_env.step)
+    self._key = jax.random.PRNGKey(0)
+    self._state = None
+    self._t = 0
+
+  def reset(self, *, seed: int | None = None, options=None):
+    super().reset(seed=seed)
+    if seed is not None:
+      self._key = jax.random.PRNGKey(seed)
+    self._key, key = jax.random.split(self._key)
+    self._state, obs = self._reset(key)
+    self._t = 0
+    return np.asarray(obs), {}
+
+  def step(self, action):
+    if self._state is None:
+      raise RuntimeError('call reset() before step()')
+    self._key, key = jax.random.split(self._key)
+    self._state, obs, reward, terminated = self._step(
+        self._state, jnp.asarray(action), key)
+    self._t += 1
+    truncated = self._t >= self.jax_env.max_episode_steps
+    return (np.asarray(obs), float(reward), bool(terminated), truncated, {})

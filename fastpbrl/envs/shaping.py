@@ -24,18 +24,26 @@ episode reports it, ``info['true_objective']`` through the actors,
 ``objective`` on the device.
 
 Ids: ``fastpbrl.envs.shaping:ShapedMountainCar-v0`` (gymnasium, through the
-actors) and ``shaped:MountainCar-v0`` (gymnax, on the device; the
-``gymnax`` extra). The parameter is ``energy_bonus``, the hyperparameter
-``env_energy_bonus``: 0 (no shaping) by default, searched over ``[0,
-100]``.
+actors: ``EnergyShaping``) and ``shaped:MountainCar-v0`` (gymnax, on the
+device; the ``gymnax`` extra): ``shaped`` is a JAX env family
+(``fastpbrl.envs.jax_envs``), registered here, the example of one that
+declares env parameters (``make_shaped``). The parameter is
+``energy_bonus``, the hyperparameter ``env_energy_bonus``: 0 (no shaping)
+by default, searched over ``[0, 100]``.
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import gymnasium as gym
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fastpbrl.core import search_space as ss
+from fastpbrl.envs import gymnax_envs
+from fastpbrl.envs.jax_envs import JaxEnv, JaxEnvError, register
 from fastpbrl.envs.params import EnvParam
 
 # MountainCar's gravity term (gymnasium's ``gravity``, gymnax's
@@ -93,6 +101,54 @@ class EnergyShaping(gym.Wrapper):
       info = {**info, 'true_objective': self._true_return}
     return (obs, float(reward) + self.energy_bonus * (after - before),
             terminated, truncated, info)
+
+
+class ShapedState(NamedTuple):
+  """The state of a shaped JAX env: the task's own, the member's shaping
+  coefficient and the unshaped return of the episode so far."""
+
+  inner: Any
+  energy_bonus: jax.Array
+  true_return: jax.Array
+
+
+@register('shaped')
+def make_shaped(env_id: str, name: str) -> JaxEnv:
+  """The ``shaped`` family's ``make``: gymnax's ``name`` with the energy
+  bonus, its coefficient an env parameter (``fastpbrl.envs.params``); the
+  env's ``objective`` is the unshaped return.
+
+  Raises:
+    JaxEnvError: no shaped version of ``name``, or gymnax is missing.
+  """
+  if name not in SHAPED_TASKS:
+    raise JaxEnvError(f'--env {env_id!r}: no shaped version of {name}; '
+                      f'shaped tasks: {", ".join(SHAPED_TASKS)}')
+  inner = gymnax_envs.make(env_id, name)
+  default = ENV_PARAMS['energy_bonus'].default
+
+  def state_energy(state):
+    return energy(state.position, state.velocity, jnp.sin)
+
+  def reset(key):
+    state, obs = inner.reset(key)
+    return ShapedState(state, jnp.float32(default), jnp.float32(0)), obs
+
+  def step(state, action, key):
+    env_state, obs, reward, terminated = inner.step(state.inner, action, key)
+    bonus = state.energy_bonus * (state_energy(env_state)
+                                  - state_energy(state.inner))
+    new = ShapedState(env_state, state.energy_bonus,
+                      state.true_return + reward)
+    return new, obs, (reward + bonus).astype(jnp.float32), terminated
+
+  def with_params(state, values):
+    return state._replace(
+        energy_bonus=jnp.asarray(values['energy_bonus'], jnp.float32))
+
+  return inner._replace(
+      reset=reset, step=step, env_params=tuple(ENV_PARAMS.items()),
+      with_params=with_params, objective=lambda state: state.true_return)
 
 
 def _make_shaped_mountain_car(**kwargs) -> gym.Env:

@@ -13,7 +13,7 @@ per rule (host-side; the array work inside a rule may be jitted).
 * ``common``: what several rules share (search spaces, config checks).
 
 The rules sit below the run loop: they import the settings
-(``fastpbrl.config.settings``), the learner and the pure rules, never
+(``fastpbrl.config``), the learner and the pure rules, never
 ``fastpbrl.run.main`` or ``fastpbrl.run.loop``, which import them. A rule of your
 own is one file: ``examples/halving.py``.
 

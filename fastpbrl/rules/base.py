@@ -72,8 +72,11 @@ import jax
 import numpy as np
 
 from fastpbrl.actors.pool import exit_if_spawned_import, missing_main_guard
-from fastpbrl.config.settings import (ConfigError, RunConfig, check, resolved,
-                                      validate)
+from fastpbrl.config.checks import validate
+from fastpbrl.config.derived import resolved
+from fastpbrl.config.errors import ConfigError, check
+from fastpbrl.config.fields import RunConfig
+from fastpbrl.core import search_space as ss
 from fastpbrl.devices.sharding import whole_value
 from fastpbrl.learner.population import (PopulationLearner, SharedCriticLearner,
                                          population_hparams)
@@ -251,6 +254,14 @@ class Rule:
       when a release changes that layout, and ``--resume`` refuses a
       checkpoint of another layout with a message instead of a shape
       error.
+
+  Attributes a rule may set in ``__init__``:
+    space: the ``fastpbrl.core.search_space.SearchSpace`` its members'
+      hyperparameters are drawn from (``--search-space``, else the agent's
+      registered one); the end-of-run pictures mark the fields it draws
+      log-uniformly. None (the default): a rule that draws none; the
+      pictures then read the space back from the run's ``config.json``
+      (``fastpbrl.run.plots.saved_log_fields``).
   """
 
   name: ClassVar[str] = ''
@@ -265,6 +276,7 @@ class Rule:
   not_resumable: ClassVar[str] = ''
   command: ClassVar[str] = ''
   state_version: ClassVar[int] = 1
+  space: Optional[ss.SearchSpace] = None
 
   def __init__(self, config: RunConfig):
     """Checks ``config`` (``ConfigError`` naming the flag) and keeps it;

@@ -16,8 +16,10 @@ from typing import Optional, Sequence
 import gymnasium as gym
 import numpy as np
 
-from fastpbrl.config.settings import (ConfigError, RunConfig, agent_spec, check,
-                                      parse_hparams)
+from fastpbrl.config.agent_settings import agent_spec
+from fastpbrl.config.checks import parse_hparams
+from fastpbrl.config.errors import ConfigError, check
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.core import search_space as ss
 from fastpbrl.envs import params as env_params
 from fastpbrl.envs.gym import parameters_of

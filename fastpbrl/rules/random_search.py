@@ -36,7 +36,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from fastpbrl.config.settings import RunConfig, resolved
+from fastpbrl.config.derived import resolved
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.core import search_space as ss
 from fastpbrl.rules.base import Rule
 from fastpbrl.rules.common import search_space_of, validate_space

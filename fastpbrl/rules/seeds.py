@@ -8,7 +8,7 @@ no population rule; the baseline every rule is measured against
 
 from __future__ import annotations
 
-from fastpbrl.config.settings import RunConfig
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.rules.base import Rule
 from fastpbrl.rules.registry import register
 

@@ -18,9 +18,11 @@ import gymnasium as gym
 import jax
 
 from fastpbrl import agents as agents_lib
-from fastpbrl.config.settings import (ConfigError, RunConfig, agent_config,
-                                      agent_spec, check, parse_hparams,
-                                      resolved)
+from fastpbrl.config.agent_settings import agent_config, agent_spec
+from fastpbrl.config.checks import parse_hparams
+from fastpbrl.config.derived import resolved
+from fastpbrl.config.errors import ConfigError, check
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.core import search_space as ss
 from fastpbrl.core.imports import add_cwd_to_path
 from fastpbrl.core.types import make_env_spec as spec_of
@@ -57,7 +59,8 @@ def make_env_spec(env_id: str):
     raise ConfigError(f'--env {env_id!r}: module {module!r} cannot be '
                       f'imported ({e.__class__.__name__}: '
                       f'{str(e).splitlines()[0] if str(e) else e!r}); put it '
-                      'on PYTHONPATH or install it') from None
+                      'on PYTHONPATH or install it'
+                      f'{jax_envs.unregistered_family_hint(module)}') from None
   try:
     return spec_of(env)
   except ValueError as e:  # an observation or action space it cannot serve

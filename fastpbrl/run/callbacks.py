@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from fastpbrl.config.settings import RunConfig
+from fastpbrl.config.fields import RunConfig
 
 
 @dataclasses.dataclass

@@ -201,7 +201,7 @@ def summarize(loop: Loop, rule: Rule, rule_state, run_dir: str,
     f.write(table + '\n' + (extra + '\n' if extra else ''))
   plot = plot_returns(run_dir, eval_episodes=eval_episodes)
   pictures = [os.path.basename(p) for p in [plot] + plots.plot_run(
-      run_dir, space=getattr(rule, 'space', None), outputs=rule.outputs())]
+      run_dir, space=rule.space, outputs=rule.outputs())]
   print(table)
   if extra:
     print(extra)

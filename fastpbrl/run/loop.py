@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 import jax
 import numpy as np
 
-from fastpbrl.config.settings import as_learner_calls
+from fastpbrl.config.derived import as_learner_calls
 from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.datapath.protocol import DataPath
 from fastpbrl.logs.logging import append_rows

@@ -10,8 +10,8 @@
 loop (``fastpbrl.run.loop``), and ends with each member's final evaluation and
 the summary (``fastpbrl.run.finish``). Whatever it opened is closed on the way
 out, whatever fails: every actor process stopped, every shared-memory
-segment released. The settings and their checks are ``fastpbrl.config.settings``;
-the rule contract is ``fastpbrl.rules.base``.
+segment released. The settings and their checks are ``fastpbrl.config``
+(``checks.validate``); the rule contract is ``fastpbrl.rules.base``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from fastpbrl.actors.pool import exit_if_spawned_import, missing_main_guard
-from fastpbrl.config.settings import (INTERVAL_UNIT, ConfigError, RunConfig,
-                                      StorageError, check_resume, resolved,
-                                      resume_command, validate)
+from fastpbrl.config.checks import validate
+from fastpbrl.config.derived import resolved
+from fastpbrl.config.errors import ConfigError, StorageError
+from fastpbrl.config.fields import RunConfig
+from fastpbrl.config.saved import INTERVAL_UNIT, check_resume, resume_command
 from fastpbrl.datapath import factory as datapath
 from fastpbrl.datapath.protocol import DataPath
 from fastpbrl.logs.logging import (HParamsLog, RuleLog, RunLogger,

@@ -32,7 +32,8 @@ import tempfile
 from types import SimpleNamespace
 from typing import Any, Collection, NamedTuple, Optional, Sequence
 
-from fastpbrl.config.settings import ConfigError, saved_settings
+from fastpbrl.config.errors import ConfigError
+from fastpbrl.config.saved import saved_settings
 from fastpbrl.core.search_space import LogUniform
 from fastpbrl.rules.base import RuleOutputs
 from fastpbrl.rules.common import search_space_of

@@ -23,7 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.config.settings import ConfigError, RunConfig, agent_spec
+from fastpbrl.config.agent_settings import agent_spec
+from fastpbrl.config.errors import ConfigError
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.datapath.protocol import DataPath
 from fastpbrl.logs.logging import HPARAMS_CSV, RULE_CSV
 from fastpbrl.replay.buffers import (format_bytes, state_template,

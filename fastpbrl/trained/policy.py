@@ -19,7 +19,8 @@ import numpy as np
 from acme import specs
 
 from fastpbrl import agents as agents_lib
-from fastpbrl.config.settings import ConfigError, agent_spec
+from fastpbrl.config.agent_settings import agent_spec
+from fastpbrl.config.errors import ConfigError
 from fastpbrl.core.types import scale_action
 from fastpbrl.run.build import make_env_spec
 

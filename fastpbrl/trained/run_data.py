@@ -34,7 +34,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from fastpbrl.config.settings import ConfigError, saved_settings
+from fastpbrl.config.errors import ConfigError
+from fastpbrl.config.saved import saved_settings
 from fastpbrl.logs.logging import (EPISODE_FIELDS, FINAL_RETURNS, HPARAMS_CSV,
                                    evaluation_points, read_final_returns,
                                    read_member_csvs, read_rule_csv)

@@ -10,7 +10,9 @@ import pytest
 
 from fastpbrl.agents import networks
 from fastpbrl.agents import sac, td3
-from fastpbrl.config import settings as config_lib
+from fastpbrl.config.checks import validate
+from fastpbrl.config.errors import ConfigError
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.run import build
 
 # Rule 3: a sample std over n draws has relative standard error
@@ -71,13 +73,13 @@ def test_agents_build_their_networks_with_the_configured_init():
 
 
 def test_network_init_flag_is_checked_and_reaches_the_agent():
-  config = config_lib.RunConfig(env='Pendulum-v1', agent='td3',
+  config = RunConfig(env='Pendulum-v1', agent='td3',
                              network_init='torch', hidden_sizes=(8,))
   agent = build.make_agent(config, build.make_env_spec('Pendulum-v1'))
   assert agent.config.network_init == 'torch'
-  with pytest.raises(config_lib.ConfigError, match='--network-init must be one'):
-    config_lib.validate(dataclasses.replace(config, network_init='xavier'))
-  with pytest.raises(config_lib.ConfigError,
+  with pytest.raises(ConfigError, match='--network-init must be one'):
+    validate(dataclasses.replace(config, network_init='xavier'))
+  with pytest.raises(ConfigError,
                      match='--network-init torch: --agent dqn has no'):
     build.make_agent(dataclasses.replace(config, agent='dqn',
                                            env='CartPole-v1'),

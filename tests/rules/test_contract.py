@@ -4,14 +4,18 @@ settings only on the rule, all bookkeeping in a state of arrays with a key
 registry finds rules by name and by ``module:Class``, refusing what is not
 one with one line."""
 
+import ast
 import dataclasses
+import glob
+import os
 
 import jax
 import numpy as np
 import pytest
 
 from fastpbrl import rules
-from fastpbrl.config.settings import ConfigError, RunConfig
+from fastpbrl.config.errors import ConfigError
+from fastpbrl.config.fields import RunConfig
 from fastpbrl.core import search_space as ss
 from fastpbrl.rules import registry
 from fastpbrl.run import build
@@ -80,7 +84,7 @@ def test_unknown_refs_get_one_line():
 
 def test_train_refuses_an_unregistered_rule_class():
   from fastpbrl.api import rule_class
-  from fastpbrl.config.settings import ConfigError
+  from fastpbrl.config.errors import ConfigError
 
   class Unregistered(rules.Rule):
     name = 'unregistered-here'
@@ -168,3 +172,52 @@ def test_hparams_flag_sets_every_members_defaults(name):
   elif name == 'random':  # drawn from the prior, the given value unused
     assert not np.any(policy_lr == np.float32(0.001)), policy_lr
     assert np.asarray(ss.within_bounds(rule.space, agent_hparams)).all()
+
+
+# What generic code may read of a rule: the run, the API, the commands and
+# the readers of a run folder (benchmarks and the rules themselves are not
+# generic).
+GENERIC = ('fastpbrl/run', 'fastpbrl/trained', 'fastpbrl/cli', 'fastpbrl/logs',
+           'fastpbrl/api.py', 'fastpbrl/rules/registry.py',
+           'fastpbrl/rules/testing.py')
+RULE_NAMES = ('rule', 'rule_cls', 'rule_obj')
+
+
+def _is_rule(node) -> bool:
+  """``rule``, ``rule_cls``, ``rule_obj`` or ``<anything>.rule``."""
+  return ((isinstance(node, ast.Name) and node.id in RULE_NAMES)
+          or (isinstance(node, ast.Attribute) and node.attr == 'rule'))
+
+
+def _rule_reads(path: str):
+  """``(line, attribute or None)`` of every read of a rule's attribute in
+  ``path`` (None: a ``getattr``/``hasattr`` probe)."""
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Attribute) and _is_rule(node.value):
+      yield node.lineno, node.attr
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+          and node.func.id in ('getattr', 'hasattr') and node.args
+          and _is_rule(node.args[0])):
+      yield node.lineno, None
+
+
+def test_generic_code_reads_only_what_the_rule_contract_declares():
+  """Every attribute of a rule that generic code reads is declared on
+  ``Rule`` (``config`` is set by its ``__init__``), and none is probed for
+  with ``getattr`` or ``hasattr``."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  paths = []
+  for place in GENERIC:
+    place = os.path.join(root, place)
+    paths += ([place] if place.endswith('.py') else
+              glob.glob(os.path.join(place, '**', '*.py'), recursive=True))
+  undeclared = [f'{os.path.relpath(path, root)}:{line} {attr or "probe"}'
+                for path in paths for line, attr in _rule_reads(path)
+                if attr is None or not (attr == 'config'
+                                        or hasattr(rules.Rule, attr))]
+  assert undeclared == []
+  assert {'rule.space', 'rule.outputs'} <= {
+      f'rule.{attr}' for path in paths for _, attr in _rule_reads(path)}

@@ -34,7 +34,7 @@ def initial(rule_name: str, **fields):
   rule.prepare(agent)
   learner = rule.make_learner(agent, agent.config.steps_per_call)
   state, hparams, _ = initial_population(rule.config, rule, agent, learner)
-  return agent, getattr(rule, 'space', None), state, hparams
+  return agent, rule.space, state, hparams
 
 
 @pytest.mark.parametrize('fields', [

@@ -68,7 +68,7 @@ def main(argv: Optional[Sequence[str]] = None):
   if args.video_dir is not None and os.path.isfile(args.video_dir):
     raise SystemExit(f'error: --video-dir {args.video_dir!r} is a file')
   from fastpbrl.api import evaluate  # noqa: PLC0415 (imports jax)
-  from fastpbrl.config.settings import ConfigError  # noqa: PLC0415 (imports jax)
+  from fastpbrl.config.errors import ConfigError  # noqa: PLC0415 (imports jax)
 
   try:
     result = evaluate(args.run_dir, args.member, episodes, args.video_dir, seed)

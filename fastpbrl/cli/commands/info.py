@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from fastpbrl import agents as agents_lib
-from fastpbrl.config.settings import ConfigError
+from fastpbrl.config.errors import ConfigError
 from fastpbrl.core import search_space as ss
 from fastpbrl.envs import params as env_params
 from fastpbrl.envs.gym import parameters_of

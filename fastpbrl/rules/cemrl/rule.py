@@ -26,8 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.config.settings import (RunConfig, bounded, check, check_bounds,
-                                      resolved, rule_fields)
+from fastpbrl.config.bounds import bounded, check_bounds
+from fastpbrl.config.derived import resolved
+from fastpbrl.config.errors import check
+from fastpbrl.config.fields import RunConfig, rule_fields
 from fastpbrl.devices.sharding import whole_value
 from fastpbrl.learner.population import population_hparams
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,

@@ -28,10 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpbrl.config.settings import (Derived, RunConfig, as_learner_calls,
-                                      bounded, as_update_steps, check,
-                                      check_bounds, resolved, rule_fields,
-                                      steps_per_call_of)
+from fastpbrl.config.agent_settings import steps_per_call_of
+from fastpbrl.config.bounds import bounded, check_bounds
+from fastpbrl.config.derived import as_learner_calls, as_update_steps, resolved
+from fastpbrl.config.errors import check
+from fastpbrl.config.fields import Derived, RunConfig, rule_fields
 from fastpbrl.devices.sharding import whole_value
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,
                                  hparam_rows)

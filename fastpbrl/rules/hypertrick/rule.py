@@ -23,10 +23,11 @@ from typing import ClassVar, Literal, Mapping, NamedTuple, Optional
 import jax
 import numpy as np
 
-from fastpbrl.config.settings import (Derived, RunConfig, agent_spec,
-                                      as_flag_error, as_update_steps, bounded,
-                                      check, check_bounds, resolved,
-                                      rule_fields)
+from fastpbrl.config.agent_settings import agent_spec
+from fastpbrl.config.bounds import bounded, check_bounds
+from fastpbrl.config.derived import as_update_steps, resolved
+from fastpbrl.config.errors import as_flag_error, check
+from fastpbrl.config.fields import Derived, RunConfig, rule_fields
 from fastpbrl.core import search_space as ss
 from fastpbrl.core.rng import Pcg64State, pcg64_generator, pcg64_state
 from fastpbrl.rules.base import (Decision, Observation, Population, Rule,

@@ -27,10 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpbrl.agents import dqn
-from fastpbrl.config.settings import (ConfigError, Derived, RunConfig,
-                                      as_flag_error, as_update_steps, bounded,
-                                      check, check_bounds, resolved,
-                                      rule_fields)
+from fastpbrl.config.bounds import bounded, check_bounds
+from fastpbrl.config.derived import as_update_steps, resolved
+from fastpbrl.config.errors import ConfigError, as_flag_error, check
+from fastpbrl.config.fields import Derived, RunConfig, rule_fields
 from fastpbrl.core import search_space as ss
 from fastpbrl.devices.sharding import (placed_like, process_zero_value,
                                        whole_value)

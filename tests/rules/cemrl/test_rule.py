@@ -19,7 +19,7 @@ import optax
 import pytest
 
 from fastpbrl.cli import parse as cli
-from fastpbrl.config.settings import ConfigError
+from fastpbrl.config.errors import ConfigError
 from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.logs.logging import append_rows
 from fastpbrl.rules import registry

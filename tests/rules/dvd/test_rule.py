@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fastpbrl.agents import td3
-from fastpbrl.config.settings import ConfigError
+from fastpbrl.config.errors import ConfigError
 from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.devices import distributed
 from fastpbrl.rules.base import Observation

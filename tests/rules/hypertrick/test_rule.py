@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from fastpbrl.config.settings import ConfigError
+from fastpbrl.config.errors import ConfigError
 from fastpbrl.core.rng import pcg64_generator, pcg64_state
 from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.learner.population import PopulationLearner

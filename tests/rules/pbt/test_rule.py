@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fastpbrl.agents import td3
-from fastpbrl.config.settings import ConfigError
+from fastpbrl.config.errors import ConfigError
 from fastpbrl.core import search_space as ss
 from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.rules import pbt as pbt_lib
