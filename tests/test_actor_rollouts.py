@@ -18,6 +18,7 @@ from fastpbrl import agents
 from fastpbrl.actors import (Actor, ParamStore, chunk_layout,
                              default_num_processes)
 from fastpbrl.agents import ppo
+from fastpbrl.config.derived import resolved
 from fastpbrl.config.fields import RunConfig
 from fastpbrl.core.types import Rollout, make_env_spec
 from fastpbrl.datapath import factory as datapath
@@ -132,7 +133,8 @@ def test_datapath_create_picks_the_actor_rollouts():
   agent, learner, _, _ = population()
   config = RunConfig(env='CartPole-v1', agent=REF, population_size=2,
                      num_actors=1, env_steps=10 * T)
-  path = datapath.create(config, agent, learner, shared_replay=False)
+  path = datapath.create(resolved(config), agent, learner,
+                         shared_replay=False)
   try:
     assert isinstance(path, ActorRollouts)
     assert isinstance(path, protocol.DataPath)

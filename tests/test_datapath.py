@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fastpbrl import agents
+from fastpbrl.config.derived import resolved
 from fastpbrl.config.fields import RunConfig
 from fastpbrl.core.types import make_env_spec
 from fastpbrl.datapath import factory as datapath
@@ -59,11 +60,11 @@ def probe_states_of_dvd(env_id, num_states, seed):
 
 
 def small_run(env, env_spec, n=2):
-  config = RunConfig(env=env, agent='td3', population_size=n,
-                     warmup_steps=20, num_actors=1, replay_capacity=1000,
-                     eval_every=10**6, eval_episodes=1, env_steps=1000,
-                     hidden_sizes=(16,), batch_size=8, steps_per_call=5,
-                     replay_location='host')
+  config = resolved(RunConfig(
+      env=env, agent='td3', population_size=n, warmup_steps=20, num_actors=1,
+      replay_capacity=1000, eval_every=10**6, eval_episodes=1,
+      env_steps=1000, hidden_sizes=(16,), batch_size=8, steps_per_call=5,
+      replay_location='host'))
   agent = agents.make_agent('td3', env_spec, agents.get('td3').config(
       hidden_sizes=(16,), batch_size=8, steps_per_call=5))
   learner = PopulationLearner(agent)

@@ -20,6 +20,7 @@ import pytest
 
 import fastpbrl
 from fastpbrl import agents
+from fastpbrl.config.derived import resolved
 from fastpbrl.datapath import factory as datapath
 from fastpbrl.datapath import protocol
 from fastpbrl.datapath.common import PipelineConfig
@@ -238,7 +239,8 @@ def test_create_picks_device_rollouts_for_a_rollout_agent():
   env = jax_envs.make(CARTPOLE)
   agent = agents.make_agent(REF, env.env_spec)
   learner = PopulationLearner(agent)
-  path = datapath.create(config, agent, learner, shared_replay=False)
+  path = datapath.create(resolved(config), agent, learner,
+                         shared_replay=False)
   assert isinstance(path, DeviceRollouts)
   assert path.envs_per_member == agent.config.num_envs
   assert path.iterations == 1

@@ -22,6 +22,7 @@ from fastpbrl import agents
 from fastpbrl.actors import ActorDiedError
 from fastpbrl.agents.sac import SACConfig
 from fastpbrl.agents.td3 import TD3Config
+from fastpbrl.config.derived import resolved
 from fastpbrl.config.fields import RunConfig
 from fastpbrl.core.types import EpisodeRecord
 from fastpbrl.core.types import ReplaySample, make_env_spec
@@ -243,6 +244,7 @@ def test_shared_layout_through_create_with_sac():
       env=env_id, agent='sac', population_size=n, warmup_steps=50,
       update_to_data_ratio=1.0, num_actors=1, replay_capacity=5000,
       eval_every=10**6, eval_episodes=1, replay_location='host')
+  run_config = resolved(run_config)
   with contextlib.closing(datapath.create(run_config, agent, learner,
                                           shared_replay=True)) as pipeline:
     assert pipeline.replay.layout == 'shared'

@@ -216,6 +216,15 @@ def rollout_steps(config) -> int:
   return int(config.rollout_length) * int(config.num_envs)
 
 
+def steps_per_update(agent) -> int:
+  """Update steps one ``agent.update`` call counts: one gradient step of an
+  agent that learns from a replay; an iteration's env steps
+  (``rollout_steps``) of one that learns from its own rollouts."""
+  if agent.learns_from == 'replay':
+    return 1
+  return rollout_steps(agent.config)
+
+
 @dataclasses.dataclass(frozen=True)
 class SharedCritic:
   """Population update where one critic is shared by all members.

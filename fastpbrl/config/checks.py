@@ -18,7 +18,7 @@ from fastpbrl.agents.networks import NETWORK_INITS
 from fastpbrl.config.agent_settings import (agent_config, agent_spec,
                                             steps_per_call_of)
 from fastpbrl.config.bounds import check_bounds
-from fastpbrl.config.derived import resolved
+from fastpbrl.config.derived import path_kind, resolved
 from fastpbrl.config.errors import ConfigError, SettingTypeError, check
 from fastpbrl.config.fields import RunConfig
 from fastpbrl.devices import sharding
@@ -42,10 +42,10 @@ def validate(config: RunConfig, min_population: int = 1) -> None:
         f'--population-size must be >= {min_population} for this rule, got '
         f'{config.population_size}')
   check_bounds(config)  # each setting in its declared range (``bounded``)
-  rollout = agent_spec(config.agent).learns_from == 'rollout'
-  if rollout:
+  kind = path_kind(config)  # what the run's data path makes of its settings
+  if not kind.has_replay:
     check_on_policy_settings(config)
-  else:
+  if kind.random_warmup:
     check(config.warmup_steps < config.env_steps,
           f'--warmup-steps ({config.warmup_steps}) must be below --env-steps '
           f'({config.env_steps}), or nothing is ever learned')
@@ -99,9 +99,10 @@ REPLAY_ONLY_SETTINGS = {
 
 def check_on_policy_settings(config: RunConfig) -> None:
   """Refuses (one line naming the flag) the settings that mean nothing, or
-  something else, for an agent that learns from its own rollouts
-  (``AgentSpec.learns_from == 'rollout'``): its update steps are the env
-  steps it learned from, so ``--update-to-data-ratio`` stays 1; its envs
+  something else, on a data path without a replay (``PathKind.has_replay``
+  False: an agent that learns from its own rollouts): its update steps
+  are the env steps it learned from, so ``--update-to-data-ratio`` stays
+  1; its envs
   per member are its config's ``num_envs``; it keeps no replay. A
   ``--warmup-steps`` is not refused (``resolved`` fills it from the
   budget, presets set it): the run ignores it, with a warning

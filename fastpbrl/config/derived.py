@@ -1,7 +1,8 @@
 """Settings as a run uses them: unset ones from the budget, intervals in
 the learner's units.
 
-``resolved`` derives each setting left unset from the budget;
+``resolved`` derives each setting left unset from the budget, as the run's
+data path (``path_kind``) uses it;
 ``as_update_steps`` and ``as_learner_calls`` turn an interval flag (env
 steps per member) into the units the loop acts in. Host-side; not
 jittable.
@@ -14,6 +15,7 @@ import dataclasses
 from fastpbrl.config.agent_settings import agent_spec, steps_per_call_of
 from fastpbrl.config.errors import ConfigError
 from fastpbrl.config.fields import C, RunConfig
+from fastpbrl.datapath.kinds import PathKind, kind_of
 
 
 def resolved(config: C) -> C:
@@ -29,7 +31,7 @@ def resolved(config: C) -> C:
             and budget > 0)
   values = {}
   for name, derived in type(config).follows_budget.items():
-    if name == 'warmup_steps' and _learns_from_rollouts(config):
+    if name == 'warmup_steps' and not _random_warmup(config):
       if config.warmup_steps is None:  # no random warm-up: config.json says 0
         values[name] = 0
     elif getattr(config, name) is None:
@@ -39,13 +41,31 @@ def resolved(config: C) -> C:
   return dataclasses.replace(config, **values) if values else config
 
 
-def _learns_from_rollouts(config) -> bool:
-  """Whether ``config.agent`` learns from its own rollouts (False for an
-  agent it cannot find: ``validate`` names the flag)."""
+def path_kind(config: RunConfig) -> PathKind:
+  """The kind of data path ``config`` runs on (``fastpbrl.datapath.kinds``:
+  whether it keeps a replay, whether members warm up at random).
+
+  Raises:
+    ConfigError: ``--agent`` names no agent.
+  """
+  return kind_of(agent_spec(config.agent), config.env)
+
+
+def _random_warmup(config) -> bool:
+  """Whether members of ``config``'s path warm up with random actions
+  (True for an agent it cannot find: ``validate`` names the flag)."""
   try:
-    return agent_spec(config.agent).learns_from == 'rollout'
+    return path_kind(config).random_warmup
   except ConfigError:
-    return False
+    return True
+
+
+def restart_warmup_steps(config: RunConfig) -> int:
+  """Env steps a restarted member acts at random before it learns again:
+  ``--warmup-steps`` on a path with a random warm-up, else none (a member
+  that learns from its own rollouts acts with its policy from the first
+  step, whatever ``--warmup-steps`` says)."""
+  return path_kind(config).warmup_steps(resolved(config).warmup_steps)
 
 
 def as_update_steps(env_steps: float, config: RunConfig) -> int:

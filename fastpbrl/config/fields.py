@@ -32,8 +32,9 @@ class RunConfig:
   env: str = 'Pendulum-v1'
   """gymnasium environment id (MuJoCo v5 envs, classic control, ...), or a
   JAX env stepped on the device inside the learner call: gymnax:NAME
-  (gymnax:Pendulum-v1; pip install 'fastpbrl[gymnax]') or brax:NAME
-  (brax:hopper; pip install 'fastpbrl[brax]')."""
+  (gymnax:Pendulum-v1; pip install 'fastpbrl[gymnax]'), brax:NAME
+  (brax:hopper; pip install 'fastpbrl[brax]'), or PREFIX:NAME of a family
+  registered with fastpbrl.envs.register."""
   agent: str = 'td3'
   """Agent: td3, sac, dqn (dqn needs a Discrete action space), ppo (on-policy:
   learns from its own rollouts), or an agent of your own as

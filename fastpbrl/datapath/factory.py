@@ -20,15 +20,17 @@ The two gymnasium paths derive from ``actor_family.ActorPath``, the two
 JAX ones from ``device_family.DeviceEnvs``; all four read a
 ``common.PipelineConfig``.
 
-:func:`create` picks one from the env kind and what the agent learns
-from (``Agent.learns_from``): the one place that branches on the path,
-and the one mapping from a ``RunConfig`` to a ``PipelineConfig``. It
-passes each path all it needs through its constructor.
+:func:`create` builds the path of the run's kind
+(``fastpbrl.datapath.kinds.kind_of``: the env's kind and what the agent
+learns from), the one place that branches on the path, and holds the
+one mapping from a ``RunConfig`` to a ``PipelineConfig``. It passes each
+path all it needs through its constructor.
 
 **Adding a path** (on-policy rollouts for PPO: actors or on-device
 envs collect ``T`` steps x ``E`` envs per member with the newest policy,
 the learner runs GAE and epochs of minibatches) is a class with the
-methods below and one branch in :func:`create`, nothing else. What it
+methods below, its row in ``kinds``, and one branch in :func:`create`,
+nothing else. What it
 implements, member for member:
 
 * ``learn``: collect a rollout (or take one the actors sent), run the
@@ -64,13 +66,13 @@ import jax
 import numpy as np
 
 from fastpbrl import agents as agents_lib
-from fastpbrl.config.derived import resolved
 from fastpbrl.datapath.actor_replay import Pipeline
 from fastpbrl.datapath.actor_rollouts import (ActorRollouts,
                                               check_rollout_settings)
 from fastpbrl.datapath.common import PipelineConfig
 from fastpbrl.datapath.device_replay import DevicePipeline
 from fastpbrl.datapath.device_rollouts import DeviceRollouts
+from fastpbrl.datapath.kinds import kind_of
 from fastpbrl.datapath.protocol import DataPath
 from fastpbrl.devices.distributed import Processes
 from fastpbrl.envs import jax_envs
@@ -92,7 +94,7 @@ def pipeline_seed(seed: int, calls: int, process: int = 0) -> int:
 def pipeline_config(run_config, agent, learner, *, shared_replay: bool,
                     replay_location: str,
                     refill_steps: int | None = None) -> PipelineConfig:
-  """The data path's settings of a run's (``fastpbrl.config.settings.RunConfig``,
+  """The data path's settings of a run's (``fastpbrl.config.fields.RunConfig``,
   resolved): the one mapping, for every path."""
   n = int(run_config.population_size)
   return PipelineConfig(
@@ -120,7 +122,10 @@ def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
   """The data path of a run's settings; nothing is published yet.
 
   Args:
-    run_config: the run's ``fastpbrl.config.settings.RunConfig``.
+    run_config: the run's ``fastpbrl.config.fields.RunConfig`` as
+      ``fastpbrl.config.derived.resolved`` completes it (what a run
+      uses; the settings sit above the data paths, so they are resolved
+      by the caller).
     agent: the population's agent (``fastpbrl.agents.make_agent`` of
       ``run_config.agent``; actors rebuild it from that name).
     learner: the run's learner (steps and batch size per call; the
@@ -142,10 +147,11 @@ def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
     ValueError: a setting refused once sizes are known (its message starts
       with the flag).
   """
-  run_config = resolved(run_config)  # unset intervals follow the budget
+  _check_resolved(run_config)
   n = int(run_config.population_size)
   processes = processes or Processes(None, n)
-  if jax_envs.is_jax_env(run_config.env) and agent.learns_from == 'rollout':
+  kind = kind_of(agent, run_config.env)
+  if kind.name == 'device_rollouts':
     # Rollouts collected and learned from inside the learner call; E is
     # the agent's num_envs.
     config = pipeline_config(run_config, agent, learner, shared_replay=False,
@@ -155,7 +161,7 @@ def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
         seed=pipeline_seed(run_config.seed, calls),
         resume_env_steps=resume_env_steps, processes=processes,
         saved_state=saved_state)
-  if jax_envs.is_jax_env(run_config.env):  # stepped inside the learner call
+  if kind.name == 'device_replay':  # stepped inside the learner call
     # The fused call samples the rings with config.batch_size where the
     # learner has no batch size of its own (DevicePipeline gives it that).
     config = pipeline_config(run_config, agent, learner,
@@ -171,7 +177,7 @@ def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
         resume_env_steps=resume_env_steps, replay_state=replay_state,
         processes=processes, carried_env_steps=carried_env_steps,
         saved_state=saved_state)
-  if agent.learns_from == 'rollout':  # on-policy, actor processes
+  if kind.name == 'actor_rollouts':  # on-policy, actor processes
     return _actor_rollouts(
         run_config, agent, learner, processes,
         seed=pipeline_seed(run_config.seed, calls, processes.index),
@@ -182,6 +188,31 @@ def create(run_config, agent, learner, *, shared_replay: bool, calls: int = 0,
                  resume_env_steps=resume_env_steps,
                  carried_env_steps=carried_env_steps,
                  replay_state=replay_state, refill_steps=refill_steps)
+
+
+def check_agent(run_config, agent) -> None:
+  """Refuses, before a run folder exists, an agent config the path of
+  ``run_config`` cannot run (the actors' rollouts take whole iterations).
+
+  Raises:
+    ValueError: one line naming the setting.
+  """
+  if kind_of(agent, run_config.env).name == 'actor_rollouts':
+    check_rollout_settings(agent.config, agent.config.steps_per_call,
+                           run_config.agent)
+
+
+# Settings ``fastpbrl.config.derived.resolved`` fills from the budget: a
+# path needs every one of them set.
+_DERIVED = ('eval_every', 'warmup_steps')
+
+
+def _check_resolved(run_config) -> None:
+  unset = [name for name in _DERIVED if getattr(run_config, name) is None]
+  if unset:
+    raise ValueError(f'create takes a resolved config '
+                     f'(fastpbrl.config.derived.resolved); {unset[0]} is '
+                     'unset')
 
 
 def _actors(run_config, agent, learner, processes, *, shared_replay: bool,

@@ -38,7 +38,8 @@ import jax
 import jax.numpy as jnp
 
 from fastpbrl.agents.base import (POPULATION_AXIS, Agent, SharedCritic,
-                                  rollout_steps, stack_hparams)
+                                  rollout_steps, stack_hparams,
+                                  steps_per_update)
 from fastpbrl.core.types import PRNGKey, ReplaySample, Transition
 from fastpbrl.devices import sharding
 from fastpbrl.learner import collect
@@ -388,9 +389,7 @@ class PopulationLearner(_CompiledPopulationStep):
     ``num_steps / (rollout_length x num_envs)`` iterations of a rollout
     agent, whose update steps are the env steps it learns from
     (``fastpbrl.agents.base``)."""
-    if self.agent.learns_from != 'rollout':
-      return num_steps
-    per_iteration = rollout_steps(self.agent.config)
+    per_iteration = steps_per_update(self.agent)
     if num_steps % per_iteration:
       raise ValueError(f'num_steps {num_steps} is not a multiple of an '
                        f'iteration\'s {per_iteration} env steps')

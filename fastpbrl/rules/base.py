@@ -42,7 +42,7 @@ value the host needs (a hyperparameter, a step counter) is read with
 refuse). A rule that cannot run there sets ``multi_process = False``.
 
 To add a rule: subclass ``Rule`` in a file of your own, give it a ``name``,
-a ``config_class`` (a ``fastpbrl.config.settings.RunConfig`` subclass: its fields
+a ``config_class`` (a ``fastpbrl.config.RunConfig`` subclass: its fields
 are the command's flags) and ``presets``, override what it needs, and decorate it
 with ``fastpbrl.rules.register``. ``fastpbrl mymod:MyRule --help`` then
 lists its flags, and runs it, checkpoints and resumes it like the built-in

@@ -20,13 +20,13 @@ import jax
 from fastpbrl import agents as agents_lib
 from fastpbrl.config.agent_settings import agent_config, agent_spec
 from fastpbrl.config.checks import parse_hparams
-from fastpbrl.config.derived import resolved
+from fastpbrl.config.derived import path_kind, resolved
 from fastpbrl.config.errors import ConfigError, check
 from fastpbrl.config.fields import RunConfig
 from fastpbrl.core import search_space as ss
 from fastpbrl.core.imports import add_cwd_to_path
 from fastpbrl.core.types import make_env_spec as spec_of
-from fastpbrl.datapath.actor_rollouts import check_rollout_settings
+from fastpbrl.datapath import factory
 from fastpbrl.devices import distributed
 from fastpbrl.devices import sharding
 from fastpbrl.envs import jax_envs
@@ -75,15 +75,13 @@ def make_agent(config: RunConfig, env_spec):
   ``--agent-settings``), its defaults from ``--hparams``."""
   spec = agent_spec(config.agent)
   agent_settings = agent_config(config)
-  if spec.learns_from == 'rollout':
+  if not path_kind(config).random_warmup:
     warn_warmup_ignored(config)
   try:
     agent = agents_lib.make_agent(config.agent, env_spec, agent_settings)
-    if spec.learns_from == 'rollout' and not is_jax_env(config.env):
-      # What the actor processes' rollouts take, refused before the run
-      # folder is made rather than when the actors start.
-      check_rollout_settings(agent.config, agent.config.steps_per_call,
-                             config.agent)
+    # What the run's data path cannot run (the actors' rollouts), refused
+    # before the run folder is made rather than when the path starts.
+    factory.check_agent(config, agent)
   except ValueError as e:
     message = str(e)
     raise ConfigError(message if message.startswith('--') else
@@ -199,9 +197,7 @@ def check_processes(config: RunConfig, rule, mesh):
   log.info('process %d of %d: members %d-%d of %d (%s live here)',
            processes.index, processes.count, processes.local.start,
            processes.local.stop - 1, config.population_size,
-           ('their envs' if jax_env else 'their actors') + (
-               '' if agent_spec(config.agent).learns_from == 'rollout'
-               else ' and replay rings' if jax_env else ' and replay'))
+           path_kind(config).lives_here)
   return processes
 
 

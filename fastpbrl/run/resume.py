@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpbrl.config.agent_settings import agent_spec
+from fastpbrl.config.derived import path_kind
 from fastpbrl.config.errors import ConfigError
 from fastpbrl.config.fields import RunConfig
 from fastpbrl.datapath.protocol import DataPath
@@ -170,8 +171,8 @@ def restore(checkpointer: Checkpointer, config: RunConfig, rule: Rule,
   # replay path's needs its replay too, a path without one does not.
   data_path_state = (checkpointer.restore_data_path()
                      if meta.get('has_data_path') else None)
-  # An agent that learns from its own rollouts has no replay to refill.
-  keeps_replay = agent_spec(config.agent).learns_from == 'replay'
+  # A path without a replay (rollouts) has none to refill.
+  keeps_replay = path_kind(config).has_replay
   log.info('resumed %s at call %d (%d env steps per member)%s', config.resume,
            counters['calls'], counters['env_steps'],
            '' if replay_state is not None or not keeps_replay else

@@ -23,9 +23,9 @@ from typing import ClassVar, Literal, Mapping, NamedTuple, Optional
 import jax
 import numpy as np
 
-from fastpbrl.config.agent_settings import agent_spec
 from fastpbrl.config.bounds import bounded, check_bounds
-from fastpbrl.config.derived import as_update_steps, resolved
+from fastpbrl.config.derived import (as_update_steps, resolved,
+                                     restart_warmup_steps)
 from fastpbrl.config.errors import as_flag_error, check
 from fastpbrl.config.fields import Derived, RunConfig, rule_fields
 from fastpbrl.core import search_space as ss
@@ -120,11 +120,9 @@ class HyperTrick(Rule):
     check_bounds(config, rule_fields(config))  # --num-workers, --quantile...
     self.phase_update_steps = as_update_steps(config.phase_env_steps, config)
     # Env steps a restarted slot spends before its first phase: its warm-up
-    # of random actions; none for an agent that learns from its own
-    # rollouts (it acts with its policy from the first step, whatever
-    # --warmup-steps says).
-    self.restart_warmup = (0 if agent_spec(config.agent).learns_from
-                           == 'rollout' else config.warmup_steps)
+    # of random actions, as the run's data path has one (none where members
+    # learn from their own rollouts).
+    self.restart_warmup = restart_warmup_steps(config)
     check_evaluations_per(config.phase_env_steps, config,
                           '--phase-env-steps')
     check(config.init_hparams in ('prior', 'defaults'),
