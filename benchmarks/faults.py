@@ -382,7 +382,7 @@ def diverging_member(out: str) -> Row:
 
 
 def child_diverge(run_dir: str) -> None:
-  from fastpbrl.cli.parse import setup_logging  # noqa: PLC0415
+  from fastpbrl.logs.logging import setup_logging  # noqa: PLC0415
   from fastpbrl.rules.pbt import PBT, PBTRunConfig  # noqa: PLC0415
   from fastpbrl.run.main import run  # noqa: PLC0415
 

@@ -13,7 +13,6 @@ import dataclasses
 import difflib
 import importlib
 import json
-import logging
 import os
 import sys
 import traceback
@@ -26,6 +25,7 @@ from fastpbrl.config.derived import resolved
 from fastpbrl.config.errors import ConfigError, StorageError
 from fastpbrl.config.saved import file_config, saved_config
 from fastpbrl.devices import distributed
+from fastpbrl.logs.logging import setup_logging
 from fastpbrl.run.signals import ForcedExit, RunInterrupted
 
 C = TypeVar('C')
@@ -170,22 +170,3 @@ def train_command(rule_cls, argv: Optional[Sequence[str]] = None,
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(1)
-
-
-def setup_logging(process: Optional[int] = None) -> None:
-  """fastpbrl's INFO logs to stderr (``run`` then logs the resolved config);
-  each line names its process (``process``) in a multi-process run.
-
-  Configures the ``fastpbrl`` logger itself rather than the root logger:
-  libraries imported earlier (absl, through orbax) may already have given
-  the root logger a handler, which makes ``logging.basicConfig`` a no-op.
-  """
-  log = logging.getLogger('fastpbrl')
-  if not log.handlers:
-    handler = logging.StreamHandler()
-    where = '' if process is None else f' [process {process}]'
-    handler.setFormatter(logging.Formatter(
-        f'%(asctime)s %(name)s{where} %(levelname)s %(message)s'))
-    log.addHandler(handler)
-  log.setLevel(logging.INFO)
-  log.propagate = False

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import tempfile
@@ -470,3 +471,22 @@ def plot_returns(run_dir: str, path: Optional[str] = None,
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
+
+
+def setup_logging(process: Optional[int] = None) -> None:
+  """fastpbrl's INFO logs to stderr (``run`` then logs the resolved config);
+  each line names its process (``process``) in a multi-process run.
+
+  Configures the ``fastpbrl`` logger itself rather than the root logger:
+  libraries imported earlier (absl, through orbax) may already have given
+  the root logger a handler, which makes ``logging.basicConfig`` a no-op.
+  """
+  log = logging.getLogger('fastpbrl')
+  if not log.handlers:
+    handler = logging.StreamHandler()
+    where = '' if process is None else f' [process {process}]'
+    handler.setFormatter(logging.Formatter(
+        f'%(asctime)s %(name)s{where} %(levelname)s %(message)s'))
+    log.addHandler(handler)
+  log.setLevel(logging.INFO)
+  log.propagate = False

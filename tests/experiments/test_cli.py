@@ -68,7 +68,7 @@ def test_preset_paper_sets_the_papers_population(monkeypatch):
 
 def test_setup_logging_shows_fastpbrl_info_even_if_root_is_configured(capsys):
   import logging
-  from fastpbrl.cli import parse as cli
+  from fastpbrl.logs.logging import setup_logging
   root_handler = logging.NullHandler()
   logging.getLogger().addHandler(root_handler)  # what absl does on import
   log = logging.getLogger('fastpbrl')
@@ -76,7 +76,7 @@ def test_setup_logging_shows_fastpbrl_info_even_if_root_is_configured(capsys):
   for handler in saved:  # earlier tests' runs installed one on their stderr
     log.removeHandler(handler)
   try:
-    cli.setup_logging()
+    setup_logging()
     logging.getLogger('fastpbrl.replay.buffers').info('replay: 1.0 GiB')
     assert 'fastpbrl.replay.buffers INFO replay: 1.0 GiB' in capsys.readouterr().err
   finally:
