@@ -229,8 +229,7 @@ def step(env: JaxEnv, agent, policy_params, hparams,
   new, transitions, episodes = _step_envs(
       env, agent.env_spec.actions, state, actions, (key, step_key, reset_key),
       member_params(env, hparams))
-  replay = device_replay.insert(state.replay, jnp.arange(n, dtype=jnp.int32),
-                                transitions, e)
+  replay = device_replay.insert_every_member(state.replay, transitions, e)
   return new._replace(warmup_left=jnp.maximum(state.warmup_left - e, 0),
                       replay=replay), episodes
 

@@ -157,6 +157,45 @@ def insert(state: DeviceReplayState, members: jax.Array, chunk: Mapping,
   return DeviceReplayState(data, pos, size)
 
 
+def insert_every_member(state: DeviceReplayState, chunk: Mapping,
+                        num_steps: jax.Array) -> DeviceReplayState:
+  """:func:`insert` of every member, in order (``members = 0..N-1``): what
+  the device path's acting step writes, the same rings.
+
+  A per-member ring is written by a ``vmap`` over members, so a population
+  sharded over devices (``fastpbrl.devices.sharding``) writes each
+  device's own rings and the partitioned program exchanges nothing: with
+  the members as explicit scatter indices (:func:`insert`), XLA gathered
+  every member's rows and positions onto every device at every env step
+  (12 all-gathers a step for TD3), which kept the devices in lock-step.
+  The shared layout has one ring: it is :func:`insert`'s.
+
+  Args:
+    state: the rings (``N`` of them, per-member).
+    chunk: field -> ``[N, T, ...]``; row ``i`` belongs to member ``i``.
+    num_steps: traced int scalar in ``[0, T]``.
+  """
+  first_leaf = chunk[next(iter(state.data))]
+  if not _per_member(state):
+    members = jnp.arange(first_leaf.shape[0], dtype=jnp.int32)
+    return insert(state, members, chunk, num_steps)
+  capacity = _capacity(state)
+  num_steps = jnp.asarray(num_steps, jnp.int32)
+  t = jnp.arange(first_leaf.shape[1], dtype=jnp.int32)
+  first = jnp.maximum(0, num_steps - capacity)  # only the newest fit
+  kept = num_steps - first
+  write = (t >= first) & (t < num_steps)  # [T]
+
+  def one_ring(ring, pos, values):  # [C, ...], [], [T, ...]
+    rows = jnp.where(write, (pos + t - first) % capacity, capacity)
+    return ring.at[rows].set(values.astype(ring.dtype), mode='drop')
+
+  data = {k: jax.vmap(one_ring)(v, state.pos, chunk[k])
+          for k, v in state.data.items()}
+  return DeviceReplayState(data, (state.pos + kept) % capacity,
+                           jnp.minimum(state.size + kept, capacity))
+
+
 def write_rows(state: DeviceReplayState, rows: jax.Array, values: Mapping,
                pos: jax.Array, size: jax.Array) -> DeviceReplayState:
   """Writes ``values`` (field -> ``[R, ...]``) at flat ring rows ``rows``

@@ -109,6 +109,27 @@ def test_pure_jitted_insert_matches_numpy_with_one_compilation(layout):
 
 
 @pytest.mark.parametrize('layout', ['per_member', 'shared'])
+def test_inserting_every_member_is_insert_of_all_members(layout):
+  """``insert_every_member`` (a vmap over the rings) writes what
+  ``insert`` with members 0..N-1 (explicit scatter indices) writes, bit
+  for bit: partial steps, a wrap-around and more steps than a ring holds
+  (T, num_steps as INSERTS)."""
+  state = device.init_state(layout, fields(), N, CAP)
+  both = [state, state]
+  every = jax.jit(device.insert_every_member)
+  explicit = jax.jit(device.insert)
+  next_id = 0
+  for t, steps in [(7, 5), (4, 4), (13, 12), (5, 0), (9, 3), (4, 2)]:
+    ids = next_id + np.arange(N * t).reshape(N, t)
+    next_id += ids.size
+    both = [every(both[0], chunk(ids), np.int32(steps)),
+            explicit(both[1], np.arange(N, dtype=np.int32), chunk(ids),
+                     np.int32(steps))]
+    jax.tree.map(np.testing.assert_array_equal, *both)
+  assert int(np.max(np.asarray(both[0].size))) == CAP  # rings wrapped
+
+
+@pytest.mark.parametrize('layout', ['per_member', 'shared'])
 def test_sampled_rows_are_the_rows_at_the_sampled_indices(layout):
   dev = DeviceReplay(layout, fields(), N, CAP)
   run_inserts([dev])
