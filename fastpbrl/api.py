@@ -122,8 +122,11 @@ def train(rule: Union[str, type, None] = None, *,
   resume = config_fields.get('resume') or getattr(config, 'resume', None)
   rule_cls = _train_rule(rule, config, resume)
   fields = _flag_values(rule_cls, config_fields)
-  distributed.initialize_if_launched()  # under fastpbrl.launch or srun
   config = _train_config(rule_cls, config, resume, fields)
+  # Before any JAX operation, joining processes included: one host device
+  # per core on the device path.
+  build.use_every_core(config)
+  distributed.initialize_if_launched()  # under fastpbrl.launch or srun
   rule_obj = rule_cls.from_config(config)
   return _train_result(run(rule_obj.config, rule_obj, callbacks=callbacks))
 

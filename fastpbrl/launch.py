@@ -13,10 +13,13 @@ get ``--grace`` seconds to finish, then SIGTERM, then SIGKILL; the launcher
 exits with the first failure's status (128 + signal for a child killed by
 a signal), 0 when every child succeeded.
 
-Per-process device counts are the children's business: on CPU,
-``XLA_FLAGS=--xla_force_host_platform_device_count=2`` in the launcher's
-environment gives every process 2 devices; on a multi-GPU machine give
-each child its GPU with ``JAX_LOCAL_DEVICE_IDS`` (not set here).
+Per-process device counts are the children's business: on CPU, a
+child run on the device path takes its share of the machine's cores, one
+host device per core (``fastpbrl.devices.cores``); ``FASTPBRL_CPU_DEVICES=N``
+or ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` in the
+launcher's environment gives every process ``N`` devices; on a multi-GPU
+machine give each child its GPU with ``JAX_LOCAL_DEVICE_IDS`` (not set
+here).
 
 Under SLURM (several machines) this launcher is not used: ``srun`` starts
 the tasks and ``initialize_from_env`` reads SLURM's variables

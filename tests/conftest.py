@@ -27,6 +27,14 @@ kept. A test whose run time outweighs its compile time (the Pong run of
 ``tests/test_envs.py``, whose evaluations play whole games through a CNN:
 216 s of CPU at level 0, 38 s at the default) starts its run in a process
 of its own without the flag.
+
+``FASTPBRL_CPU_DEVICES=1``: a run on the device path gives JAX one host
+device per core when it starts first in its process
+(``fastpbrl.devices.cores``); in a pytest worker, whether a test's run
+starts JAX first depends on the order the tests ran in. One device keeps
+every test's run the same in any order; the tests of the default
+(``tests/devices/test_cores.py``) clear the variable in the processes they
+start, and tests that want several devices set ``XLA_FLAGS`` as before.
 """
 
 import os
@@ -38,6 +46,7 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                              ' --xla_backend_optimization_level=0').strip()
+os.environ.setdefault('FASTPBRL_CPU_DEVICES', '1')
 warnings.filterwarnings('ignore', message='.*settotalmass.*')
 
 # Workers inherit the variable from the process that set it, so only that

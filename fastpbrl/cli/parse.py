@@ -26,6 +26,7 @@ from fastpbrl.config.errors import ConfigError, StorageError
 from fastpbrl.config.saved import file_config, saved_config
 from fastpbrl.devices import distributed
 from fastpbrl.logs.logging import setup_logging
+from fastpbrl.run import build
 from fastpbrl.run.signals import ForcedExit, RunInterrupted
 
 C = TypeVar('C')
@@ -134,9 +135,13 @@ def train_command(rule_cls, argv: Optional[Sequence[str]] = None,
                  or rule_cls.__doc__ or rule_cls.help)
   config = parse(rule_cls.presets, description, argv,
                  prog or f'fastpbrl {rule_cls.name}')
-  try:  # several processes (python -m fastpbrl.launch, srun): join them
+  try:
+    # Before any JAX operation, joining processes included: one host
+    # device per core on the device path.
+    build.use_every_core(config)
+    # Several processes (python -m fastpbrl.launch, srun): join them.
     processes = distributed.initialize_if_launched()
-  except ValueError as e:
+  except (ConfigError, ValueError) as e:
     raise SystemExit(f'error: {e}') from None
   setup_logging(None if processes is None else processes.process_id)
   try:

@@ -27,7 +27,7 @@ from fastpbrl.core import search_space as ss
 from fastpbrl.core.imports import add_cwd_to_path
 from fastpbrl.core.types import make_env_spec as spec_of
 from fastpbrl.datapath import factory
-from fastpbrl.devices import distributed
+from fastpbrl.devices import cores, distributed
 from fastpbrl.devices import sharding
 from fastpbrl.envs import jax_envs
 from fastpbrl.envs import params as env_params
@@ -152,6 +152,39 @@ def warn_image_run_settings(config: RunConfig, spec) -> None:
     log.warning('%s on image observations with %s; its reference settings '
                 'are image_run_settings of its registration (%s)', spec.name,
                 ', '.join(differ), spec.module)
+
+
+def use_every_core(config: RunConfig) -> None:
+  """One host device per core for a run whose envs are stepped on the
+  device (``fastpbrl.devices.cores``), the cores shared by the processes
+  the environment names (``fastpbrl.launch``, SLURM); call before any JAX
+  operation, ``jax.distributed.initialize`` included. The actor path keeps
+  the cores for its actors.
+
+  Raises:
+    ConfigError: ``FASTPBRL_CPU_DEVICES`` is not a positive integer.
+    ValueError: the environment names processes wrongly.
+  """
+  if not is_jax_env(config.env):
+    return
+  settings = distributed.settings_from_env()
+  num_processes = 1 if settings is None else settings['num_processes']
+  try:
+    count = cores.cpu_devices_for(config.devices, config.population_size,
+                                  num_processes)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if count is None:
+    return
+  if cores.set_cpu_devices(count):
+    log.info('%d host CPU devices for %d cores (the population is stepped '
+             'on the device; %s=N or --devices choose)', count,
+             cores.available_cores(), cores.CPU_DEVICES_VAR)
+  else:
+    log.info('JAX started before the run, so it keeps the CPU devices it '
+             'has (%d); for one per core, call fastpbrl.train before any '
+             'JAX operation, or set %s before Python starts',
+             len(jax.local_devices()), cores.CPU_DEVICES_VAR)
 
 
 def population_mesh(config: RunConfig):
