@@ -79,8 +79,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help='members of the scaling rows')
   parser.add_argument('--scale-env-steps', type=int, default=100_000,
                       help='env steps per member of the scaling rows')
-  parser.add_argument('--sides', nargs='+', default=list(report.SIDES),
-                      choices=report.SIDES)
+  parser.add_argument('--sides', nargs='+',
+                      default=list(report.DEFAULT_SIDES),
+                      choices=report.SIDES,
+                      help='fastpbrl-one-device: fastpbrl on one host '
+                      'device, what one device per core gains')
   parser.add_argument('--repeats', type=int, default=1,
                       help='runs of each side per row, in turn')
   parser.add_argument('--cores', type=int,
@@ -121,15 +124,16 @@ def _failure(done: subprocess.CompletedProcess) -> str:
   return f'failed ({done.returncode}): {tail[0][:300]}'
 
 
-def run_fastpbrl(row: rows_lib.Row, args) -> dict:
+def run_fastpbrl(row: rows_lib.Row, args, mode: str = 'vmap') -> dict:
   """One ``fastpbrl seeds`` process for the row, into a temporary run
   folder (removed after): its wall time, env and update steps, final
-  returns and resolved config."""
+  returns and resolved config. ``mode`` ``one-device``: on one host
+  device."""
   run_dir = tempfile.mkdtemp(prefix=f'peers-{row.name}-')
   try:
     seconds, done = _timed(
         [args.fastpbrl, *rows_lib.fastpbrl_command(row, run_dir)],
-        rows_lib.side_environment('vmap', args.cores))
+        rows_lib.side_environment(mode, args.cores))
     if done.returncode != 0:
       return {'error': _failure(done)}
     with open(os.path.join(run_dir, 'final_returns.json')) as f:
@@ -161,9 +165,11 @@ def run_rejax(row: rows_lib.Row, mode: str, args) -> dict:
 
 
 def run_side(row: rows_lib.Row, side: str, args) -> dict:
-  """One process of ``side`` (fastpbrl, rejax-vmap, rejax-pmap)."""
+  """One process of ``side`` (``report.SIDES``)."""
   if side == 'fastpbrl':
     return run_fastpbrl(row, args)
+  if side == 'fastpbrl-one-device':
+    return run_fastpbrl(row, args, 'one-device')
   return run_rejax(row, side.split('-', 1)[1], args)
 
 
@@ -172,8 +178,10 @@ def commands(row: rows_lib.Row, sides, cores: int) -> dict:
   the repository's root."""
   shown = {}
   for side in sides:
-    if side == 'fastpbrl':
+    if side.startswith('fastpbrl'):
       argv = ['fastpbrl', *rows_lib.fastpbrl_command(row, 'RUN_DIR')]
+      if side == 'fastpbrl-one-device':
+        argv.insert(0, 'FASTPBRL_CPU_DEVICES=1')
     else:
       mode = side.split('-', 1)[1]
       argv = ['.venv-rejax/bin/python',

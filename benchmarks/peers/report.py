@@ -9,8 +9,11 @@ from __future__ import annotations
 import statistics
 from typing import Optional, Sequence
 
-SIDES = ('fastpbrl', 'rejax-vmap', 'rejax-pmap')
-REJAX_SIDES = SIDES[1:]
+# fastpbrl-one-device: fastpbrl on one host device (FASTPBRL_CPU_DEVICES=1),
+# what its default of one device per core gains (``--sides`` to run it).
+SIDES = ('fastpbrl', 'fastpbrl-one-device', 'rejax-vmap', 'rejax-pmap')
+DEFAULT_SIDES = ('fastpbrl', 'rejax-vmap', 'rejax-pmap')
+REJAX_SIDES = SIDES[2:]
 
 # What the two sides still do differently, for the page (each also
 # written where the commands are built, benchmarks/peers/rows.py).
@@ -68,6 +71,17 @@ def ratios(row: dict) -> dict:
               r['median_s'] for r in rejax.values())}
 
 
+def devices_speedup(row: dict) -> Optional[float]:
+  """fastpbrl's time on one device over its default's (min over
+  repeats); None where a side has no time."""
+  sides = row['sides']
+  one = sides.get('fastpbrl-one-device', {})
+  default = sides.get('fastpbrl', {})
+  if 'min_s' not in one or 'min_s' not in default:
+    return None
+  return one['min_s'] / default['min_s']
+
+
 def _seconds(side: Optional[dict], repeats: int) -> str:
   if not side:
     return 'not run'
@@ -83,19 +97,21 @@ def table(record: dict) -> str:
   repeats = record['settings']['repeats']
   cores = record['settings']['cores']
   lines = ['| row | task | members x env steps | fastpbrl (s) '
+           '| fastpbrl, 1 device (s) '
            f'| rejax, 1 device (s) | rejax, pmap over {cores} devices (s) '
-           '| fastpbrl / best rejax |',
-           '|---|---|---:|---:|---:|---:|---:|']
+           '| fastpbrl / best rejax | fastpbrl: 1 device / default |',
+           '|---|---|---:|---:|---:|---:|---:|---:|---:|']
   for row in record['rows']:
     r = ratios(row)
     ratio = '' if not r else (
         f'{r["ratio_min"]:.2f}' + (f' ({r["ratio_median"]:.2f})'
                                    if repeats > 1 else ''))
+    speedup = devices_speedup(row)
     s = row['settings']
     cells = [row['row'], f'{s["agent"].upper()} {s["env"]}',
              f'{s["members"]} x {s["env_steps"]:,}',
              *(_seconds(row['sides'].get(side), repeats) for side in SIDES),
-             ratio]
+             ratio, '' if speedup is None else f'{speedup:.2f}']
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 

@@ -222,4 +222,6 @@ def side_environment(mode: str, cores: int,
          if k not in DEVICE_VARIABLES}
   if mode == 'pmap':
     env['XLA_FLAGS'] = f'{DEVICE_COUNT_FLAG}={cores}'
+  if mode == 'one-device':  # fastpbrl on one host device
+    env['FASTPBRL_CPU_DEVICES'] = '1'
   return env
