@@ -24,6 +24,8 @@ import re
 import sys
 from typing import Callable, Optional
 
+from benchmarks.peers import report as peers_report
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join('benchmarks', 'results')
 # The pages with generated blocks, relative to the repository root.
@@ -522,6 +524,19 @@ def ppo_actor_speed(folder: str, *names: str) -> str:
                        _source(links, *facts)])
 
 
+def peers(folder: str, name: str) -> str:
+  """``benchmarks/peers``' wall times: fastpbrl against rejax, a row a
+  task (the page of the record's own table)."""
+  record = _json(folder, f'{name}.json')
+  return '\n\n'.join([
+      peers_report.table(record),
+      _source([_link(folder, f'{name}.json')],
+              f'{_command(record["command"])}, machine '
+              f'{record["machine"]["cpu_model"]} '
+              f'({record["machine"]["cpus"]} CPUs), date '
+              f'{record["date"][:10]}, {_commit(record)}')])
+
+
 def policy_call(folder: str, name: str = 'policy_call.json') -> str:
   """``benchmarks/policy_call.py``'s rows: the actors' policy call under
   XLA:CPU's two schedulers."""
@@ -683,6 +698,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     'resume-curve': resume_curve,
     'cpu-ppo-speed': lambda: ppo_speed('ppo', 'speed_cartpole'),
     'cpu-ppo-speed-256': lambda: ppo_speed('ppo', 'speed_cartpole_256'),
+    'cpu-peers': lambda: peers('peers', 'peers'),
+    'cpu-peers-rule': lambda: peers('peers', 'rule_cost'),
     'cpu-ppo-update-speed': lambda: update_speed(
         os.path.join('ppo', 'update_speed'), 'ppo'),
     'cpu-ppo-actor-speed': lambda: ppo_actor_speed(

@@ -83,7 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                       default=list(report.DEFAULT_SIDES),
                       choices=report.SIDES,
                       help='fastpbrl-one-device: fastpbrl on one host '
-                      'device, what one device per core gains')
+                      'device, what one device per core gains; '
+                      'fastpbrl-pbt: under PBT, deciding every 5%% of '
+                      'the budget, what the rule costs')
   parser.add_argument('--repeats', type=int, default=1,
                       help='runs of each side per row, in turn')
   parser.add_argument('--cores', type=int,
@@ -124,15 +126,16 @@ def _failure(done: subprocess.CompletedProcess) -> str:
   return f'failed ({done.returncode}): {tail[0][:300]}'
 
 
-def run_fastpbrl(row: rows_lib.Row, args, mode: str = 'vmap') -> dict:
-  """One ``fastpbrl seeds`` process for the row, into a temporary run
-  folder (removed after): its wall time, env and update steps, final
-  returns and resolved config. ``mode`` ``one-device``: on one host
-  device."""
+def run_fastpbrl(row: rows_lib.Row, args, mode: str = 'vmap',
+                 rule: str = 'seeds') -> dict:
+  """One ``fastpbrl seeds`` (or ``rule``) process for the row, into a
+  temporary run folder (removed after): its wall time, env and update
+  steps, final returns and resolved config. ``mode`` ``one-device``: on
+  one host device."""
   run_dir = tempfile.mkdtemp(prefix=f'peers-{row.name}-')
   try:
     seconds, done = _timed(
-        [args.fastpbrl, *rows_lib.fastpbrl_command(row, run_dir)],
+        [args.fastpbrl, *rows_lib.fastpbrl_command(row, run_dir, rule)],
         rows_lib.side_environment(mode, args.cores))
     if done.returncode != 0:
       return {'error': _failure(done)}
@@ -170,6 +173,8 @@ def run_side(row: rows_lib.Row, side: str, args) -> dict:
     return run_fastpbrl(row, args)
   if side == 'fastpbrl-one-device':
     return run_fastpbrl(row, args, 'one-device')
+  if side == 'fastpbrl-pbt':
+    return run_fastpbrl(row, args, rule='pbt')
   return run_rejax(row, side.split('-', 1)[1], args)
 
 
@@ -179,7 +184,8 @@ def commands(row: rows_lib.Row, sides, cores: int) -> dict:
   shown = {}
   for side in sides:
     if side.startswith('fastpbrl'):
-      argv = ['fastpbrl', *rows_lib.fastpbrl_command(row, 'RUN_DIR')]
+      rule = 'pbt' if side == 'fastpbrl-pbt' else 'seeds'
+      argv = ['fastpbrl', *rows_lib.fastpbrl_command(row, 'RUN_DIR', rule)]
       if side == 'fastpbrl-one-device':
         argv.insert(0, 'FASTPBRL_CPU_DEVICES=1')
     else:

@@ -10,10 +10,13 @@ import statistics
 from typing import Optional, Sequence
 
 # fastpbrl-one-device: fastpbrl on one host device (FASTPBRL_CPU_DEVICES=1),
-# what its default of one device per core gains (``--sides`` to run it).
-SIDES = ('fastpbrl', 'fastpbrl-one-device', 'rejax-vmap', 'rejax-pmap')
+# what its default of one device per core gains; fastpbrl-pbt: the same
+# run under PBT, deciding every 5% of the budget, what the rule costs
+# (``--sides`` to run either).
+SIDES = ('fastpbrl', 'fastpbrl-one-device', 'fastpbrl-pbt', 'rejax-vmap',
+         'rejax-pmap')
 DEFAULT_SIDES = ('fastpbrl', 'rejax-vmap', 'rejax-pmap')
-REJAX_SIDES = SIDES[2:]
+REJAX_SIDES = SIDES[3:]
 
 # What the two sides still do differently, for the page (each also
 # written where the commands are built, benchmarks/peers/rows.py).
@@ -71,15 +74,19 @@ def ratios(row: dict) -> dict:
               r['median_s'] for r in rejax.values())}
 
 
-def devices_speedup(row: dict) -> Optional[float]:
-  """fastpbrl's time on one device over its default's (min over
-  repeats); None where a side has no time."""
-  sides = row['sides']
-  one = sides.get('fastpbrl-one-device', {})
-  default = sides.get('fastpbrl', {})
-  if 'min_s' not in one or 'min_s' not in default:
+def over_default(row: dict, side: str) -> Optional[float]:
+  """``side``'s time over fastpbrl's default (``seeds``, every core), min
+  over repeats: one device's slow-down, or PBT's cost; None where either
+  has no time."""
+  other = row['sides'].get(side, {})
+  default = row['sides'].get('fastpbrl', {})
+  if 'min_s' not in other or 'min_s' not in default:
     return None
-  return one['min_s'] / default['min_s']
+  return other['min_s'] / default['min_s']
+
+
+def _ratio(x: Optional[float]) -> str:
+  return '' if x is None else f'{x:.2f}'
 
 
 def _seconds(side: Optional[dict], repeats: int) -> str:
@@ -97,21 +104,22 @@ def table(record: dict) -> str:
   repeats = record['settings']['repeats']
   cores = record['settings']['cores']
   lines = ['| row | task | members x env steps | fastpbrl (s) '
-           '| fastpbrl, 1 device (s) '
+           '| fastpbrl, 1 device (s) | fastpbrl pbt (s) '
            f'| rejax, 1 device (s) | rejax, pmap over {cores} devices (s) '
-           '| fastpbrl / best rejax | fastpbrl: 1 device / default |',
-           '|---|---|---:|---:|---:|---:|---:|---:|---:|']
+           '| fastpbrl / best rejax | fastpbrl: 1 device / default '
+           '| fastpbrl: pbt / seeds |',
+           '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
   for row in record['rows']:
     r = ratios(row)
     ratio = '' if not r else (
         f'{r["ratio_min"]:.2f}' + (f' ({r["ratio_median"]:.2f})'
                                    if repeats > 1 else ''))
-    speedup = devices_speedup(row)
     s = row['settings']
     cells = [row['row'], f'{s["agent"].upper()} {s["env"]}',
              f'{s["members"]} x {s["env_steps"]:,}',
              *(_seconds(row['sides'].get(side), repeats) for side in SIDES),
-             ratio, '' if speedup is None else f'{speedup:.2f}']
+             ratio, _ratio(over_default(row, 'fastpbrl-one-device')),
+             _ratio(over_default(row, 'fastpbrl-pbt'))]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 

@@ -134,11 +134,18 @@ def _number(x: float) -> str:
   return repr(float(x)) if not float(x).is_integer() else str(int(x))
 
 
-def fastpbrl_command(row: Row, run_dir: str) -> list[str]:
+# PBT's decisions in the rule's row: every 5% of the budget.
+PBT_DECISIONS = 20
+
+
+def fastpbrl_command(row: Row, run_dir: str, rule: str = 'seeds'
+                     ) -> list[str]:
   """``fastpbrl seeds`` for the row (after the program): default flags but
   for the row's task, layout and hyperparameters, no progress bar, the
-  run folder ``run_dir``."""
-  command = ['seeds', '--agent', row.agent, '--env', f'gymnax:{row.env}',
+  run folder ``run_dir``. ``rule`` ``pbt``: the same run under PBT,
+  deciding every 5% of the budget (``--ready-after``), what the rule
+  costs."""
+  command = [rule, '--agent', row.agent, '--env', f'gymnax:{row.env}',
              '--population-size', str(row.members),
              '--env-steps', str(row.env_steps),
              '--hidden-sizes', *map(str, row.hidden),
@@ -157,6 +164,8 @@ def fastpbrl_command(row: Row, run_dir: str) -> list[str]:
                 '--warmup-steps', str(row.warmup_steps),
                 '--no-warmup-counts-as-data',
                 '--replay-capacity', str(row.replay_capacity)]
+  if rule == 'pbt':
+    command += ['--ready-after', str(max(1, row.env_steps // PBT_DECISIONS))]
   return command + ['--no-progress', '--run-dir', run_dir]
 
 

@@ -165,6 +165,7 @@ def test_the_page_is_generated_from_the_json(tmp_path):
   record_rows = []
   for row, sides in ((sb3, {'fastpbrl': _side(30.0, 34.0, 31.0),
                             'fastpbrl-one-device': _side(45.0, 47.0, 46.0),
+                            'fastpbrl-pbt': _side(31.5, 33.0, 32.0),
                             'rejax-vmap': _side(60.0, 62.0, 61.0),
                             'rejax-pmap': _side(40.0, 44.0, 42.0)}),
                      (td3, {'fastpbrl': _side(10.0, 12.0, 11.0),
@@ -191,15 +192,18 @@ def test_the_page_is_generated_from_the_json(tmp_path):
   page = (tmp_path / 'peers.md').read_text()
   # min (median); the ratio against the faster rejax variant (pmap here):
   # 30 / 40 by min, 31 / 42 by median.
-  # One device against the default: 45 / 30 by min.
+  # One device against the default: 45 / 30 by min; PBT: 31.5 / 30.
   assert ('| ppo-sb3 | PPO CartPole-v1 | 16 x 500,000 | 30.0 (31.0) '
-          '| 45.0 (46.0) | 60.0 (61.0) | 40.0 (42.0) | 0.75 (0.74) '
-          '| 1.50 |') in page
+          '| 45.0 (46.0) | 31.5 (32.0) | 60.0 (61.0) | 40.0 (42.0) '
+          '| 0.75 (0.74) | 1.50 | 1.05 |') in page
   # A failed variant: its error in its cell, the ratio from the other; a
   # side not run says so.
   assert ('| td3 | TD3 Pendulum-v1 | 4 x 15,000 | 10.0 (11.0) | not run '
-          '| failed (1): boom | 20.0 (20.0) | 0.50 (0.55) |  |') in page
+          '| not run | failed (1): boom | 20.0 (20.0) | 0.50 (0.55) |  |  |'
+          ) in page
   assert ('FASTPBRL_CPU_DEVICES=1 fastpbrl seeds --agent ppo') in page
+  # PBT's run decides every 5% of the budget: 500,000 / 20.
+  assert 'fastpbrl pbt --agent ppo' in page and '--ready-after 25000' in page
   assert 'rejax, pmap over 2 devices (s)' in page
   assert 'Test CPU, 2 cores' in page and 'commit ' + 'a' * 40 in page
   assert 'rejax 0.1.3, jax 0.10.2' in page
