@@ -37,9 +37,13 @@ class PathKind(NamedTuple):
   # mean something. A path without one learns from rollouts of its newest
   # policies, one update step per env step.
   has_replay: bool
-  # Members act at random for --warmup-steps env steps before they learn,
-  # and a restarted member does so again.
-  random_warmup: bool
+
+  @property
+  def random_warmup(self) -> bool:
+    """Whether members act at random for ``--warmup-steps`` env steps
+    before they learn, and a restarted member again: the warm-up fills a
+    replay, so the paths with one."""
+    return self.has_replay
 
   @property
   def lives_here(self) -> str:
@@ -63,5 +67,4 @@ def kind_of(agent, env: str) -> PathKind:
   replay = agent.learns_from != 'rollout'
   name = ('device_' if jax_env else 'actor_') + (
       'replay' if replay else 'rollouts')
-  return PathKind(name=name, jax_env=jax_env, has_replay=replay,
-                  random_warmup=replay)
+  return PathKind(name=name, jax_env=jax_env, has_replay=replay)
